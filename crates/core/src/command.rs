@@ -1,0 +1,158 @@
+//! What goes into the log (`Request`) and what comes out of applying it (`Response`, `Event`).
+
+use serde::{Deserialize, Serialize};
+
+use crate::CoreError;
+
+/// Raft log index. The index of the entry that grants a lock is the grant's fencing token.
+pub type Index = u64;
+/// Fencing token: the index of the granting entry.
+pub type Token = u64;
+/// Milliseconds of *log time* (see [`Request::time_ms`]).
+pub type Millis = u64;
+/// Session identifier: the index of the entry that opened the session.
+pub type SessionId = u64;
+
+/// Identifies one client request for deduplication: a client numbers its requests 1, 2, 3, …
+/// and a retry reuses the number, so the state machine can answer it with the first outcome.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId {
+    pub client_id: u64,
+    pub seq: u64,
+}
+
+/// One log entry's payload, as proposed by the leader.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Log time stamped by the leader (ms). The state machine's clock is
+    /// `max(previous, time_ms)`; it never reads a clock of its own.
+    pub time_ms: Millis,
+    /// Present for client requests; absent for leader-internal entries such as [`Command::Tick`].
+    pub client: Option<RequestId>,
+    pub cmd: Command,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Take `name` for `owner`.
+    ///
+    /// * With `session`, the grant lives as long as the session (keep-alives extend it) and
+    ///   `ttl_ms` is ignored; without, the grant has its own lease of `ttl_ms`.
+    /// * The same owner (and session) again is reentrant: the same token, one more hold.
+    /// * If the lock is held and `wait_ms > 0`, the request joins the lock's FIFO queue and is
+    ///   answered [`Response::Pending`]; the grant (or the timeout) arrives later as an [`Event`]
+    ///   and also replaces the dedup record, so a retry sees the final outcome.
+    Acquire {
+        name: String,
+        owner: String,
+        ttl_ms: Millis,
+        session: Option<SessionId>,
+        wait_ms: Millis,
+    },
+    /// Drop one hold of the grant `token` of `name`; the last hold frees the lock and grants
+    /// it to the first waiter in the same entry.
+    Release {
+        name: String,
+        owner: String,
+        token: Token,
+    },
+    /// Extend the lease of grant `token` to at least `now + ttl_ms`. A renewal that names an
+    /// older token can never extend a newer grant.
+    Renew {
+        name: String,
+        owner: String,
+        token: Token,
+        ttl_ms: Millis,
+    },
+    OpenSession {
+        ttl_ms: Millis,
+    },
+    KeepAlive {
+        session: SessionId,
+    },
+    /// Closes the session and releases every lock it holds.
+    CloseSession {
+        session: SessionId,
+    },
+    /// Carries only time: proposed by the leader when a deadline has passed so that expiry
+    /// (and handing the lock to the next waiter) happens without other traffic.
+    Tick,
+}
+
+impl Command {
+    /// Short name, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::Acquire { .. } => "acquire",
+            Command::Release { .. } => "release",
+            Command::Renew { .. } => "renew",
+            Command::OpenSession { .. } => "open_session",
+            Command::KeepAlive { .. } => "keep_alive",
+            Command::CloseSession { .. } => "close_session",
+            Command::Tick => "tick",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Response {
+    /// The lock is held by the requester. `deadline_ms` is the lease end in log time, `None`
+    /// when the lease is the session's.
+    Granted {
+        token: Token,
+        holds: u32,
+        deadline_ms: Option<Millis>,
+    },
+    /// Queued behind the current holder; see [`Command::Acquire`].
+    Pending,
+    /// Not granted (held by someone else and no wait, or the wait ran out).
+    NotGranted,
+    /// One hold dropped; `holds` remain (0: the lock was freed or passed to a waiter).
+    Released { holds: u32 },
+    /// `name` is not held by that owner with that token.
+    NotHeld,
+    Renewed { deadline_ms: Millis },
+    SessionOpened { session: SessionId, deadline_ms: Millis },
+    SessionAlive { deadline_ms: Millis },
+    SessionClosed,
+    NoSuchSession,
+    Ticked,
+    Rejected(CoreError),
+}
+
+/// Why a grant ended.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseReason {
+    Released,
+    Expired,
+    SessionExpired,
+    SessionClosed,
+}
+
+/// Side effects of applying one entry that someone outside the state machine may wait for.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A queued acquire was granted (its dedup record now holds the same `Granted`).
+    WaiterGranted {
+        request: RequestId,
+        name: String,
+        token: Token,
+        deadline_ms: Option<Millis>,
+    },
+    /// A queued acquire gave up: its wait ran out or its session ended.
+    WaiterGaveUp { request: RequestId, name: String },
+    /// A grant ended (for lock-loss notifications).
+    LockReleased {
+        name: String,
+        owner: String,
+        token: Token,
+        reason: ReleaseReason,
+    },
+}
+
+/// The outcome of applying one entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub response: Response,
+    pub events: Vec<Event>,
+}

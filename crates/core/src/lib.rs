@@ -1,0 +1,57 @@
+//! The pure core of fenced: a deterministic state machine of leased locks, sessions and
+//! request deduplication, applied to Raft log entries.
+//!
+//! Rules (see `design.md` §3):
+//! * time comes only from the entries (`now = max(now, entry.time_ms)`); no clock, no
+//!   randomness, no I/O;
+//! * the fencing token of a grant is the log index of the entry that granted it, so tokens
+//!   only grow, across leader changes and restarts;
+//! * every client request carries a [`RequestId`]; a retried request is answered with the
+//!   outcome of its first application and never acts twice.
+
+pub mod command;
+pub mod limits;
+pub mod machine;
+
+pub use command::{
+    Applied, Command, Event, Index, Millis, ReleaseReason, Request, RequestId, Response,
+    SessionId, Token,
+};
+pub use machine::{LockInfo, SessionInfo, StateMachine};
+
+use serde::{Deserialize, Serialize};
+
+/// Why the state machine refused a request. Part of the replicated state (stored in the dedup
+/// table), hence `Serialize`.
+#[derive(thiserror::Error, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum CoreError {
+    #[error("lock name must be 1..={max} bytes, got {len}")]
+    InvalidName { len: usize, max: usize },
+    #[error("owner must be 1..={max} bytes, got {len}")]
+    InvalidOwner { len: usize, max: usize },
+    #[error("ttl_ms must be in 1..={max}, got {ttl_ms}")]
+    InvalidTtl { ttl_ms: u64, max: u64 },
+    #[error("wait_ms must be at most {max}, got {wait_ms}")]
+    InvalidWait { wait_ms: u64, max: u64 },
+    #[error("a waiting acquire needs a request id (client_id, seq)")]
+    WaitNeedsRequestId,
+    #[error("session {0} does not exist or has expired")]
+    NoSuchSession(u64),
+    #[error("lock {name} already has {max} waiters")]
+    TooManyWaiters { name: String, max: usize },
+    #[error("lock {name} is already held {max} times by its owner")]
+    TooManyHolds { name: String, max: u32 },
+    #[error("the lease of lock {0} belongs to its session; keep the session alive instead")]
+    LockBoundToSession(String),
+    #[error("request {seq} of client {client_id} is older than the dedup window")]
+    RequestTooOld { client_id: u64, seq: u64 },
+    #[error("{what} limit of {max} reached")]
+    LimitReached { what: String, max: usize },
+}
+
+/// Errors decoding a snapshot of the state machine.
+#[derive(thiserror::Error, Debug)]
+pub enum SnapshotError {
+    #[error("corrupt state machine snapshot: {0}")]
+    Decode(#[from] bincode::Error),
+}

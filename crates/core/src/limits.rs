@@ -1,0 +1,23 @@
+//! Documented limits. Requests outside them are rejected with a [`crate::CoreError`].
+
+/// Longest lock name, in bytes.
+pub const MAX_NAME_LEN: usize = 512;
+/// Longest owner identifier, in bytes.
+pub const MAX_OWNER_LEN: usize = 256;
+/// Longest lease or session TTL: one day.
+pub const MAX_TTL_MS: u64 = 24 * 60 * 60 * 1000;
+/// Longest server-side wait for a lock: one hour.
+pub const MAX_WAIT_MS: u64 = 60 * 60 * 1000;
+/// Most queued waiters per lock.
+pub const MAX_WAITERS_PER_LOCK: usize = 10_000;
+/// Most reentrant holds of one grant.
+pub const MAX_HOLDS: u32 = 1_000_000;
+/// Most live locks (held or with waiters) in the cluster.
+pub const MAX_LOCKS: usize = 1_000_000;
+/// Most live sessions.
+pub const MAX_SESSIONS: usize = 1_000_000;
+/// Responses remembered per client: a retry of a request this far behind the client's newest
+/// one is refused with `RequestTooOld` instead of being executed again.
+pub const DEDUP_WINDOW: u64 = 128;
+/// A client that sent nothing for this long (log time) is forgotten by the dedup table.
+pub const CLIENT_IDLE_MS: u64 = 60 * 60 * 1000;
