@@ -108,12 +108,21 @@ pub enum Response {
     /// Not granted (held by someone else and no wait, or the wait ran out).
     NotGranted,
     /// One hold dropped; `holds` remain (0: the lock was freed or passed to a waiter).
-    Released { holds: u32 },
+    Released {
+        holds: u32,
+    },
     /// `name` is not held by that owner with that token.
     NotHeld,
-    Renewed { deadline_ms: Millis },
-    SessionOpened { session: SessionId, deadline_ms: Millis },
-    SessionAlive { deadline_ms: Millis },
+    Renewed {
+        deadline_ms: Millis,
+    },
+    SessionOpened {
+        session: SessionId,
+        deadline_ms: Millis,
+    },
+    SessionAlive {
+        deadline_ms: Millis,
+    },
     SessionClosed,
     NoSuchSession,
     Ticked,

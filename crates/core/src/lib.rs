@@ -14,8 +14,8 @@ pub mod limits;
 pub mod machine;
 
 pub use command::{
-    Applied, Command, Event, Index, Millis, ReleaseReason, Request, RequestId, Response,
-    SessionId, Token,
+    Applied, Command, Event, Index, Millis, ReleaseReason, Request, RequestId, Response, SessionId,
+    Token,
 };
 pub use machine::{LockInfo, SessionInfo, StateMachine};
 

@@ -87,6 +87,10 @@ pub struct StateMachine {
     sessions: BTreeMap<SessionId, Session>,
     clients: BTreeMap<u64, ClientRecord>,
     deadlines: BTreeSet<(Millis, Due)>,
+    /// Locks freed during the entry being applied whose queues are handed on when the entry
+    /// is done. Empty between entries.
+    #[serde(skip)]
+    vacant: BTreeMap<String, VecDeque<Waiter>>,
 }
 
 impl StateMachine {
@@ -171,7 +175,7 @@ impl StateMachine {
         let mut events = Vec::new();
         self.last_index = self.last_index.max(index);
         self.now = self.now.max(req.time_ms);
-        self.expire_due(index, &mut events);
+        self.expire_due(&mut events);
 
         let response = match req.client {
             None => self.execute(index, None, &req.cmd, &mut events),
@@ -184,7 +188,38 @@ impl StateMachine {
                 }
             },
         };
+        self.hand_over(index, &mut events);
         Applied { response, events }
+    }
+
+    /// Give every lock freed in this entry to the first waiter of its queue, with token
+    /// `index`. Running last means a grant made here is never ended in the same entry, so two
+    /// grants of a lock never share a token. Waiters of sessions that ended in this entry were
+    /// already withdrawn.
+    fn hand_over(&mut self, index: Index, events: &mut Vec<Event>) {
+        for (name, mut waiters) in std::mem::take(&mut self.vacant) {
+            let Some(w) = waiters.pop_front() else {
+                continue;
+            };
+            self.deadlines
+                .remove(&(w.until, Due::Wait(name.clone(), w.request)));
+            if let Some(s) = w.session.and_then(|s| self.sessions.get_mut(&s)) {
+                s.waiting.remove(&(name.clone(), w.request));
+            }
+            let deadline = self.install_grant(index, &name, &w.owner, w.session, w.ttl_ms, waiters);
+            let granted = Response::Granted {
+                token: index,
+                holds: 1,
+                deadline_ms: deadline,
+            };
+            self.dedup_resolve(w.request, granted);
+            events.push(Event::WaiterGranted {
+                request: w.request,
+                name,
+                token: index,
+                deadline_ms: deadline,
+            });
+        }
     }
 
     fn dedup_lookup(&self, rid: RequestId) -> Option<Response> {
@@ -211,7 +246,10 @@ impl StateMachine {
                 last_seen: now,
                 responses: BTreeMap::new(),
             });
-        let old_due = (rec.last_seen + CLIENT_IDLE_MS, Due::ClientIdle(rid.client_id));
+        let old_due = (
+            rec.last_seen + CLIENT_IDLE_MS,
+            Due::ClientIdle(rid.client_id),
+        );
         rec.last_seen = now;
         rec.responses.insert(rid.seq, response);
         let newest = rec.responses.last_key_value().map_or(0, |(s, _)| *s);
@@ -251,7 +289,7 @@ impl StateMachine {
                 wait_ms,
             } => self.acquire(index, rid, name, owner, *ttl_ms, *session, *wait_ms),
             Command::Release { name, owner, token } => {
-                Ok(self.release(index, name, owner, *token, events))
+                Ok(self.release(name, owner, *token, events))
             }
             Command::Renew {
                 name,
@@ -261,12 +299,9 @@ impl StateMachine {
             } => self.renew(name, owner, *token, *ttl_ms),
             Command::OpenSession { ttl_ms } => self.open_session(index, *ttl_ms),
             Command::KeepAlive { session } => Ok(self.keep_alive(*session)),
-            Command::CloseSession { session } => Ok(self.close_session(
-                index,
-                *session,
-                ReleaseReason::SessionClosed,
-                events,
-            )),
+            Command::CloseSession { session } => {
+                Ok(self.close_session(*session, ReleaseReason::SessionClosed, events))
+            }
             Command::Tick => Ok(Response::Ticked),
         };
         result.unwrap_or_else(Response::Rejected)
@@ -300,6 +335,21 @@ impl StateMachine {
             }
         }
         let now = self.now;
+        if let Some(queue) = self.vacant.get_mut(name) {
+            // Freed in this entry and promised to its first waiter: queue behind.
+            return Self::enqueue(
+                queue,
+                &mut self.deadlines,
+                &mut self.sessions,
+                rid,
+                name,
+                owner,
+                ttl_ms,
+                session,
+                wait_ms,
+                now,
+            );
+        }
         match self.locks.get_mut(name) {
             None => {
                 if self.locks.len() >= MAX_LOCKS {
@@ -331,35 +381,60 @@ impl StateMachine {
                     deadline_ms: lock.deadline,
                 })
             }
-            Some(lock) => {
-                if wait_ms == 0 {
-                    return Ok(Response::NotGranted);
-                }
-                let Some(request) = rid else {
-                    return Err(CoreError::WaitNeedsRequestId);
-                };
-                if lock.waiters.len() >= MAX_WAITERS_PER_LOCK {
-                    return Err(CoreError::TooManyWaiters {
-                        name: name.to_owned(),
-                        max: MAX_WAITERS_PER_LOCK,
-                    });
-                }
-                let until = now + wait_ms;
-                lock.waiters.push_back(Waiter {
-                    request,
-                    owner: owner.to_owned(),
-                    session,
-                    ttl_ms,
-                    until,
-                });
-                self.deadlines
-                    .insert((until, Due::Wait(name.to_owned(), request)));
-                if let Some(s) = session.and_then(|s| self.sessions.get_mut(&s)) {
-                    s.waiting.insert((name.to_owned(), request));
-                }
-                Ok(Response::Pending)
-            }
+            Some(lock) => Self::enqueue(
+                &mut lock.waiters,
+                &mut self.deadlines,
+                &mut self.sessions,
+                rid,
+                name,
+                owner,
+                ttl_ms,
+                session,
+                wait_ms,
+                now,
+            ),
         }
+    }
+
+    /// Queue an acquire behind the holder (or answer `NotGranted` if it does not wait).
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(
+        queue: &mut VecDeque<Waiter>,
+        deadlines: &mut BTreeSet<(Millis, Due)>,
+        sessions: &mut BTreeMap<SessionId, Session>,
+        rid: Option<RequestId>,
+        name: &str,
+        owner: &str,
+        ttl_ms: Millis,
+        session: Option<SessionId>,
+        wait_ms: Millis,
+        now: Millis,
+    ) -> Result<Response, CoreError> {
+        if wait_ms == 0 {
+            return Ok(Response::NotGranted);
+        }
+        let Some(request) = rid else {
+            return Err(CoreError::WaitNeedsRequestId);
+        };
+        if queue.len() >= MAX_WAITERS_PER_LOCK {
+            return Err(CoreError::TooManyWaiters {
+                name: name.to_owned(),
+                max: MAX_WAITERS_PER_LOCK,
+            });
+        }
+        let until = now + wait_ms;
+        queue.push_back(Waiter {
+            request,
+            owner: owner.to_owned(),
+            session,
+            ttl_ms,
+            until,
+        });
+        deadlines.insert((until, Due::Wait(name.to_owned(), request)));
+        if let Some(s) = session.and_then(|s| sessions.get_mut(&s)) {
+            s.waiting.insert((name.to_owned(), request));
+        }
+        Ok(Response::Pending)
     }
 
     /// Grant a free lock (not in `self.locks`) and return the `Granted` response.
@@ -417,7 +492,6 @@ impl StateMachine {
 
     fn release(
         &mut self,
-        index: Index,
         name: &str,
         owner: &str,
         token: Token,
@@ -433,7 +507,7 @@ impl StateMachine {
         if lock.holds > 0 {
             return Response::Released { holds: lock.holds };
         }
-        self.end_grant(index, name, ReleaseReason::Released, events);
+        self.end_grant(name, ReleaseReason::Released, events);
         Response::Released { holds: 0 }
     }
 
@@ -502,7 +576,6 @@ impl StateMachine {
 
     fn close_session(
         &mut self,
-        index: Index,
         id: SessionId,
         reason: ReleaseReason,
         events: &mut Vec<Event>,
@@ -517,20 +590,24 @@ impl StateMachine {
             self.remove_waiter(name, *rid, events);
         }
         for name in &s.locks {
-            self.end_grant(index, name, reason, events);
+            self.end_grant(name, reason, events);
         }
         Response::SessionClosed
     }
 
     /// Remove a queued acquire and resolve it as `NotGranted`.
     fn remove_waiter(&mut self, name: &str, rid: RequestId, events: &mut Vec<Event>) {
-        let Some(lock) = self.locks.get_mut(name) else {
+        let queue = match self.locks.get_mut(name) {
+            Some(lock) => &mut lock.waiters,
+            None => match self.vacant.get_mut(name) {
+                Some(queue) => queue,
+                None => return,
+            },
+        };
+        let Some(pos) = queue.iter().position(|w| w.request == rid) else {
             return;
         };
-        let Some(pos) = lock.waiters.iter().position(|w| w.request == rid) else {
-            return;
-        };
-        if let Some(w) = lock.waiters.remove(pos) {
+        if let Some(w) = queue.remove(pos) {
             self.deadlines
                 .remove(&(w.until, Due::Wait(name.to_owned(), rid)));
             if let Some(s) = w.session.and_then(|s| self.sessions.get_mut(&s)) {
@@ -544,15 +621,8 @@ impl StateMachine {
         });
     }
 
-    /// End the current grant of `name` and hand the lock to the first waiter, if any, with
-    /// token `index`.
-    fn end_grant(
-        &mut self,
-        index: Index,
-        name: &str,
-        reason: ReleaseReason,
-        events: &mut Vec<Event>,
-    ) {
+    /// End the current grant of `name`; its queue is handed on when the entry is done.
+    fn end_grant(&mut self, name: &str, reason: ReleaseReason, events: &mut Vec<Event>) {
         let Some(lock) = self.locks.remove(name) else {
             return;
         };
@@ -568,55 +638,13 @@ impl StateMachine {
             token: lock.token,
             reason,
         });
-        let mut waiters = lock.waiters;
-        if let Some(w) = waiters.pop_front() {
-            self.deadlines
-                .remove(&(w.until, Due::Wait(name.to_owned(), w.request)));
-            if let Some(s) = w.session.and_then(|s| self.sessions.get_mut(&s)) {
-                s.waiting.remove(&(name.to_owned(), w.request));
-            }
-            let deadline =
-                self.install_grant(index, name, &w.owner, w.session, w.ttl_ms, waiters);
-            let granted = Response::Granted {
-                token: index,
-                holds: 1,
-                deadline_ms: deadline,
-            };
-            self.dedup_resolve(w.request, granted);
-            events.push(Event::WaiterGranted {
-                request: w.request,
-                name: name.to_owned(),
-                token: index,
-                deadline_ms: deadline,
-            });
+        if !lock.waiters.is_empty() {
+            self.vacant.insert(name.to_owned(), lock.waiters);
         }
     }
 
     /// Expire everything whose deadline is at or before `now`, oldest first.
-    ///
-    /// A waiter is only ever granted a lock whose lease ends after `now` (a session-bound
-    /// waiter's session is alive: due sessions are closed first in deadline order, and a
-    /// closing session withdraws its waiters before releasing its locks), so a lock granted
-    /// in this entry is still held when the entry's command runs, and no two grants of a lock
-    /// share a token.
-    fn expire_due(&mut self, index: Index, events: &mut Vec<Event>) {
-        // Sessions first: their waiters must not be handed a lock in this entry.
-        let due_sessions: Vec<SessionId> = self
-            .deadlines
-            .iter()
-            .take_while(|(t, _)| *t <= self.now)
-            .filter_map(|(_, d)| match d {
-                Due::Session(id) => Some(*id),
-                _ => None,
-            })
-            .collect();
-        for id in due_sessions {
-            if let Some(s) = self.sessions.get(&id) {
-                for (name, rid) in s.waiting.clone() {
-                    self.remove_waiter(&name, rid, events);
-                }
-            }
-        }
+    fn expire_due(&mut self, events: &mut Vec<Event>) {
         while let Some((t, due)) = self.deadlines.first().cloned() {
             if t > self.now {
                 break;
@@ -625,11 +653,11 @@ impl StateMachine {
             match due {
                 Due::Lease(name) => {
                     if self.locks.get(&name).and_then(|l| l.deadline) == Some(t) {
-                        self.end_grant(index, &name, ReleaseReason::Expired, events);
+                        self.end_grant(&name, ReleaseReason::Expired, events);
                     }
                 }
                 Due::Session(id) => {
-                    self.close_session(index, id, ReleaseReason::SessionExpired, events);
+                    self.close_session(id, ReleaseReason::SessionExpired, events);
                 }
                 Due::Wait(name, rid) => self.remove_waiter(&name, rid, events),
                 Due::ClientIdle(id) => {
@@ -648,6 +676,9 @@ impl StateMachine {
     /// Check the internal indexes agree with the data. For tests; O(n).
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
+        if !self.vacant.is_empty() {
+            return Err("vacant locks left between entries".into());
+        }
         let mut expected = BTreeSet::new();
         for (name, lock) in &self.locks {
             if lock.holds == 0 {

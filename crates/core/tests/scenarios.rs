@@ -1,0 +1,449 @@
+//! Scenario tests of the lock state machine: one behaviour per test.
+
+use fenced_core::limits::*;
+use fenced_core::*;
+
+struct Harness {
+    sm: StateMachine,
+    index: Index,
+    time: Millis,
+    seq: u64,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Harness {
+            sm: StateMachine::new(),
+            index: 0,
+            time: 1_000,
+            seq: 0,
+        }
+    }
+
+    fn at(&mut self, time: Millis) -> &mut Self {
+        self.time = time;
+        self
+    }
+
+    /// Apply as client `client` with a fresh seq.
+    fn run(&mut self, client: u64, cmd: Command) -> Applied {
+        self.seq += 1;
+        let rid = RequestId {
+            client_id: client,
+            seq: self.seq,
+        };
+        self.run_as(Some(rid), cmd)
+    }
+
+    fn run_as(&mut self, client: Option<RequestId>, cmd: Command) -> Applied {
+        self.index += 1;
+        let out = self.sm.apply(
+            self.index,
+            &Request {
+                time_ms: self.time,
+                client,
+                cmd,
+            },
+        );
+        self.sm.check_invariants().expect("invariants");
+        out
+    }
+
+    fn tick(&mut self) -> Applied {
+        self.run_as(None, Command::Tick)
+    }
+}
+
+fn acquire(name: &str, owner: &str, ttl_ms: u64, wait_ms: u64) -> Command {
+    Command::Acquire {
+        name: name.into(),
+        owner: owner.into(),
+        ttl_ms,
+        session: None,
+        wait_ms,
+    }
+}
+
+fn release(name: &str, owner: &str, token: Token) -> Command {
+    Command::Release {
+        name: name.into(),
+        owner: owner.into(),
+        token,
+    }
+}
+
+fn token_of(r: &Response) -> Token {
+    match r {
+        Response::Granted { token, .. } => *token,
+        other => panic!("expected a grant, got {other:?}"),
+    }
+}
+
+#[test]
+fn token_is_the_granting_index() {
+    let mut h = Harness::new();
+    h.tick();
+    h.tick();
+    let out = h.run(1, acquire("L", "a", 5_000, 0));
+    assert_eq!(
+        out.response,
+        Response::Granted {
+            token: 3,
+            holds: 1,
+            deadline_ms: Some(6_000)
+        }
+    );
+    let info = h.sm.lock_info("L").expect("held");
+    assert_eq!((info.owner.as_str(), info.token, info.holds), ("a", 3, 1));
+}
+
+#[test]
+fn second_owner_is_refused_without_wait() {
+    let mut h = Harness::new();
+    h.run(1, acquire("L", "a", 5_000, 0));
+    assert_eq!(
+        h.run(2, acquire("L", "b", 5_000, 0)).response,
+        Response::NotGranted
+    );
+}
+
+#[test]
+fn reentrant_acquire_keeps_token_and_counts_holds() {
+    let mut h = Harness::new();
+    let t = token_of(&h.run(1, acquire("L", "a", 5_000, 0)).response);
+    let again = h.run(1, acquire("L", "a", 5_000, 0)).response;
+    assert_eq!(
+        again,
+        Response::Granted {
+            token: t,
+            holds: 2,
+            deadline_ms: Some(6_000)
+        }
+    );
+    assert_eq!(
+        h.run(1, release("L", "a", t)).response,
+        Response::Released { holds: 1 }
+    );
+    assert!(h.sm.lock_info("L").is_some());
+    assert_eq!(
+        h.run(1, release("L", "a", t)).response,
+        Response::Released { holds: 0 }
+    );
+    assert!(h.sm.lock_info("L").is_none());
+}
+
+#[test]
+fn release_needs_owner_and_token() {
+    let mut h = Harness::new();
+    let t = token_of(&h.run(1, acquire("L", "a", 5_000, 0)).response);
+    assert_eq!(h.run(2, release("L", "b", t)).response, Response::NotHeld);
+    assert_eq!(
+        h.run(1, release("L", "a", t + 1)).response,
+        Response::NotHeld
+    );
+    assert_eq!(
+        h.run(1, release("nope", "a", t)).response,
+        Response::NotHeld
+    );
+    assert!(h.sm.lock_info("L").is_some());
+}
+
+#[test]
+fn lease_expires_at_its_deadline_not_before() {
+    let mut h = Harness::new();
+    h.run(1, acquire("L", "a", 500, 0));
+    h.at(1_499).tick();
+    assert!(h.sm.lock_info("L").is_some(), "expired early");
+    let out = h.at(1_500).tick();
+    assert!(h.sm.lock_info("L").is_none());
+    assert!(matches!(
+        out.events.as_slice(),
+        [Event::LockReleased {
+            reason: ReleaseReason::Expired,
+            ..
+        }]
+    ));
+}
+
+#[test]
+fn log_time_never_goes_backwards() {
+    let mut h = Harness::new();
+    h.at(5_000).tick();
+    h.at(1_000).run(1, acquire("L", "a", 100, 0));
+    assert_eq!(h.sm.now(), 5_000);
+    assert_eq!(h.sm.lock_info("L").map(|i| i.deadline_ms), Some(5_100));
+}
+
+#[test]
+fn renew_extends_only_the_named_grant() {
+    let mut h = Harness::new();
+    let t = token_of(&h.run(1, acquire("L", "a", 500, 0)).response);
+    let renew = |token| Command::Renew {
+        name: "L".into(),
+        owner: "a".into(),
+        token,
+        ttl_ms: 2_000,
+    };
+    assert_eq!(h.at(1_200).run(1, renew(t - 1)).response, Response::NotHeld);
+    assert_eq!(
+        h.run(1, renew(t)).response,
+        Response::Renewed { deadline_ms: 3_200 }
+    );
+    h.at(3_199).tick();
+    assert!(h.sm.lock_info("L").is_some());
+    h.at(3_200).tick();
+    assert!(h.sm.lock_info("L").is_none());
+}
+
+#[test]
+fn waiters_are_granted_in_fifo_order_with_larger_tokens() {
+    let mut h = Harness::new();
+    let t1 = token_of(&h.run(1, acquire("L", "a", 5_000, 0)).response);
+    assert_eq!(
+        h.run(2, acquire("L", "b", 5_000, 10_000)).response,
+        Response::Pending
+    );
+    assert_eq!(
+        h.run(3, acquire("L", "c", 5_000, 10_000)).response,
+        Response::Pending
+    );
+    let out = h.run(1, release("L", "a", t1));
+    let granted: Vec<_> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::WaiterGranted { request, token, .. } => Some((request.client_id, *token)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(granted, vec![(2, h.index)]);
+    let info = h.sm.lock_info("L").expect("passed on");
+    assert_eq!(info.owner, "b");
+    assert!(info.token > t1);
+    // Expiry hands it to c.
+    let out = h.at(6_000).tick();
+    assert!(out.events.iter().any(|e| matches!(
+        e,
+        Event::WaiterGranted { request, .. } if request.client_id == 3
+    )));
+    assert_eq!(h.sm.lock_info("L").map(|i| i.owner), Some("c".into()));
+}
+
+#[test]
+fn wait_runs_out_and_retry_sees_the_outcome() {
+    let mut h = Harness::new();
+    h.run(1, acquire("L", "a", 60_000, 0));
+    let rid = RequestId {
+        client_id: 9,
+        seq: 1,
+    };
+    let first = h.run_as(Some(rid), acquire("L", "b", 5_000, 2_000));
+    assert_eq!(first.response, Response::Pending);
+    let out = h.at(3_000).tick();
+    assert!(matches!(
+        out.events.as_slice(),
+        [Event::WaiterGaveUp { request, .. }] if *request == rid
+    ));
+    let retry = h.run_as(Some(rid), acquire("L", "b", 5_000, 2_000));
+    assert_eq!(retry.response, Response::NotGranted);
+    assert_eq!(h.sm.lock_info("L").map(|i| i.waiters), Some(0));
+}
+
+#[test]
+fn retried_acquire_after_grant_returns_first_result_and_does_not_regrant() {
+    let mut h = Harness::new();
+    let rid = RequestId {
+        client_id: 7,
+        seq: 1,
+    };
+    let first = h.run_as(Some(rid), acquire("L", "a", 5_000, 0));
+    let retry = h.run_as(Some(rid), acquire("L", "a", 5_000, 0));
+    assert_eq!(first.response, retry.response);
+    assert_eq!(h.sm.lock_info("L").map(|i| i.holds), Some(1), "acted twice");
+}
+
+#[test]
+fn retry_of_a_waiting_acquire_gets_the_grant() {
+    let mut h = Harness::new();
+    let t = token_of(&h.run(1, acquire("L", "a", 5_000, 0)).response);
+    let rid = RequestId {
+        client_id: 9,
+        seq: 1,
+    };
+    assert_eq!(
+        h.run_as(Some(rid), acquire("L", "b", 5_000, 9_000))
+            .response,
+        Response::Pending
+    );
+    h.run(1, release("L", "a", t));
+    let granted_at = h.index;
+    let retry = h.run_as(Some(rid), acquire("L", "b", 5_000, 9_000));
+    assert_eq!(token_of(&retry.response), granted_at);
+}
+
+#[test]
+fn requests_older_than_the_window_are_refused() {
+    let mut h = Harness::new();
+    for seq in 1..=DEDUP_WINDOW + 1 {
+        h.run_as(Some(RequestId { client_id: 5, seq }), Command::Tick);
+    }
+    let out = h.run_as(
+        Some(RequestId {
+            client_id: 5,
+            seq: 1,
+        }),
+        acquire("L", "a", 1_000, 0),
+    );
+    assert!(matches!(
+        out.response,
+        Response::Rejected(CoreError::RequestTooOld { .. })
+    ));
+    assert!(h.sm.lock_info("L").is_none());
+}
+
+#[test]
+fn session_expiry_releases_its_locks_and_hands_them_on() {
+    let mut h = Harness::new();
+    let Response::SessionOpened { session, .. } =
+        h.run(1, Command::OpenSession { ttl_ms: 1_000 }).response
+    else {
+        panic!()
+    };
+    let locked = h.run(
+        1,
+        Command::Acquire {
+            name: "L".into(),
+            owner: "a".into(),
+            ttl_ms: 0,
+            session: Some(session),
+            wait_ms: 0,
+        },
+    );
+    let t1 = token_of(&locked.response);
+    h.run(2, acquire("L", "b", 5_000, 60_000));
+    // Keep-alive at 1.8 s pushes the deadline to 2.8 s.
+    h.at(1_800).run(1, Command::KeepAlive { session });
+    h.at(2_799).tick();
+    assert_eq!(h.sm.lock_info("L").map(|i| i.owner), Some("a".into()));
+    let out = h.at(2_800).tick();
+    assert!(out.events.iter().any(|e| matches!(
+        e,
+        Event::LockReleased {
+            reason: ReleaseReason::SessionExpired,
+            ..
+        }
+    )));
+    let info = h.sm.lock_info("L").expect("handed on");
+    assert_eq!(info.owner, "b");
+    assert!(info.token > t1);
+    assert_eq!(
+        h.run(1, Command::KeepAlive { session }).response,
+        Response::NoSuchSession
+    );
+}
+
+#[test]
+fn closing_a_session_releases_locks_and_withdraws_waiters() {
+    let mut h = Harness::new();
+    let open = |h: &mut Harness| match h.run(1, Command::OpenSession { ttl_ms: 10_000 }).response {
+        Response::SessionOpened { session, .. } => session,
+        other => panic!("{other:?}"),
+    };
+    let s1 = open(&mut h);
+    let s2 = open(&mut h);
+    let with = |owner: &str, s| Command::Acquire {
+        name: "L".into(),
+        owner: owner.into(),
+        ttl_ms: 0,
+        session: Some(s),
+        wait_ms: 60_000,
+    };
+    h.run(1, with("a", s1));
+    assert_eq!(h.run(2, with("b", s2)).response, Response::Pending);
+    h.run(3, acquire("L", "c", 1_000, 60_000));
+    // b's session closes: its wait is withdrawn.
+    h.run(2, Command::CloseSession { session: s2 });
+    assert_eq!(h.sm.lock_info("L").map(|i| i.waiters), Some(1));
+    // a's session closes: c gets the lock.
+    h.run(1, Command::CloseSession { session: s1 });
+    assert_eq!(h.sm.lock_info("L").map(|i| i.owner), Some("c".into()));
+}
+
+#[test]
+fn waiter_of_an_expiring_session_is_not_granted() {
+    let mut h = Harness::new();
+    let Response::SessionOpened { session, .. } =
+        h.run(1, Command::OpenSession { ttl_ms: 1_000 }).response
+    else {
+        panic!()
+    };
+    h.run(1, acquire("L", "a", 1_000, 0));
+    h.run(
+        2,
+        Command::Acquire {
+            name: "L".into(),
+            owner: "b".into(),
+            ttl_ms: 0,
+            session: Some(session),
+            wait_ms: 60_000,
+        },
+    );
+    // Lease and session end at the same instant: the lock must not go to b's dead session.
+    h.at(2_000).tick();
+    assert!(h.sm.lock_info("L").is_none());
+}
+
+#[test]
+fn bad_input_is_rejected_and_changes_nothing() {
+    let mut h = Harness::new();
+    let long = "x".repeat(MAX_NAME_LEN + 1);
+    let cases = vec![
+        acquire("", "a", 1_000, 0),
+        acquire(&long, "a", 1_000, 0),
+        acquire("L", "", 1_000, 0),
+        acquire("L", &"o".repeat(MAX_OWNER_LEN + 1), 1_000, 0),
+        acquire("L", "a", 0, 0),
+        acquire("L", "a", MAX_TTL_MS + 1, 0),
+        acquire("L", "a", 1_000, MAX_WAIT_MS + 1),
+        Command::Acquire {
+            name: "L".into(),
+            owner: "a".into(),
+            ttl_ms: 1_000,
+            session: Some(424_242),
+            wait_ms: 0,
+        },
+        Command::OpenSession { ttl_ms: 0 },
+    ];
+    for cmd in cases {
+        let out = h.run(1, cmd.clone());
+        assert!(
+            matches!(out.response, Response::Rejected(_)),
+            "{cmd:?} → {:?}",
+            out.response
+        );
+    }
+    assert_eq!(h.sm.lock_count(), 0);
+    assert_eq!(h.sm.session_count(), 0);
+}
+
+#[test]
+fn waiting_without_request_id_is_rejected() {
+    let mut h = Harness::new();
+    h.run(1, acquire("L", "a", 1_000, 0));
+    let out = h.run_as(None, acquire("L", "b", 1_000, 1_000));
+    assert_eq!(
+        out.response,
+        Response::Rejected(CoreError::WaitNeedsRequestId)
+    );
+}
+
+#[test]
+fn snapshot_round_trip_is_identical() {
+    let mut h = Harness::new();
+    h.run(1, acquire("L", "a", 1_000, 0));
+    h.run(2, acquire("L", "b", 1_000, 5_000));
+    h.run(3, Command::OpenSession { ttl_ms: 3_000 });
+    let restored = StateMachine::from_bytes(&h.sm.to_bytes()).expect("decode");
+    assert_eq!(restored, h.sm);
+    assert!(StateMachine::from_bytes(b"\x01garbage").is_err());
+}
