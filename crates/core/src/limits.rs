@@ -17,7 +17,8 @@ pub const MAX_LOCKS: usize = 1_000_000;
 /// Most live sessions.
 pub const MAX_SESSIONS: usize = 1_000_000;
 /// Responses remembered per client: a retry of a request this far behind the client's newest
-/// one is refused with `RequestTooOld` instead of being executed again.
+/// one is refused with `RequestTooOld` instead of being executed again. A queued acquire is
+/// remembered until its outcome is known, however far behind it falls.
 pub const DEDUP_WINDOW: u64 = 128;
 /// A client that sent nothing for this long (log time) is forgotten by the dedup table.
 pub const CLIENT_IDLE_MS: u64 = 60 * 60 * 1000;

@@ -253,11 +253,11 @@ impl StateMachine {
         rec.last_seen = now;
         rec.responses.insert(rid.seq, response);
         let newest = rec.responses.last_key_value().map_or(0, |(s, _)| *s);
-        while let Some((&oldest, _)) = rec.responses.first_key_value() {
-            if oldest + DEDUP_WINDOW > newest {
-                break;
-            }
-            rec.responses.remove(&oldest);
+        // Queued acquires stay until resolved (their waits are bounded by `MAX_WAIT_MS`), so a
+        // retry always learns the outcome.
+        if rec.responses.len() as u64 > DEDUP_WINDOW {
+            rec.responses
+                .retain(|seq, r| seq + DEDUP_WINDOW > newest || *r == Response::Pending);
         }
         self.deadlines.remove(&old_due);
         self.deadlines

@@ -447,3 +447,21 @@ fn snapshot_round_trip_is_identical() {
     assert_eq!(restored, h.sm);
     assert!(StateMachine::from_bytes(b"\x01garbage").is_err());
 }
+
+#[test]
+fn a_queued_acquire_outlives_the_dedup_window() {
+    let mut h = Harness::new();
+    let t = token_of(&h.run(1, acquire("L", "a", 60_000, 0)).response);
+    let waiting = RequestId {
+        client_id: 5,
+        seq: 1,
+    };
+    h.run_as(Some(waiting), acquire("L", "b", 5_000, 30_000));
+    for seq in 2..=DEDUP_WINDOW * 2 {
+        h.run_as(Some(RequestId { client_id: 5, seq }), Command::Tick);
+    }
+    h.run(1, release("L", "a", t));
+    let granted_at = h.index;
+    let retry = h.run_as(Some(waiting), acquire("L", "b", 5_000, 30_000));
+    assert_eq!(token_of(&retry.response), granted_at);
+}
