@@ -1,6 +1,32 @@
 //! Raft storage of fenced: log, vote and state machine in one sled `Db`.
+//!
+//! * tree `log`: key = log index (big-endian `u64`) → bincode [`openraft::Entry`];
+//! * tree `meta`: `vote`, `last_purged`, `committed` (bincode);
+//! * tree `snapshot`: `meta` (bincode [`SnapshotMeta`]) and `data` (bincode
+//!   [`fenced_core::StateMachine`]), always written together in one transaction.
+//!
+//! The state machine lives in memory (see [`SharedState`]) and is rebuilt on [`open`] from the
+//! stored snapshot; openraft re-applies the committed log entries after it.
+//!
+//! Durability: `append`, `save_vote`, `truncate`, `purge`, `build_snapshot` and
+//! `install_snapshot` flush the `Db` before they report success. `save_committed` does not flush
+//! (openraft does not need it durable; the next flush carries it). Unreadable bytes on disk
+//! become a [`StorageError`], never a panic, and openraft then stops the node.
 
-use std::io::Cursor;
+use std::fmt;
+use std::io::{self, Cursor};
+use std::ops::{Bound, RangeBounds};
+use std::path::Path;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{
+    AnyError, BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader,
+    RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sled::transaction::{ConflictableTransactionError, TransactionError};
 
 openraft::declare_raft_types!(
     /// openraft type configuration of fenced.
@@ -16,3 +42,555 @@ openraft::declare_raft_types!(
 
 pub type NodeId = u64;
 pub type Raft = openraft::Raft<TypeConfig>;
+
+/// Called after each applied normal entry with the events it produced (never with an empty
+/// slice). It runs on openraft's state machine task: keep it short and non-blocking (e.g. send
+/// into a channel).
+pub type EventSink = Arc<dyn Fn(&[fenced_core::Event]) + Send + Sync>;
+
+/// sled page cache size. sled's default (1 GiB) is far more than a lock service needs.
+pub const CACHE_CAPACITY: u64 = 64 * 1024 * 1024;
+
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_LAST_PURGED: &[u8] = b"last_purged";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_SNAPSHOT_META: &[u8] = b"meta";
+const KEY_SNAPSHOT_DATA: &[u8] = b"data";
+
+type StorageResult<T> = Result<T, StorageError<NodeId>>;
+type Meta = SnapshotMeta<NodeId, BasicNode>;
+
+/// Errors of this crate, before they are wrapped into openraft's [`StorageError`].
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("corrupt {what} in the data directory: {source}")]
+    Corrupt {
+        what: &'static str,
+        #[source]
+        source: bincode::Error,
+    },
+    #[error("corrupt log: key {key:?} holds an entry with index {index}")]
+    LogKeyMismatch { key: Vec<u8>, index: u64 },
+    #[error("cannot encode {what}: {source}")]
+    Encode {
+        what: &'static str,
+        #[source]
+        source: bincode::Error,
+    },
+    #[error("state machine lock poisoned (a previous apply panicked)")]
+    Poisoned,
+}
+
+impl From<TransactionError<StoreError>> for StoreError {
+    fn from(e: TransactionError<StoreError>) -> Self {
+        match e {
+            TransactionError::Abort(e) => e,
+            TransactionError::Storage(e) => StoreError::Sled(e),
+        }
+    }
+}
+
+fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, StoreError> {
+    bincode::serialize(value).map_err(|source| StoreError::Encode { what, source })
+}
+
+fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
+    bincode::deserialize(bytes).map_err(|source| StoreError::Corrupt { what, source })
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn key_bound(b: Bound<&u64>) -> Bound<[u8; 8]> {
+    match b {
+        Bound::Included(i) => Bound::Included(index_key(*i)),
+        Bound::Excluded(i) => Bound::Excluded(index_key(*i)),
+        Bound::Unbounded => Bound::Unbounded,
+    }
+}
+
+/// Decode one `log` tree record, checking that the key matches the entry's index.
+fn decode_log_record(key: &[u8], value: &[u8]) -> Result<Entry<TypeConfig>, StoreError> {
+    let entry: Entry<TypeConfig> = decode("log entry", value)?;
+    if key != index_key(entry.log_id.index) {
+        return Err(StoreError::LogKeyMismatch {
+            key: key.to_vec(),
+            index: entry.log_id.index,
+        });
+    }
+    Ok(entry)
+}
+
+/// Open (or create) the store in `dir`. Restores the state machine from the stored snapshot.
+pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStore), StoreError> {
+    let db = sled::Config::new()
+        .path(dir)
+        .cache_capacity(CACHE_CAPACITY)
+        .open()?;
+    let log = db.open_tree("log")?;
+    let meta = db.open_tree("meta")?;
+    let snapshot = db.open_tree("snapshot")?;
+
+    let state = match read_snapshot(&snapshot)? {
+        Some((meta, data)) => SmState {
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership,
+            machine: decode("state machine snapshot", &data)?,
+        },
+        None => SmState::default(),
+    };
+
+    let log_store = LogStore {
+        db: db.clone(),
+        log,
+        meta,
+    };
+    let sm_store = StateMachineStore {
+        db,
+        snapshot,
+        state: Arc::new(RwLock::new(state)),
+        events,
+        snapshot_seq: 0,
+    };
+    Ok((log_store, sm_store))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Log
+
+/// Raft log, vote and commit index. Cheap to clone (the clone is the log reader).
+#[derive(Clone)]
+pub struct LogStore {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+}
+
+impl fmt::Debug for LogStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogStore").finish_non_exhaustive()
+    }
+}
+
+impl LogStore {
+    /// Bytes the whole `Db` (log, meta and snapshot trees) takes on disk.
+    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.db.size_on_disk()?)
+    }
+
+    fn get_meta<T: DeserializeOwned>(
+        &self,
+        key: &[u8],
+        what: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        match self.meta.get(key)? {
+            Some(v) => Ok(Some(decode(what, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put_meta<T: Serialize>(
+        &self,
+        key: &[u8],
+        what: &'static str,
+        value: &T,
+    ) -> Result<(), StoreError> {
+        self.meta.insert(key, encode(what, value)?)?;
+        Ok(())
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush_async().await?;
+        Ok(())
+    }
+
+    fn write_batch<I>(&self, entries: I) -> Result<(), StoreError>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>>,
+    {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            let value = encode("log entry", &entry)?;
+            batch.insert(&index_key(entry.log_id.index)[..], value);
+        }
+        self.log.apply_batch(batch)?;
+        Ok(())
+    }
+
+    /// Remove every log record whose key is in `range`.
+    fn remove_range(&self, range: (Bound<[u8; 8]>, Bound<[u8; 8]>)) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for key in self.log.range(range).keys() {
+            batch.remove(key?);
+        }
+        self.log.apply_batch(batch)?;
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + fmt::Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        let bounds = (key_bound(range.start_bound()), key_bound(range.end_bound()));
+        let mut entries = Vec::new();
+        for record in self.log.range(bounds) {
+            let (k, v) = record.map_err(|e| StorageIOError::read_logs(&e))?;
+            let entry = decode_log_record(&k, &v).map_err(|e| StorageIOError::read_logs(&e))?;
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
+        let last_purged_log_id: Option<LogId<NodeId>> = self
+            .get_meta(KEY_LAST_PURGED, "last purged log id")
+            .map_err(|e| StorageIOError::read_logs(&e))?;
+        let last_in_log = match self.log.last().map_err(|e| StorageIOError::read_logs(&e))? {
+            Some((k, v)) => Some(
+                decode_log_record(&k, &v)
+                    .map_err(|e| StorageIOError::read_logs(&e))?
+                    .log_id,
+            ),
+            None => None,
+        };
+        // After a crash between recording `last_purged` and deleting the entries, stale entries
+        // at or below it may remain; never report a last log id below the purged one.
+        let last_log_id = last_in_log.max(last_purged_log_id);
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
+        self.put_meta(KEY_VOTE, "vote", vote)
+            .map_err(|e| StorageIOError::write_vote(&e))?;
+        self.flush()
+            .await
+            .map_err(|e| StorageIOError::write_vote(&e))?;
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
+        Ok(self
+            .get_meta(KEY_VOTE, "vote")
+            .map_err(|e| StorageIOError::read_vote(&e))?)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
+        // Not flushed on purpose: openraft does not need it durable, and the next flush (every
+        // append is flushed) carries it.
+        self.put_meta(KEY_COMMITTED, "committed log id", &committed)
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
+        let c: Option<Option<LogId<NodeId>>> = self
+            .get_meta(KEY_COMMITTED, "committed log id")
+            .map_err(|e| StorageIOError::read(&e))?;
+        Ok(c.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let res = match self.write_batch(entries) {
+            Ok(()) => self.flush().await,
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(io::Error::other(e.to_string())));
+                Err(StorageIOError::write_logs(&e).into())
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        tracing::debug!(%log_id, "truncate log from");
+        self.remove_range((Bound::Included(index_key(log_id.index)), Bound::Unbounded))
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.flush()
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        tracing::debug!(%log_id, "purge log up to");
+        // Record first: a crash between the two steps leaves only harmless stale entries.
+        self.put_meta(KEY_LAST_PURGED, "last purged log id", &log_id)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.remove_range((Bound::Unbounded, Bound::Included(index_key(log_id.index))))
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.flush()
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// State machine
+
+#[derive(Clone, Default)]
+struct SmState {
+    last_applied: Option<LogId<NodeId>>,
+    membership: StoredMembership<NodeId, BasicNode>,
+    machine: fenced_core::StateMachine,
+}
+
+/// Read handle on the applied state, for the server (lock info, deadlines, log time).
+///
+/// Each call takes the std `RwLock` for reading for the duration of the call only; keep the
+/// closure given to [`SharedState::read`] short (apply waits for it). Safe to call from the
+/// [`EventSink`], which runs with no lock held.
+#[derive(Clone)]
+pub struct SharedState(Arc<RwLock<SmState>>);
+
+impl SharedState {
+    fn read_guard(&self) -> RwLockReadGuard<'_, SmState> {
+        // A poisoned lock means an apply panicked; that panic already stops the Raft node.
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Run `f` over the state machine as of the last applied entry.
+    pub fn read<T>(&self, f: impl FnOnce(&fenced_core::StateMachine) -> T) -> T {
+        f(&self.read_guard().machine)
+    }
+
+    /// Log id of the last applied entry (normal, blank or membership).
+    pub fn last_applied(&self) -> Option<LogId<NodeId>> {
+        self.read_guard().last_applied
+    }
+
+    /// The last membership applied to the state machine.
+    pub fn membership(&self) -> StoredMembership<NodeId, BasicNode> {
+        self.read_guard().membership.clone()
+    }
+}
+
+impl fmt::Debug for SharedState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedState")
+            .field("last_applied", &self.last_applied())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The replicated state machine ([`fenced_core::StateMachine`]) and its snapshots.
+pub struct StateMachineStore {
+    db: sled::Db,
+    snapshot: sled::Tree,
+    state: Arc<RwLock<SmState>>,
+    events: EventSink,
+    snapshot_seq: u64,
+}
+
+impl fmt::Debug for StateMachineStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StateMachineStore")
+            .field("state", &self.shared())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StateMachineStore {
+    /// A cheap, cloneable read handle on the applied state.
+    pub fn shared(&self) -> SharedState {
+        SharedState(self.state.clone())
+    }
+
+    fn read_state(&self) -> RwLockReadGuard<'_, SmState> {
+        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Read the stored snapshot (meta and data) consistently.
+fn read_snapshot(tree: &sled::Tree) -> Result<Option<(Meta, Vec<u8>)>, StoreError> {
+    let pair = tree.transaction(|tx| {
+        let meta = tx.get(KEY_SNAPSHOT_META)?;
+        let data = tx.get(KEY_SNAPSHOT_DATA)?;
+        Ok::<_, ConflictableTransactionError<StoreError>>((meta, data))
+    })?;
+    match pair {
+        (Some(meta), Some(data)) => Ok(Some((decode("snapshot meta", &meta)?, data.to_vec()))),
+        (None, None) => Ok(None),
+        (Some(_), None) | (None, Some(_)) => Err(StoreError::Corrupt {
+            what: "snapshot",
+            source: Box::new(bincode::ErrorKind::Custom(
+                "snapshot meta and data are not both present".into(),
+            )),
+        }),
+    }
+}
+
+/// Store `meta` + `data` as the current snapshot unless a newer one is already stored (a slow
+/// `build_snapshot` may finish after `install_snapshot` stored a newer one), then flush.
+async fn write_snapshot(
+    db: &sled::Db,
+    tree: &sled::Tree,
+    meta: &Meta,
+    data: &[u8],
+) -> Result<(), StoreError> {
+    let meta_bytes = encode("snapshot meta", meta)?;
+    tree.transaction(|tx| {
+        if let Some(current) = tx.get(KEY_SNAPSHOT_META)? {
+            let current: Meta =
+                decode("snapshot meta", &current).map_err(ConflictableTransactionError::Abort)?;
+            if current.last_log_id > meta.last_log_id {
+                return Ok(());
+            }
+        }
+        tx.insert(KEY_SNAPSHOT_META, meta_bytes.as_slice())?;
+        tx.insert(KEY_SNAPSHOT_DATA, data)?;
+        Ok(())
+    })?;
+    db.flush_async().await?;
+    Ok(())
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> StorageResult<(Option<LogId<NodeId>>, StoredMembership<NodeId, BasicNode>)> {
+        let st = self.read_state();
+        Ok((st.last_applied, st.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<fenced_core::Response>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries = entries.into_iter();
+        let mut replies = Vec::with_capacity(entries.size_hint().0);
+        for entry in entries {
+            let log_id = entry.log_id;
+            let (response, events) = {
+                let mut st = self
+                    .state
+                    .write()
+                    .map_err(|_| StorageIOError::apply(log_id, &StoreError::Poisoned))?;
+                st.last_applied = Some(log_id);
+                match entry.payload {
+                    EntryPayload::Blank => (fenced_core::Response::Ticked, Vec::new()),
+                    EntryPayload::Normal(req) => {
+                        let applied = st.machine.apply(log_id.index, &req);
+                        (applied.response, applied.events)
+                    }
+                    EntryPayload::Membership(m) => {
+                        st.membership = StoredMembership::new(Some(log_id), m);
+                        (fenced_core::Response::Ticked, Vec::new())
+                    }
+                }
+            };
+            if !events.is_empty() {
+                (self.events)(&events);
+            }
+            replies.push(response);
+        }
+        Ok(replies)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.snapshot_seq += 1;
+        let state = self.read_state().clone();
+        SnapshotBuilder {
+            db: self.db.clone(),
+            tree: self.snapshot.clone(),
+            state,
+            seq: self.snapshot_seq,
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> StorageResult<()> {
+        let data = snapshot.into_inner();
+        let machine: fenced_core::StateMachine = decode("received snapshot", &data)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
+        write_snapshot(&self.db, &self.snapshot, meta, &data)
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let new_state = SmState {
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+            machine,
+        };
+        let mut st = self.state.write().map_err(|_| {
+            StorageIOError::write_state_machine(AnyError::new(&StoreError::Poisoned))
+        })?;
+        *st = new_state;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+        let stored =
+            read_snapshot(&self.snapshot).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
+        Ok(stored.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
+
+/// A consistent copy of the state taken by `get_snapshot_builder`; `build_snapshot` serializes
+/// and stores it while `apply` continues.
+pub struct SnapshotBuilder {
+    db: sled::Db,
+    tree: sled::Tree,
+    state: SmState,
+    seq: u64,
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
+        let data = encode("state machine", &self.state.machine)
+            .map_err(|e| StorageIOError::read_state_machine(&e))?;
+        let snapshot_id = match self.state.last_applied {
+            Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, self.seq),
+            None => format!("0-0-{}", self.seq),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: self.state.last_applied,
+            last_membership: self.state.membership.clone(),
+            snapshot_id,
+        };
+        write_snapshot(&self.db, &self.tree, &meta, &data)
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}

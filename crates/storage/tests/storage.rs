@@ -1,0 +1,333 @@
+use std::collections::BTreeSet;
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use fenced_core::{Command, Event, Request, RequestId, Response};
+use fenced_storage::{
+    open, EventSink, LogStore, NodeId, StateMachineStore, StoreError, TypeConfig,
+};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::{
+    CommittedLeaderId, Entry, EntryPayload, LogId, Membership, RaftLogReader, RaftSnapshotBuilder,
+    StorageError, StorageIOError, StoredMembership, Vote,
+};
+use tempfile::TempDir;
+
+struct SledBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for SledBuilder {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
+        let dir = TempDir::new().map_err(|e| StorageIOError::write(&e))?;
+        let (log, sm) = open(dir.path(), no_events()).map_err(|e| StorageIOError::write(&e))?;
+        Ok((dir, log, sm))
+    }
+}
+
+#[allow(clippy::result_large_err)]
+#[test]
+fn openraft_storage_suite() -> Result<(), StorageError<NodeId>> {
+    Suite::test_all(SledBuilder)
+}
+
+fn no_events() -> EventSink {
+    Arc::new(|_: &[Event]| {})
+}
+
+fn log_id(term: u64, index: u64) -> LogId<NodeId> {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Blank,
+    }
+}
+
+fn membership(term: u64, index: u64) -> Entry<TypeConfig> {
+    let voters: BTreeSet<NodeId> = [1].into_iter().collect();
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Membership(Membership::new(vec![voters], None)),
+    }
+}
+
+fn normal(term: u64, index: u64, time_ms: u64, seq: u64, cmd: Command) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Normal(Request {
+            time_ms,
+            client: Some(RequestId { client_id: 7, seq }),
+            cmd,
+        }),
+    }
+}
+
+fn acquire(name: &str, owner: &str, wait_ms: u64) -> Command {
+    Command::Acquire {
+        name: name.into(),
+        owner: owner.into(),
+        ttl_ms: 10_000,
+        session: None,
+        wait_ms,
+    }
+}
+
+/// 1 blank, 2 membership, 3 acquire a/o, 4 acquire a/p (waits), 5 release a/o, 6 acquire b/o.
+fn history() -> Vec<Entry<TypeConfig>> {
+    vec![
+        blank(1, 1),
+        membership(1, 2),
+        normal(1, 3, 100, 1, acquire("a", "o", 0)),
+        normal(1, 4, 110, 2, acquire("a", "p", 5_000)),
+        normal(
+            1,
+            5,
+            120,
+            3,
+            Command::Release {
+                name: "a".into(),
+                owner: "o".into(),
+                token: 3,
+            },
+        ),
+        normal(1, 6, 130, 4, acquire("b", "o", 0)),
+    ]
+}
+
+#[tokio::test]
+async fn state_survives_restart() {
+    let dir = TempDir::new().unwrap();
+    let seen: Arc<Mutex<Vec<Event>>> = Arc::default();
+    let sink: EventSink = {
+        let seen = seen.clone();
+        Arc::new(move |evs: &[Event]| seen.lock().unwrap().extend_from_slice(evs))
+    };
+    let entries = history();
+    let vote = Vote::new(1, 1);
+
+    let expected_state = {
+        let (mut log, mut sm) = open(dir.path(), sink).unwrap();
+        log.blocking_append(entries.clone()).await.unwrap();
+        log.save_vote(&vote).await.unwrap();
+        log.save_committed(Some(log_id(1, 6))).await.unwrap();
+
+        let replies = sm.apply(entries[..4].to_vec()).await.unwrap();
+        assert_eq!(replies[0], Response::Ticked);
+        assert_eq!(replies[1], Response::Ticked);
+        assert!(matches!(
+            replies[2],
+            Response::Granted {
+                token: 3,
+                holds: 1,
+                ..
+            }
+        ));
+        assert_eq!(replies[3], Response::Pending);
+        assert!(seen.lock().unwrap().is_empty());
+
+        let snap = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(snap.meta.last_log_id, Some(log_id(1, 4)));
+        assert!(snap.meta.snapshot_id.starts_with("1-4-"));
+
+        let replies = sm.apply(entries[4..].to_vec()).await.unwrap();
+        assert_eq!(replies[0], Response::Released { holds: 0 });
+        assert!(matches!(replies[1], Response::Granted { token: 6, .. }));
+        let events = seen.lock().unwrap().clone();
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, Event::WaiterGranted { token: 5, .. })));
+        assert!(events
+            .iter()
+            .any(|e| matches!(e, Event::LockReleased { token: 3, .. })));
+
+        let shared = sm.shared();
+        assert_eq!(shared.last_applied(), Some(log_id(1, 6)));
+        assert_eq!(
+            shared.read(|m| m.lock_info("a").map(|l| (l.owner, l.token))),
+            Some(("p".to_string(), 5))
+        );
+        log.purge(log_id(1, 1)).await.unwrap();
+        shared.read(|m| m.clone())
+    };
+
+    // Reopen the same directory.
+    let (mut log, mut sm) = open(dir.path(), no_events()).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(vote));
+    assert_eq!(log.read_committed().await.unwrap(), Some(log_id(1, 6)));
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 1)));
+    assert_eq!(state.last_log_id, Some(log_id(1, 6)));
+    assert_eq!(log.try_get_log_entries(2..).await.unwrap(), entries[1..]);
+    assert!(log.try_get_log_entries(..2).await.unwrap().is_empty());
+    assert!(log.try_get_log_entries(5..5).await.unwrap().is_empty());
+    #[allow(clippy::reversed_empty_ranges)]
+    let inverted = 6..3;
+    assert!(log.try_get_log_entries(inverted).await.unwrap().is_empty());
+    assert_eq!(log.try_get_log_entries(4..=5).await.unwrap(), entries[3..5]);
+
+    let snap = sm.get_current_snapshot().await.unwrap().expect("snapshot");
+    assert_eq!(snap.meta.last_log_id, Some(log_id(1, 4)));
+    let (applied, mem) = sm.applied_state().await.unwrap();
+    assert_eq!(applied, Some(log_id(1, 4)));
+    assert_eq!(mem.log_id(), &Some(log_id(1, 2)));
+
+    // The state machine is the snapshot's: lock a held by o, no lock b yet.
+    let shared = sm.shared();
+    assert_eq!(shared.read(|m| m.lock_info("a").map(|l| l.token)), Some(3));
+    assert!(shared.read(|m| m.lock_info("b").is_none()));
+
+    // Re-applying the committed tail (what openraft does on start) gives the same state.
+    sm.apply(entries[4..].to_vec()).await.unwrap();
+    assert_eq!(shared.read(|m| m.clone()), expected_state);
+    assert_eq!(shared.last_applied(), Some(log_id(1, 6)));
+}
+
+#[tokio::test]
+async fn install_snapshot_replaces_state() {
+    let dir_a = TempDir::new().unwrap();
+    let dir_b = TempDir::new().unwrap();
+    let (_la, mut a) = open(dir_a.path(), no_events()).unwrap();
+    let (_lb, mut b) = open(dir_b.path(), no_events()).unwrap();
+
+    a.apply([normal(1, 1, 10, 1, acquire("a", "o", 0))])
+        .await
+        .unwrap();
+    b.apply([
+        normal(1, 1, 10, 1, acquire("x", "o", 0)),
+        normal(1, 2, 10, 2, acquire("y", "o", 0)),
+    ])
+    .await
+    .unwrap();
+
+    let snap = a
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    b.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+
+    let shared = b.shared();
+    assert!(shared.read(|m| m.lock_info("a").is_some()));
+    assert!(shared.read(|m| m.lock_info("x").is_none() && m.lock_info("y").is_none()));
+    assert_eq!(shared.last_applied(), Some(log_id(1, 1)));
+    assert_eq!(
+        b.get_current_snapshot().await.unwrap().unwrap().meta,
+        snap.meta
+    );
+
+    // Garbage snapshot data is refused and leaves the state alone.
+    let mut meta = snap.meta.clone();
+    meta.last_log_id = Some(log_id(2, 9));
+    let bad = Box::new(Cursor::new(vec![0xff; 3]));
+    assert!(b.install_snapshot(&meta, bad).await.is_err());
+    assert!(shared.read(|m| m.lock_info("a").is_some()));
+}
+
+#[tokio::test]
+async fn stale_snapshot_build_does_not_overwrite_newer() {
+    let dir = TempDir::new().unwrap();
+    let (_log, mut sm) = open(dir.path(), no_events()).unwrap();
+    sm.apply([blank(1, 1)]).await.unwrap();
+    let mut old = sm.get_snapshot_builder().await;
+    sm.apply([blank(1, 2)]).await.unwrap();
+    let new = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    old.build_snapshot().await.unwrap();
+    let cur = sm.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(cur.meta, new.meta);
+}
+
+/// Write raw bytes into the `log` tree of a closed store.
+fn poke_log(dir: &Path, index: u64, value: &[u8]) {
+    let db = sled::open(dir).unwrap();
+    let log = db.open_tree("log").unwrap();
+    log.insert(index.to_be_bytes(), value).unwrap();
+    db.flush().unwrap();
+}
+
+#[tokio::test]
+async fn corrupt_log_is_an_error_not_a_panic() {
+    let dir = TempDir::new().unwrap();
+    let entries = history();
+    {
+        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+        log.blocking_append(entries.clone()).await.unwrap();
+    }
+
+    // A garbage value in the middle of the log.
+    poke_log(dir.path(), 3, &[0xff, 0x00, 0x13]);
+    {
+        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+        assert!(log.try_get_log_entries(..).await.is_err());
+        assert!(log.try_get_log_entries(3..4).await.is_err());
+        assert_eq!(log.try_get_log_entries(1..3).await.unwrap(), entries[..2]);
+        // The last entry is fine, so the log state is readable.
+        assert!(log.get_log_state().await.is_ok());
+    }
+
+    // A garbage last entry: the log state cannot be read.
+    poke_log(dir.path(), 6, b"nonsense");
+    {
+        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+        assert!(log.get_log_state().await.is_err());
+    }
+
+    // A valid entry stored under the wrong index.
+    let misplaced = bincode::serialize(&entries[0]).unwrap();
+    poke_log(dir.path(), 6, &misplaced);
+    {
+        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+        assert!(log.get_log_state().await.is_err());
+        assert!(log.try_get_log_entries(6..).await.is_err());
+    }
+}
+
+#[tokio::test]
+async fn corrupt_snapshot_fails_open() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (_log, mut sm) = open(dir.path(), no_events()).unwrap();
+        sm.apply([blank(1, 1)]).await.unwrap();
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+    }
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let snap = db.open_tree("snapshot").unwrap();
+        snap.insert("data", &b"\xff\xff\xff"[..]).unwrap();
+        db.flush().unwrap();
+    }
+    match open(dir.path(), no_events()) {
+        Err(StoreError::Corrupt { .. }) => {}
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("opened a store with a corrupt snapshot"),
+    }
+}
+
+#[test]
+fn stored_membership_roundtrips_through_bincode() {
+    // StoredMembership must survive bincode (used for snapshot meta).
+    let m = StoredMembership::new(
+        Some(log_id(3, 7)),
+        Membership::new(vec![[1u64, 2, 3].into_iter().collect()], None),
+    );
+    let bytes = bincode::serialize(&m).unwrap();
+    let back: StoredMembership<NodeId, openraft::BasicNode> = bincode::deserialize(&bytes).unwrap();
+    assert_eq!(back, m);
+}
