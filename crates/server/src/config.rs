@@ -1,0 +1,94 @@
+//! Node configuration (the `fenced serve` flags, design.md §4.1).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::StartError;
+
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub id: u64,
+    pub data_dir: PathBuf,
+    pub grpc_addr: String,
+    pub resp_addr: String,
+    /// Every member's id and gRPC address. Empty: a single-node cluster of this node.
+    pub initial_cluster: BTreeMap<u64, String>,
+    /// Build a snapshot after this many log entries (and then purge the log before it).
+    pub snapshot_logs: u64,
+    /// Log entries kept before the last snapshot when purging.
+    pub keep_logs: u64,
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms: (u64, u64),
+}
+
+impl NodeConfig {
+    pub fn new(id: u64, data_dir: PathBuf, grpc_addr: String, resp_addr: String) -> Self {
+        NodeConfig {
+            id,
+            data_dir,
+            grpc_addr,
+            resp_addr,
+            initial_cluster: BTreeMap::new(),
+            snapshot_logs: 5_000,
+            keep_logs: 1_000,
+            heartbeat_ms: 100,
+            election_timeout_ms: (500, 1_000),
+        }
+    }
+
+    /// The members this node bootstraps with on first start.
+    pub fn members(&self) -> Result<BTreeMap<u64, String>, StartError> {
+        if self.initial_cluster.is_empty() {
+            return Ok(BTreeMap::from([(self.id, self.grpc_addr.clone())]));
+        }
+        if !self.initial_cluster.contains_key(&self.id) {
+            return Err(StartError::Config(format!(
+                "--initial-cluster does not list this node's id {}",
+                self.id
+            )));
+        }
+        Ok(self.initial_cluster.clone())
+    }
+}
+
+/// Parse `1=host:port,2=host:port,...`.
+pub fn parse_cluster(s: &str) -> Result<BTreeMap<u64, String>, String> {
+    let mut out = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part
+            .split_once('=')
+            .ok_or_else(|| format!("expected ID=HOST:PORT, got {part:?}"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad node id {id:?} in {part:?}"))?;
+        if id == 0 {
+            return Err("node ids start at 1".into());
+        }
+        let addr = addr.trim();
+        if addr.rsplit_once(':').is_none() {
+            return Err(format!("expected HOST:PORT for node {id}, got {addr:?}"));
+        }
+        if out.insert(id, addr.to_owned()).is_some() {
+            return Err(format!("node {id} listed twice"));
+        }
+    }
+    if out.is_empty() {
+        return Err("empty cluster".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_clusters_and_rejects_garbage() {
+        let c = parse_cluster("1=127.0.0.1:7380, 2=127.0.0.2:7380").expect("parse");
+        assert_eq!(c.get(&2).map(String::as_str), Some("127.0.0.2:7380"));
+        for bad in ["", "1", "x=a:1", "0=a:1", "1=a:1,1=b:2", "1=nohost"] {
+            assert!(parse_cluster(bad).is_err(), "{bad:?}");
+        }
+    }
+}

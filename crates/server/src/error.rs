@@ -1,0 +1,69 @@
+//! Errors of a node, and their one mapping to gRPC status codes.
+
+use fenced_core::CoreError;
+use tonic::{Code, Status};
+
+/// Metadata key carrying the leader's gRPC address on `UNAVAILABLE` answers.
+pub const LEADER_HINT: &str = "x-fenced-leader";
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// This node is not the leader. `leader` is the leader's gRPC address when known.
+    #[error("not the leader (leader: {})", .leader.as_deref().unwrap_or("unknown"))]
+    NotLeader { leader: Option<String> },
+    /// The request may or may not have taken effect (a timeout, a lost leader). Retrying with
+    /// the same request id is safe.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("rejected: {0}")]
+    Rejected(#[from] CoreError),
+    /// The Raft node stopped (storage failure or shutdown).
+    #[error("node stopped: {0}")]
+    Fatal(String),
+}
+
+impl From<NodeError> for Status {
+    fn from(e: NodeError) -> Status {
+        let msg = e.to_string();
+        match e {
+            NodeError::NotLeader { leader } => {
+                let mut s = Status::unavailable(msg);
+                if let Some(addr) = leader.and_then(|a| a.parse().ok()) {
+                    s.metadata_mut().insert(LEADER_HINT, addr);
+                }
+                s
+            }
+            NodeError::Unknown(_) => Status::new(Code::Unavailable, msg),
+            NodeError::Invalid(_) => Status::invalid_argument(msg),
+            NodeError::Rejected(ref c) => match c {
+                CoreError::NoSuchSession(_) => Status::not_found(msg),
+                CoreError::TooManyWaiters { .. }
+                | CoreError::TooManyHolds { .. }
+                | CoreError::LimitReached { .. } => Status::resource_exhausted(msg),
+                CoreError::LockBoundToSession(_) | CoreError::RequestTooOld { .. } => {
+                    Status::failed_precondition(msg)
+                }
+                _ => Status::invalid_argument(msg),
+            },
+            NodeError::Fatal(_) => Status::internal(msg),
+        }
+    }
+}
+
+/// Errors starting a node.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("storage: {0}")]
+    Storage(#[from] fenced_storage::StoreError),
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("raft: {0}")]
+    Raft(String),
+}

@@ -1,0 +1,328 @@
+//! The gRPC front end: `fenced.v1` (Lock, Session, Cluster) for clients and
+//! `fenced.raft.v1.Forward` for followers forwarding to the leader.
+
+use std::time::Duration;
+
+use fenced_core::{Command, Event, RequestId, Response};
+use fenced_proto::raft::forward_server::{Forward, ForwardServer};
+use fenced_proto::raft::{ProposeReply, ProposeRequest, ReadIndexReply, ReadIndexRequest};
+use fenced_proto::v1 as pb;
+use fenced_proto::v1::cluster_server::{Cluster, ClusterServer};
+use fenced_proto::v1::lock_server::{Lock, LockServer};
+use fenced_proto::v1::session_server::{Session, SessionServer};
+use openraft::ServerState;
+use rand::Rng;
+use tonic::{Request, Status};
+
+use crate::error::NodeError;
+use crate::node::Node;
+
+/// After a wait's deadline, how long to keep listening for the entry that ends it (the
+/// leader's tick and its commit) before asking the state machine directly.
+const WAIT_SLACK: Duration = Duration::from_secs(2);
+/// Largest client API message (requests are small; this bounds a malicious one).
+const MAX_CLIENT_MESSAGE: usize = 1024 * 1024;
+
+type Reply<T> = Result<tonic::Response<T>, Status>;
+
+pub fn lock_server(node: Node) -> LockServer<Api> {
+    LockServer::new(Api { node }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
+}
+
+pub fn session_server(node: Node) -> SessionServer<Api> {
+    SessionServer::new(Api { node }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
+}
+
+pub fn cluster_server(node: Node) -> ClusterServer<Api> {
+    ClusterServer::new(Api { node })
+}
+
+pub fn forward_server(node: Node) -> ForwardServer<Api> {
+    ForwardServer::new(Api { node }).max_decoding_message_size(fenced_network::MAX_MESSAGE_SIZE)
+}
+
+pub struct Api {
+    node: Node,
+}
+
+/// The request id of a call; calls without one get a random one-off id, so that retries
+/// inside the cluster are still deduplicated.
+fn request_id(id: Option<pb::RequestId>) -> Result<RequestId, Status> {
+    match id {
+        Some(pb::RequestId { client_id, seq }) if client_id != 0 && seq != 0 => {
+            Ok(RequestId { client_id, seq })
+        }
+        Some(_) => Err(Status::invalid_argument(
+            "request id needs a nonzero client_id and seq",
+        )),
+        None => Ok(RequestId {
+            client_id: rand::thread_rng().gen_range(1..u64::MAX),
+            seq: 1,
+        }),
+    }
+}
+
+fn unexpected(r: Response) -> Status {
+    match r {
+        Response::Rejected(e) => NodeError::Rejected(e).into(),
+        other => Status::internal(format!("unexpected state machine response {other:?}")),
+    }
+}
+
+fn opt_session(s: u64) -> Option<u64> {
+    (s != 0).then_some(s)
+}
+
+impl Api {
+    fn remaining(&self, deadline_ms: u64) -> u64 {
+        deadline_ms.saturating_sub(self.node.local(|sm| sm.now()))
+    }
+
+    fn granted(
+        &self,
+        token: u64,
+        holds: u32,
+        deadline_ms: Option<u64>,
+        session: Option<u64>,
+    ) -> pb::AcquireResponse {
+        let deadline = deadline_ms.or_else(|| {
+            session.and_then(|s| {
+                self.node
+                    .local(|sm| sm.session_info(s).map(|i| i.deadline_ms))
+            })
+        });
+        pb::AcquireResponse {
+            granted: true,
+            token,
+            holds,
+            deadline_ms: deadline_ms.unwrap_or(0),
+            ttl_ms: deadline.map_or(0, |d| self.remaining(d)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Lock for Api {
+    async fn acquire(&self, req: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        let session = opt_session(r.session);
+        let cmd = Command::Acquire {
+            name: r.name,
+            owner: r.owner,
+            ttl_ms: r.ttl_ms,
+            session,
+            wait_ms: r.wait_ms,
+        };
+        // Listen before proposing: the grant may be applied right after the queueing entry.
+        let registration = (r.wait_ms > 0).then(|| self.node.hub().register(rid));
+        let not_granted = pb::AcquireResponse::default();
+        let resp = self.node.propose(Some(rid), cmd.clone()).await?;
+        let resolved = match (resp, registration) {
+            (Response::Pending, Some(mut reg)) => {
+                let limit = Duration::from_millis(r.wait_ms) + WAIT_SLACK;
+                match reg.wait(limit).await {
+                    Some(Event::WaiterGranted {
+                        token, deadline_ms, ..
+                    }) => Response::Granted {
+                        token,
+                        holds: 1,
+                        deadline_ms,
+                    },
+                    Some(_) => Response::NotGranted,
+                    // Missed (e.g. this node lagged or restarted): the dedup record of the
+                    // request holds the resolution.
+                    _ => self.node.propose(Some(rid), cmd).await?,
+                }
+            }
+            (other, _) => other,
+        };
+        let out = match resolved {
+            Response::Granted {
+                token,
+                holds,
+                deadline_ms,
+            } => self.granted(token, holds, deadline_ms, session),
+            Response::NotGranted => not_granted,
+            Response::Pending => return Err(Status::unavailable(
+                "outcome unknown: the wait did not resolve in time; retry with the same request id",
+            )),
+            other => return Err(unexpected(other)),
+        };
+        Ok(tonic::Response::new(out))
+    }
+
+    async fn release(&self, req: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        let cmd = Command::Release {
+            name: r.name,
+            owner: r.owner,
+            token: r.token,
+        };
+        let out = match self.node.propose(Some(rid), cmd).await? {
+            Response::Released { holds } => pb::ReleaseResponse {
+                released: true,
+                holds,
+            },
+            Response::NotHeld => pb::ReleaseResponse::default(),
+            other => return Err(unexpected(other)),
+        };
+        Ok(tonic::Response::new(out))
+    }
+
+    async fn renew(&self, req: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        let cmd = Command::Renew {
+            name: r.name,
+            owner: r.owner,
+            token: r.token,
+            ttl_ms: r.ttl_ms,
+        };
+        let out = match self.node.propose(Some(rid), cmd).await? {
+            Response::Renewed { deadline_ms } => pb::RenewResponse {
+                renewed: true,
+                deadline_ms,
+            },
+            Response::NotHeld => pb::RenewResponse::default(),
+            other => return Err(unexpected(other)),
+        };
+        Ok(tonic::Response::new(out))
+    }
+
+    async fn info(&self, req: Request<pb::InfoRequest>) -> Reply<pb::InfoResponse> {
+        let name = req.into_inner().name;
+        let info = self
+            .node
+            .read(|sm| sm.lock_info(&name).map(|i| (i, sm.now())))
+            .await?;
+        let out = match info {
+            None => pb::InfoResponse::default(),
+            Some((i, now)) => pb::InfoResponse {
+                held: true,
+                owner: i.owner,
+                token: i.token,
+                holds: i.holds,
+                ttl_ms: i.deadline_ms.saturating_sub(now),
+                session: i.session.unwrap_or(0),
+                waiters: i.waiters as u32,
+            },
+        };
+        Ok(tonic::Response::new(out))
+    }
+}
+
+#[tonic::async_trait]
+impl Session for Api {
+    async fn open(&self, req: Request<pb::OpenSessionRequest>) -> Reply<pb::OpenSessionResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        match self
+            .node
+            .propose(Some(rid), Command::OpenSession { ttl_ms: r.ttl_ms })
+            .await?
+        {
+            Response::SessionOpened { session, .. } => {
+                Ok(tonic::Response::new(pb::OpenSessionResponse {
+                    session,
+                    ttl_ms: r.ttl_ms,
+                }))
+            }
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn keep_alive(&self, req: Request<pb::KeepAliveRequest>) -> Reply<pb::KeepAliveResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        match self
+            .node
+            .propose(Some(rid), Command::KeepAlive { session: r.session })
+            .await?
+        {
+            Response::SessionAlive { deadline_ms } => {
+                Ok(tonic::Response::new(pb::KeepAliveResponse {
+                    alive: true,
+                    ttl_ms: self.remaining(deadline_ms),
+                }))
+            }
+            Response::NoSuchSession => Ok(tonic::Response::new(pb::KeepAliveResponse::default())),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn close(
+        &self,
+        req: Request<pb::CloseSessionRequest>,
+    ) -> Reply<pb::CloseSessionResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        let closed = match self
+            .node
+            .propose(Some(rid), Command::CloseSession { session: r.session })
+            .await?
+        {
+            Response::SessionClosed => true,
+            Response::NoSuchSession => false,
+            other => return Err(unexpected(other)),
+        };
+        Ok(tonic::Response::new(pb::CloseSessionResponse { closed }))
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for Api {
+    async fn status(&self, _req: Request<pb::StatusRequest>) -> Reply<pb::StatusResponse> {
+        let m = self.node.raft().metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        let members: Vec<pb::Member> = membership
+            .nodes()
+            .map(|(id, n)| pb::Member {
+                id: *id,
+                addr: n.addr.clone(),
+                voter: voters.contains(id),
+            })
+            .collect();
+        let leader_addr = m
+            .current_leader
+            .and_then(|l| membership.get_node(&l).map(|n| n.addr.clone()))
+            .unwrap_or_default();
+        let state = match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        Ok(tonic::Response::new(pb::StatusResponse {
+            leader: m.current_leader.unwrap_or(0),
+            term: m.current_term,
+            commit_index: m.last_applied.map_or(0, |l| l.index),
+            members,
+            id: self.node.id(),
+            last_applied: m.last_applied.map_or(0, |l| l.index),
+            leader_addr,
+            state: state.into(),
+            snapshot_index: m.snapshot.map_or(0, |l| l.index),
+            purged_index: m.purged.map_or(0, |l| l.index),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Forward for Api {
+    async fn propose(&self, req: Request<ProposeRequest>) -> Reply<ProposeReply> {
+        let (rid, cmd): (Option<RequestId>, Command) = bincode::deserialize(&req.into_inner().data)
+            .map_err(|e| Status::invalid_argument(format!("malformed proposal: {e}")))?;
+        let resp = self.node.propose_local(rid, cmd).await?;
+        let data = bincode::serialize(&resp).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(tonic::Response::new(ProposeReply { data }))
+    }
+
+    async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Reply<ReadIndexReply> {
+        let index = self.node.read_index_local().await?;
+        Ok(tonic::Response::new(ReadIndexReply { index }))
+    }
+}

@@ -1,0 +1,197 @@
+//! `fenced`: run a node (`serve`), run a command under a lock (`lock`), show the cluster
+//! (`status`). See design.md §4.1 for the contract.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use fenced_client::{Client, LockOptions};
+use fenced_server::config::parse_cluster;
+use fenced_server::{Node, NodeConfig};
+
+/// Exit status of `fenced lock` when the lock was not acquired in time (EX_TEMPFAIL).
+const EXIT_NOT_ACQUIRED: u8 = 75;
+
+#[derive(Parser)]
+#[command(name = "fenced", version, about = "A lock service with fencing tokens")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a node. With no flags: a single-node cluster in ./fenced-data.
+    Serve(ServeArgs),
+    /// Run CMD while holding lock NAME, with FENCED_TOKEN and FENCED_LOCK in its environment.
+    Lock(LockArgs),
+    /// Print the cluster's status as one JSON object.
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// This node's id (≥ 1).
+    #[arg(long, default_value_t = 1)]
+    id: u64,
+    #[arg(long, default_value = "./fenced-data")]
+    data_dir: PathBuf,
+    /// RESP (Redis protocol) listen address.
+    #[arg(long, default_value = "127.0.0.1:7379")]
+    resp_addr: String,
+    /// gRPC listen address: client API and node-to-node Raft.
+    #[arg(long, default_value = "127.0.0.1:7380")]
+    grpc_addr: String,
+    /// Every member's gRPC address, `1=HOST:PORT,2=HOST:PORT,...`; used to bootstrap an empty
+    /// data dir. Without it: a single-node cluster of this node.
+    #[arg(long, value_parser = parse_cluster)]
+    initial_cluster: Option<std::collections::BTreeMap<u64, String>>,
+    /// Build a snapshot (and purge the log before it) every N entries.
+    #[arg(long, default_value_t = 5_000, hide = true)]
+    snapshot_logs: u64,
+    /// Entries kept before the last snapshot when purging.
+    #[arg(long, default_value_t = 1_000, hide = true)]
+    keep_logs: u64,
+}
+
+#[derive(Args)]
+struct LockArgs {
+    #[arg(long, default_value = "127.0.0.1:7380", value_delimiter = ',')]
+    endpoints: Vec<String>,
+    /// Session lease: how long the lock outlives this process if it stops renewing.
+    #[arg(long, default_value_t = 10_000)]
+    ttl_ms: u64,
+    /// How long to wait for the lock (0: try once).
+    #[arg(long, default_value_t = 0)]
+    wait_ms: u64,
+    name: String,
+    #[arg(last = true, required = true)]
+    cmd: Vec<String>,
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    #[arg(long, default_value = "127.0.0.1:7380", value_delimiter = ',')]
+    endpoints: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG")
+                .unwrap_or_else(|_| "info,openraft=warn,sled=warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fenced: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Cmd::Serve(a) => serve(a).await.map(|()| ExitCode::SUCCESS),
+            Cmd::Lock(a) => lock(a).await,
+            Cmd::Status(a) => status(a).await.map(|()| ExitCode::SUCCESS),
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("fenced: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(a: ServeArgs) -> anyhow::Result<()> {
+    if a.id == 0 {
+        bail!("--id must be at least 1");
+    }
+    let mut cfg = NodeConfig::new(a.id, a.data_dir, a.grpc_addr, a.resp_addr);
+    cfg.initial_cluster = a.initial_cluster.unwrap_or_default();
+    cfg.snapshot_logs = a.snapshot_logs;
+    cfg.keep_logs = a.keep_logs;
+    let running = Node::start(cfg.clone())
+        .await
+        .context("starting the node")?;
+    tracing::info!(
+        id = cfg.id,
+        grpc = %cfg.grpc_addr,
+        data_dir = %cfg.data_dir.display(),
+        "fenced node serving"
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: shutting down"),
+    }
+    running.shutdown().await;
+    Ok(())
+}
+
+async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
+    let client = Client::connect(&a.endpoints)?;
+    let opts = LockOptions {
+        ttl: Duration::from_millis(a.ttl_ms),
+        wait: Duration::from_millis(a.wait_ms),
+    };
+    let Some(mut guard) = client.lock(&a.name, opts).await? else {
+        eprintln!("fenced: lock {} not acquired", a.name);
+        return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
+    };
+    let (program, args) = a.cmd.split_first().context("no command given after --")?;
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .env("FENCED_TOKEN", guard.token().to_string())
+        .env("FENCED_LOCK", &a.name)
+        .spawn()
+        .with_context(|| format!("starting {program}"))?;
+    let status = tokio::select! {
+        status = child.wait() => status?,
+        () = guard.lost() => {
+            eprintln!("fenced: lock {} lost (session expired); stopping the command", a.name);
+            if let Some(pid) = child.id() {
+                // SAFETY: plain kill(2) on our own child's pid.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+            child.wait().await?
+        }
+    };
+    if let Err(e) = guard.release().await {
+        eprintln!("fenced: releasing {}: {e} (the lease will expire)", a.name);
+    }
+    Ok(match status.code() {
+        Some(c) => ExitCode::from(c as u8),
+        None => ExitCode::FAILURE,
+    })
+}
+
+async fn status(a: StatusArgs) -> anyhow::Result<()> {
+    let client = Client::connect(&a.endpoints)?;
+    let s = client.status().await?;
+    let members: Vec<serde_json::Value> = s
+        .members
+        .iter()
+        .map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "voter": m.voter}))
+        .collect();
+    let out = serde_json::json!({
+        "leader": (s.leader != 0).then_some(s.leader),
+        "term": s.term,
+        "commit_index": s.commit_index,
+        "members": members,
+        "id": s.id,
+        "state": s.state,
+        "last_applied": s.last_applied,
+        "snapshot_index": s.snapshot_index,
+        "purged_index": s.purged_index,
+    });
+    println!("{out}");
+    Ok(())
+}

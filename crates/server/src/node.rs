@@ -1,0 +1,404 @@
+//! Node assembly: storage, Raft, the gRPC server, the expiry ticker, and the two paths every
+//! front end uses — [`Node::propose`] (writes) and [`Node::read`] (linearizable reads).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fenced_core::{Command, RequestId, Response, StateMachine};
+use fenced_network::{raft_server, NetworkFactory, SNAPSHOT_CHUNK_SIZE};
+use fenced_proto::raft::forward_client::ForwardClient;
+use fenced_proto::raft::{ProposeRequest, ReadIndexRequest};
+use fenced_storage::{NodeId, Raft, SharedState};
+use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::clock::LeaderClock;
+use crate::error::{NodeError, StartError, LEADER_HINT};
+use crate::hub::Hub;
+use crate::NodeConfig;
+
+/// How long a proposal keeps trying (following leader changes) before giving up as unknown.
+pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one local `client_write` may take before it counts as unknown.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
+/// How often the ticker looks for due deadlines at most.
+const TICK_MAX_SLEEP: Duration = Duration::from_millis(50);
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// A running node. Cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    id: NodeId,
+    raft: Raft,
+    state: SharedState,
+    hub: Hub,
+    clock: LeaderClock,
+    peers: Mutex<HashMap<String, ForwardClient<Channel>>>,
+}
+
+/// A started node with its background tasks.
+pub struct Running {
+    pub node: Node,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Stop serving, stop Raft, and wait for the tasks.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        if let Err(e) = self.node.inner.raft.shutdown().await {
+            tracing::warn!("raft shutdown: {e}");
+        }
+    }
+}
+
+impl Node {
+    /// Open storage, start Raft and the gRPC server (Raft transport, forwarding and client
+    /// API on one port), bootstrap the cluster on first start, start the expiry ticker.
+    pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
+        let members = cfg.members()?;
+        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| {
+            StartError::Config(format!("cannot create {}: {e}", cfg.data_dir.display()))
+        })?;
+        let hub = Hub::new();
+        let sink_hub = hub.clone();
+        let (log_store, sm_store) = fenced_storage::open(
+            &cfg.data_dir,
+            Arc::new(move |events: &[fenced_core::Event]| sink_hub.deliver(events)),
+        )?;
+        let state = sm_store.shared();
+
+        let raft_config = Config {
+            cluster_name: "fenced".into(),
+            heartbeat_interval: cfg.heartbeat_ms,
+            election_timeout_min: cfg.election_timeout_ms.0,
+            election_timeout_max: cfg.election_timeout_ms.1,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_logs),
+            max_in_snapshot_log_to_keep: cfg.keep_logs,
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_SIZE,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| StartError::Config(e.to_string()))?;
+        let raft = Raft::new(
+            cfg.id,
+            Arc::new(raft_config),
+            NetworkFactory::new(cfg.id),
+            log_store,
+            sm_store,
+        )
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+
+        let listener =
+            TcpListener::bind(&cfg.grpc_addr)
+                .await
+                .map_err(|source| StartError::Bind {
+                    addr: cfg.grpc_addr.clone(),
+                    source,
+                })?;
+
+        let node = Node {
+            inner: Arc::new(Inner {
+                id: cfg.id,
+                raft: raft.clone(),
+                state,
+                hub,
+                clock: LeaderClock::new(),
+                peers: Mutex::new(HashMap::new()),
+            }),
+        };
+
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let mut tasks = Vec::new();
+        {
+            let router = tonic::transport::Server::builder()
+                .add_service(raft_server(raft.clone()))
+                .add_service(crate::grpc::forward_server(node.clone()))
+                .add_service(crate::grpc::lock_server(node.clone()))
+                .add_service(crate::grpc::session_server(node.clone()))
+                .add_service(crate::grpc::cluster_server(node.clone()));
+            let mut rx = shutdown_rx.clone();
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            tasks.push(tokio::spawn(async move {
+                let stop = async move {
+                    let _ = rx.wait_for(|s| *s).await;
+                };
+                if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
+                    tracing::error!("gRPC server failed: {e}");
+                }
+            }));
+        }
+
+        if !raft
+            .is_initialized()
+            .await
+            .map_err(|e| StartError::Raft(e.to_string()))?
+        {
+            let nodes: BTreeMap<NodeId, BasicNode> = members
+                .iter()
+                .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+                .collect();
+            tracing::info!(?nodes, "bootstrapping a new cluster");
+            match raft.initialize(nodes).await {
+                Ok(()) => {}
+                Err(RaftError::APIError(e)) => tracing::info!("not initializing: {e}"),
+                Err(e) => return Err(StartError::Raft(e.to_string())),
+            }
+        }
+
+        tasks.push(tokio::spawn(node.clone().ticker(shutdown_rx)));
+        Ok(Running {
+            node,
+            shutdown: shutdown_tx,
+            tasks,
+        })
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.inner.id
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    pub fn hub(&self) -> &Hub {
+        &self.inner.hub
+    }
+
+    /// Propose a command, from any node: applied through the leader (forwarded if this node
+    /// is not it), retried across leader changes for up to [`PROPOSE_TIMEOUT`]. Retrying is
+    /// safe because the request id makes the state machine answer a repeat with the first
+    /// outcome; commands without an id are only retried when they certainly had no effect.
+    pub async fn propose(
+        &self,
+        rid: Option<RequestId>,
+        cmd: Command,
+    ) -> Result<Response, NodeError> {
+        let give_up = Instant::now() + PROPOSE_TIMEOUT;
+        loop {
+            let attempt = match self.propose_local(rid, cmd.clone()).await {
+                Err(NodeError::NotLeader { leader: Some(addr) }) => {
+                    self.forward_propose(&addr, rid, &cmd).await
+                }
+                other => other,
+            };
+            match attempt {
+                Err(NodeError::NotLeader { .. }) if Instant::now() < give_up => {}
+                Err(NodeError::Unknown(_)) if rid.is_some() && Instant::now() < give_up => {}
+                other => return other,
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Propose on this node, which must be the leader: stamp the log time and append.
+    pub async fn propose_local(
+        &self,
+        rid: Option<RequestId>,
+        cmd: Command,
+    ) -> Result<Response, NodeError> {
+        let term = self.leader_term()?;
+        let time_ms = self
+            .inner
+            .clock
+            .stamp(term, || self.inner.state.read(StateMachine::now));
+        let req = fenced_core::Request {
+            time_ms,
+            client: rid,
+            cmd,
+        };
+        match tokio::time::timeout(WRITE_TIMEOUT, self.inner.raft.client_write(req)).await {
+            Err(_) => Err(NodeError::Unknown("raft write timed out".into())),
+            Ok(Ok(resp)) => Ok(resp.data),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
+                Err(NodeError::NotLeader {
+                    leader: f.leader_node.map(|n| n.addr),
+                })
+            }
+            Ok(Err(RaftError::APIError(e))) => Err(NodeError::Unknown(e.to_string())),
+            Ok(Err(RaftError::Fatal(e))) => Err(NodeError::Fatal(e.to_string())),
+        }
+    }
+
+    /// The current term if this node is the leader, else `NotLeader` with a hint.
+    fn leader_term(&self) -> Result<u64, NodeError> {
+        let m = self.inner.raft.metrics();
+        let m = m.borrow();
+        if m.state == ServerState::Leader {
+            return Ok(m.current_term);
+        }
+        let leader = m.current_leader.and_then(|id| {
+            m.membership_config
+                .membership()
+                .get_node(&id)
+                .map(|n| n.addr.clone())
+        });
+        Err(NodeError::NotLeader { leader })
+    }
+
+    async fn peer(&self, addr: &str) -> Result<ForwardClient<Channel>, NodeError> {
+        if let Some(c) = self.lock_peers().get(addr) {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| NodeError::Invalid(format!("leader address {addr}: {e}")))?
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(PROPOSE_TIMEOUT);
+        let client = ForwardClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(fenced_network::MAX_MESSAGE_SIZE);
+        self.lock_peers().insert(addr.to_owned(), client.clone());
+        Ok(client)
+    }
+
+    fn lock_peers(&self) -> std::sync::MutexGuard<'_, HashMap<String, ForwardClient<Channel>>> {
+        self.inner.peers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn forward_propose(
+        &self,
+        addr: &str,
+        rid: Option<RequestId>,
+        cmd: &Command,
+    ) -> Result<Response, NodeError> {
+        let data = bincode::serialize(&(rid, cmd))
+            .map_err(|e| NodeError::Invalid(format!("encoding: {e}")))?;
+        let mut client = self.peer(addr).await?;
+        match client.propose(ProposeRequest { data }).await {
+            Ok(reply) => bincode::deserialize(&reply.into_inner().data)
+                .map_err(|e| NodeError::Unknown(format!("bad reply from leader: {e}"))),
+            Err(status) => Err(status_to_error(&status)),
+        }
+    }
+
+    /// Wait until a read on this node's state machine is linearizable: the leader confirms
+    /// its leadership with a quorum (read-index) and this node has applied up to that index.
+    pub async fn read_barrier(&self) -> Result<(), NodeError> {
+        let give_up = Instant::now() + PROPOSE_TIMEOUT;
+        loop {
+            let attempt = match self.read_index_local().await {
+                Err(NodeError::NotLeader { leader: Some(addr) }) => {
+                    self.forward_read_index(&addr).await
+                }
+                other => other,
+            };
+            match attempt {
+                Ok(index) => {
+                    let left = give_up.saturating_duration_since(Instant::now());
+                    return self
+                        .inner
+                        .raft
+                        .wait(Some(left.max(Duration::from_millis(100))))
+                        .applied_index_at_least(Some(index), "read barrier")
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| NodeError::Unknown(format!("catching up: {e}")));
+                }
+                Err(NodeError::NotLeader { .. } | NodeError::Unknown(_))
+                    if Instant::now() < give_up => {}
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Read the state machine linearizably.
+    pub async fn read<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> Result<T, NodeError> {
+        self.read_barrier().await?;
+        Ok(self.inner.state.read(f))
+    }
+
+    /// On the leader: the index a linearizable read must wait for.
+    pub async fn read_index_local(&self) -> Result<u64, NodeError> {
+        self.leader_term()?;
+        match self.inner.raft.get_read_log_id().await {
+            Ok((read, _applied)) => Ok(read.map_or(0, |l| l.index)),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(NodeError::NotLeader {
+                    leader: f.leader_node.map(|n| n.addr),
+                })
+            }
+            Err(RaftError::APIError(e)) => Err(NodeError::Unknown(e.to_string())),
+            Err(RaftError::Fatal(e)) => Err(NodeError::Fatal(e.to_string())),
+        }
+    }
+
+    async fn forward_read_index(&self, addr: &str) -> Result<u64, NodeError> {
+        let mut client = self.peer(addr).await?;
+        match client.read_index(ReadIndexRequest {}).await {
+            Ok(r) => Ok(r.into_inner().index),
+            Err(status) => Err(status_to_error(&status)),
+        }
+    }
+
+    /// Local, possibly stale view of the state machine (no read barrier).
+    pub fn local<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> T {
+        self.inner.state.read(f)
+    }
+
+    /// While this node leads, propose a `Tick` whenever the earliest deadline of the state
+    /// machine has passed on the leader's log clock, so leases, sessions and waits expire
+    /// (and locks pass to their next waiter) without other traffic.
+    async fn ticker(self, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            let sleep = match self.leader_term() {
+                Err(_) => TICK_MAX_SLEEP,
+                Ok(term) => {
+                    let (next, applied) =
+                        self.inner.state.read(|sm| (sm.next_deadline(), sm.now()));
+                    let now = self.inner.clock.peek(term, || applied);
+                    match next {
+                        Some(due) if due <= now => {
+                            if let Err(e) = self.propose_local(None, Command::Tick).await {
+                                tracing::debug!("tick: {e}");
+                                TICK_MAX_SLEEP
+                            } else {
+                                Duration::ZERO
+                            }
+                        }
+                        Some(due) => Duration::from_millis(due - now).min(TICK_MAX_SLEEP),
+                        None => TICK_MAX_SLEEP,
+                    }
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(sleep.max(Duration::from_millis(1))) => {}
+                _ = shutdown.wait_for(|s| *s) => return,
+            }
+        }
+    }
+}
+
+/// Turn a status from a peer back into a node error, keeping the leader hint.
+pub fn status_to_error(status: &tonic::Status) -> NodeError {
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+            let hint = status
+                .metadata()
+                .get(LEADER_HINT)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if status.message().starts_with("not the leader") {
+                NodeError::NotLeader { leader: hint }
+            } else {
+                NodeError::Unknown(status.message().to_owned())
+            }
+        }
+        tonic::Code::InvalidArgument => NodeError::Invalid(status.message().to_owned()),
+        _ => NodeError::Unknown(format!("{}: {}", status.code(), status.message())),
+    }
+}
