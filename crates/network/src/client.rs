@@ -1,0 +1,285 @@
+//! Client side: openraft's `RaftNetworkFactory` / `RaftNetwork` over tonic channels.
+
+use std::collections::HashMap;
+use std::error::Error;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use fenced_proto::raft::raft_client::RaftClient;
+use fenced_proto::raft::RaftRequest;
+use fenced_storage::{NodeId, TypeConfig};
+use openraft::error::{
+    Infallible, InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError,
+    RemoteError, Timeout, Unreachable,
+};
+use openraft::network::{RPCOption, RPCTypes, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
+
+use crate::codec::{decode, encode};
+use crate::{TransportError, DEFAULT_CONNECT_TIMEOUT, MAX_MESSAGE_SIZE};
+
+/// Bytes a `RaftRequest` adds around its payload (field tag and length varint), rounded up.
+const ENVELOPE: usize = 16;
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>;
+
+/// Creates [`Network`] clients for openraft; pass it to [`openraft::Raft::new`].
+///
+/// Clones share one cache of channels, keyed by target node id and address: every client to
+/// the same node multiplexes its RPCs over one lazily established HTTP/2 connection, which
+/// tonic re-establishes after a failure. A changed address replaces the cached channel.
+#[derive(Clone, Debug)]
+pub struct NetworkFactory {
+    id: NodeId,
+    connect_timeout: Duration,
+    channels: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
+}
+
+impl NetworkFactory {
+    /// A factory for the node `id` (used in timeouts and logs), with
+    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    pub fn new(id: NodeId) -> Self {
+        Self {
+            id,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            channels: Arc::default(),
+        }
+    }
+
+    /// Sets the timeout for establishing a connection to a peer. Affects channels created
+    /// afterwards.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// The cached channel to `target` at `addr`, or a new lazily connecting one.
+    fn channel(&self, target: NodeId, addr: &str) -> Result<Channel, TransportError> {
+        let mut channels = self
+            .channels
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((cached_addr, channel)) = channels.get(&target) {
+            if cached_addr == addr {
+                return Ok(channel.clone());
+            }
+        }
+        let uri = if addr.contains("://") {
+            addr.to_owned()
+        } else {
+            format!("http://{addr}")
+        };
+        let invalid = |reason: String| TransportError::InvalidAddress {
+            node: target,
+            addr: addr.to_owned(),
+            reason,
+        };
+        let endpoint = Endpoint::from_shared(uri)
+            .map_err(|e| invalid(e.to_string()))?
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true);
+        let channel = endpoint.connect_lazy();
+        channels.insert(target, (addr.to_owned(), channel.clone()));
+        Ok(channel)
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
+    type Network = Network;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Network {
+        let client = self.channel(target, &node.addr).map(|channel| {
+            RaftClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(MAX_MESSAGE_SIZE)
+        });
+        if let Err(e) = &client {
+            tracing::warn!(id = self.id, target, error = %e, "cannot create raft client");
+        }
+        Network {
+            id: self.id,
+            target,
+            node: node.clone(),
+            client,
+        }
+    }
+}
+
+/// openraft's connection to one target node; RPCs are bounded by `RPCOption::hard_ttl()`.
+///
+/// Errors map onto openraft's `RPCError` as follows: the peer cannot be reached (connection
+/// refused or timed out, connection lost, invalid address) → `Unreachable` (openraft backs
+/// off); the deadline passed → `Timeout`; openraft on the peer returned an error →
+/// `RemoteError`; an append-entries batch too large for one message → `PayloadTooLarge`;
+/// anything else (malformed reply, other gRPC status) → `Network`.
+pub struct Network {
+    id: NodeId,
+    target: NodeId,
+    node: BasicNode,
+    client: Result<RaftClient<Channel>, TransportError>,
+}
+
+impl std::fmt::Debug for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Network")
+            .field("id", &self.id)
+            .field("target", &self.target)
+            .field("addr", &self.node.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+fn network_error<E: Error>(e: &TransportError) -> RPCError<NodeId, BasicNode, E> {
+    RPCError::Network(NetworkError::new(e))
+}
+
+impl Network {
+    fn timeout<E: Error>(&self, action: RPCTypes, ttl: Duration) -> RPCError<NodeId, BasicNode, E> {
+        RPCError::Timeout(Timeout {
+            action,
+            id: self.id,
+            target: self.target,
+            timeout: ttl,
+        })
+    }
+
+    /// Maps a gRPC status of a failed call onto openraft's error kinds.
+    fn status_error<E: Error>(
+        &self,
+        action: RPCTypes,
+        status: tonic::Status,
+        ttl: Duration,
+        elapsed: Duration,
+        entries: usize,
+    ) -> RPCError<NodeId, BasicNode, E> {
+        let code = status.code();
+        let deadline_passed = elapsed >= ttl
+            || (matches!(code, Code::Cancelled | Code::DeadlineExceeded)
+                && status.message() == tonic::TimeoutExpired(()).to_string());
+        let err = TransportError::Status(status);
+        match code {
+            _ if deadline_passed => self.timeout(action, ttl),
+            // Connect failure / refused / connect timeout, keep-alive timeout, or the
+            // connection dropped under a pending call (hyper reports that as cancelled).
+            Code::Unavailable | Code::Cancelled => RPCError::Unreachable(Unreachable::new(&err)),
+            Code::OutOfRange | Code::ResourceExhausted
+                if action == RPCTypes::AppendEntries && entries > 1 =>
+            {
+                RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint((entries / 2) as u64).with_source_error(&err),
+                )
+            }
+            _ => network_error(&err),
+        }
+    }
+
+    /// One unary call: encode, send with the deadline, decode the reply or the remote error.
+    async fn call<Req, Resp, E>(
+        &mut self,
+        action: RPCTypes,
+        req: &Req,
+        entries: usize,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: Error + DeserializeOwned,
+    {
+        let data = encode(req).map_err(|e| network_error(&e))?;
+        if data.len() + ENVELOPE > MAX_MESSAGE_SIZE {
+            let too_large = TransportError::TooLarge {
+                size: data.len(),
+                limit: MAX_MESSAGE_SIZE,
+            };
+            if action == RPCTypes::AppendEntries && entries > 1 {
+                // Aim at half the limit so the retry fits even if entry sizes vary.
+                let scaled =
+                    (entries as u128 * (MAX_MESSAGE_SIZE / 2) as u128 / data.len() as u128) as u64;
+                let hint = scaled.clamp(1, (entries - 1) as u64);
+                return Err(RPCError::PayloadTooLarge(
+                    PayloadTooLarge::new_entries_hint(hint).with_source_error(&too_large),
+                ));
+            }
+            return Err(network_error(&too_large));
+        }
+
+        let client = match &mut self.client {
+            Ok(client) => client,
+            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&*e))),
+        };
+        let ttl = option.hard_ttl();
+        let mut request = tonic::Request::new(RaftRequest { data });
+        // Sent as `grpc-timeout`: tonic enforces it on this side and the peer stops working on
+        // a request nobody waits for any more.
+        request.set_timeout(ttl);
+
+        let start = Instant::now();
+        let rpc = async {
+            match action {
+                RPCTypes::AppendEntries => client.append_entries(request).await,
+                RPCTypes::Vote => client.vote(request).await,
+                RPCTypes::InstallSnapshot => client.install_snapshot(request).await,
+            }
+        };
+        let reply = match tokio::time::timeout(ttl, rpc).await {
+            Err(_elapsed) => return Err(self.timeout(action, ttl)),
+            Ok(Err(status)) => {
+                let err = self.status_error(action, status, ttl, start.elapsed(), entries);
+                tracing::debug!(id = self.id, target = self.target, %action, error = %err, "raft rpc failed");
+                return Err(err);
+            }
+            Ok(Ok(reply)) => reply.into_inner(),
+        };
+
+        if !reply.error.is_empty() {
+            let remote: RaftError<NodeId, E> =
+                decode(&reply.error).map_err(|e| network_error(&e))?;
+            return Err(RPCError::RemoteError(RemoteError::new_with_node(
+                self.target,
+                self.node.clone(),
+                remote,
+            )));
+        }
+        decode(&reply.data).map_err(|e| network_error(&e))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Network {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, Infallible> {
+        let entries = rpc.entries.len();
+        self.call(RPCTypes::AppendEntries, &rpc, entries, &option)
+            .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.call(RPCTypes::InstallSnapshot, &rpc, 0, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, Infallible> {
+        self.call(RPCTypes::Vote, &rpc, 0, &option).await
+    }
+}

@@ -1,0 +1,85 @@
+//! Server side: `fenced.raft.v1.Raft` in front of the local openraft node.
+
+use std::error::Error;
+
+use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
+use fenced_proto::raft::{RaftReply, RaftRequest};
+use fenced_storage::Raft;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::{Request, Response, Status};
+
+use crate::codec::{decode, encode};
+use crate::MAX_MESSAGE_SIZE;
+
+/// Serves openraft's append-entries, vote and install-snapshot RPCs for the local node.
+///
+/// A request whose payload does not decode is rejected with `INVALID_ARGUMENT`; an error
+/// returned by openraft (e.g. the node is shutting down) is sent back bincode-encoded in
+/// [`RaftReply::error`] and surfaces on the caller as `RPCError::RemoteError`.
+#[derive(Clone)]
+pub struct RaftService {
+    raft: Raft,
+}
+
+impl RaftService {
+    pub fn new(raft: Raft) -> Self {
+        Self { raft }
+    }
+}
+
+/// The tonic service to add to the node's gRPC router, with the transport's message-size
+/// limits ([`MAX_MESSAGE_SIZE`]) applied.
+pub fn raft_server(raft: Raft) -> RaftServer<RaftService> {
+    RaftServer::new(RaftService::new(raft))
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE)
+}
+
+fn decode_request<T: DeserializeOwned>(
+    request: Request<RaftRequest>,
+    what: &str,
+) -> Result<T, Status> {
+    decode(&request.into_inner().data)
+        .map_err(|e| Status::invalid_argument(format!("malformed {what} request: {e}")))
+}
+
+fn reply<T: Serialize, E: Error + Serialize>(
+    result: Result<T, E>,
+) -> Result<Response<RaftReply>, Status> {
+    let reply = match result {
+        Ok(resp) => RaftReply {
+            data: encode(&resp).map_err(|e| Status::internal(e.to_string()))?,
+            error: Vec::new(),
+        },
+        Err(err) => RaftReply {
+            data: Vec::new(),
+            error: encode(&err).map_err(|e| Status::internal(e.to_string()))?,
+        },
+    };
+    Ok(Response::new(reply))
+}
+
+#[tonic::async_trait]
+impl RaftRpc for RaftService {
+    async fn append_entries(
+        &self,
+        request: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let req = decode_request(request, "append-entries")?;
+        reply(self.raft.append_entries(req).await)
+    }
+
+    async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
+        let req = decode_request(request, "vote")?;
+        reply(self.raft.vote(req).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<RaftRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let req = decode_request(request, "install-snapshot")?;
+        reply(self.raft.install_snapshot(req).await)
+    }
+}
