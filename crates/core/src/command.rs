@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::kv::{KvCommand, KvResponse};
 use crate::CoreError;
 
 /// Raft log index. The index of the entry that grants a lock is the grant's fencing token.
@@ -77,6 +78,8 @@ pub enum Command {
     /// Carries only time: proposed by the leader when a deadline has passed so that expiry
     /// (and handing the lock to the next waiter) happens without other traffic.
     Tick,
+    /// A keyspace command (RESP front end).
+    Kv(KvCommand),
 }
 
 impl Command {
@@ -90,6 +93,7 @@ impl Command {
             Command::KeepAlive { .. } => "keep_alive",
             Command::CloseSession { .. } => "close_session",
             Command::Tick => "tick",
+            Command::Kv(_) => "kv",
         }
     }
 }
@@ -126,6 +130,7 @@ pub enum Response {
     SessionClosed,
     NoSuchSession,
     Ticked,
+    Kv(KvResponse),
     Rejected(CoreError),
 }
 

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::command::*;
+use crate::kv::Keyspace;
 use crate::limits::*;
 use crate::{CoreError, SnapshotError};
 
@@ -91,6 +92,8 @@ pub struct StateMachine {
     /// is done. Empty between entries.
     #[serde(skip)]
     vacant: BTreeMap<String, VecDeque<Waiter>>,
+    /// The RESP keyspace.
+    kv: Keyspace,
 }
 
 impl StateMachine {
@@ -111,7 +114,16 @@ impl StateMachine {
     /// The earliest pending deadline (lease, session, wait or dedup eviction), if any. The
     /// leader proposes a [`Command::Tick`] once its log clock passes it.
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.deadlines.first().map(|(t, _)| *t)
+        let locks = self.deadlines.first().map(|(t, _)| *t);
+        match (locks, self.kv.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The keyspace, for reads.
+    pub fn kv(&self) -> &Keyspace {
+        &self.kv
     }
 
     pub fn lock_info(&self, name: &str) -> Option<LockInfo> {
@@ -176,6 +188,7 @@ impl StateMachine {
         self.last_index = self.last_index.max(index);
         self.now = self.now.max(req.time_ms);
         self.expire_due(&mut events);
+        self.kv.expire_due(self.now);
 
         let response = match req.client {
             None => self.execute(index, None, &req.cmd, &mut events),
@@ -303,6 +316,7 @@ impl StateMachine {
                 Ok(self.close_session(*session, ReleaseReason::SessionClosed, events))
             }
             Command::Tick => Ok(Response::Ticked),
+            Command::Kv(cmd) => Ok(Response::Kv(self.kv.apply(index, self.now, cmd))),
         };
         result.unwrap_or_else(Response::Rejected)
     }
