@@ -1,9 +1,7 @@
 //! The gRPC front end: `fenced.v1` (Lock, Session, Cluster) for clients and
 //! `fenced.raft.v1.Forward` for followers forwarding to the leader.
 
-use std::time::Duration;
-
-use fenced_core::{Command, Event, RequestId, Response};
+use fenced_core::{Command, RequestId, Response};
 use fenced_proto::raft::forward_server::{Forward, ForwardServer};
 use fenced_proto::raft::{ProposeReply, ProposeRequest, ReadIndexReply, ReadIndexRequest};
 use fenced_proto::v1 as pb;
@@ -17,9 +15,6 @@ use tonic::{Request, Status};
 use crate::error::NodeError;
 use crate::node::Node;
 
-/// After a wait's deadline, how long to keep listening for the entry that ends it (the
-/// leader's tick and its commit) before asking the state machine directly.
-const WAIT_SLACK: Duration = Duration::from_secs(2);
 /// Largest client API message (requests are small; this bounds a malicious one).
 const MAX_CLIENT_MESSAGE: usize = 1024 * 1024;
 
@@ -114,29 +109,8 @@ impl Lock for Api {
             session,
             wait_ms: r.wait_ms,
         };
-        // Listen before proposing: the grant may be applied right after the queueing entry.
-        let registration = (r.wait_ms > 0).then(|| self.node.hub().register(rid));
         let not_granted = pb::AcquireResponse::default();
-        let resp = self.node.propose(Some(rid), cmd.clone()).await?;
-        let resolved = match (resp, registration) {
-            (Response::Pending, Some(mut reg)) => {
-                let limit = Duration::from_millis(r.wait_ms) + WAIT_SLACK;
-                match reg.wait(limit).await {
-                    Some(Event::WaiterGranted {
-                        token, deadline_ms, ..
-                    }) => Response::Granted {
-                        token,
-                        holds: 1,
-                        deadline_ms,
-                    },
-                    Some(_) => Response::NotGranted,
-                    // Missed (e.g. this node lagged or restarted): the dedup record of the
-                    // request holds the resolution.
-                    _ => self.node.propose(Some(rid), cmd).await?,
-                }
-            }
-            (other, _) => other,
-        };
+        let resolved = self.node.acquire(rid, cmd, r.wait_ms).await?;
         let out = match resolved {
             Response::Granted {
                 token,

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fenced_core::{Command, RequestId, Response, StateMachine};
+use fenced_core::{Command, Event, RequestId, Response, StateMachine};
 use fenced_network::{raft_server, NetworkFactory, SNAPSHOT_CHUNK_SIZE};
 use fenced_proto::raft::forward_client::ForwardClient;
 use fenced_proto::raft::{ProposeRequest, ReadIndexRequest};
@@ -29,6 +29,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the ticker looks for due deadlines at most.
 const TICK_MAX_SLEEP: Duration = Duration::from_millis(50);
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// After a wait's deadline, how long to keep listening for the entry that ends it (the
+/// leader's tick and its commit) before asking the state machine directly.
+const WAIT_SLACK: Duration = Duration::from_secs(2);
 
 /// A running node. Cheap to clone.
 #[derive(Clone)]
@@ -203,6 +206,37 @@ impl Node {
                 other => return other,
             }
             tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Propose an [`Command::Acquire`] and, if it was queued (`Pending`), wait for the entry
+    /// that grants it or gives up (the wait's deadline is in the command; the leader's ticker
+    /// ends it). Returns `Granted`, `NotGranted`, `Rejected`, or `Pending` if the resolution
+    /// could not be learnt in time (outcome unknown; retry with the same request id).
+    pub async fn acquire(
+        &self,
+        rid: RequestId,
+        cmd: Command,
+        wait_ms: u64,
+    ) -> Result<Response, NodeError> {
+        // Listen before proposing: the grant may be applied right after the queueing entry.
+        let mut registration = (wait_ms > 0).then(|| self.inner.hub.register(rid));
+        let resp = self.propose(Some(rid), cmd.clone()).await?;
+        let Some(reg) = registration.as_mut().filter(|_| resp == Response::Pending) else {
+            return Ok(resp);
+        };
+        match reg.wait(Duration::from_millis(wait_ms) + WAIT_SLACK).await {
+            Some(Event::WaiterGranted {
+                token, deadline_ms, ..
+            }) => Ok(Response::Granted {
+                token,
+                holds: 1,
+                deadline_ms,
+            }),
+            Some(_) => Ok(Response::NotGranted),
+            // Missed (this node lagged, restarted, or caught up by snapshot): the dedup record
+            // of the request holds the resolution.
+            None => self.propose(Some(rid), cmd).await,
         }
     }
 
