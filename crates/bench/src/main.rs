@@ -1,0 +1,338 @@
+//! `fenced-bench`: one lock workload against fenced, Redis, Redis (AOF always), Redlock and
+//! etcd; C clients each loop acquire → optional work → release.
+//!
+//! ```text
+//! fenced-bench --backend fenced --fenced 127.0.0.1:7380 --clients 16 --keys 16 --duration 10
+//! fenced-bench --compare fenced,redis,etcd --clients 1,16,64 --keys 1,c --rounds 3 ...
+//! ```
+//! `--clients` and `--keys` take lists (`c` = as many keys as clients, i.e. uncontended);
+//! every combination is a cell. Backends run in interleaved rounds (round r runs each cell on
+//! every backend, in an order rotated by r), so machine drift affects all alike. Prints a table
+//! per cell, then one markdown table with throughput ratios to the first backend.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use fenced_bench::etcd::EtcdLock;
+use fenced_bench::load::{run, Measured, Summary, Workload};
+use fenced_dlock::{random_id, DistLock, FencedGrpc, RetryPolicy};
+use fenced_redlock::{RedisConfig, RedisLock, Redlock, RedlockConfig};
+use serde::Serialize;
+
+const BACKENDS: [&str; 5] = ["fenced", "redis", "redis-aof", "redlock", "etcd"];
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "fenced-bench",
+    version,
+    about = "Side-by-side lock load generator"
+)]
+struct Cli {
+    /// One backend: fenced | redis | redis-aof | redlock | etcd.
+    #[arg(long, conflicts_with = "compare")]
+    backend: Option<String>,
+    /// Several backends, run in interleaved rounds; ratios are to the first.
+    #[arg(long, value_delimiter = ',')]
+    compare: Vec<String>,
+    /// Concurrent clients (a list makes a matrix).
+    #[arg(long, value_delimiter = ',', default_value = "16")]
+    clients: Vec<usize>,
+    /// Distinct lock keys; client i uses key i mod K. `c` = as many as clients. A list makes
+    /// a matrix: `1,c` = contended and uncontended.
+    #[arg(long, value_delimiter = ',', default_value = "c")]
+    keys: Vec<String>,
+    /// Seconds per backend per cell per round.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    #[arg(long, default_value_t = 10_000)]
+    ttl_ms: u64,
+    /// Simulated work while holding the lock (µs).
+    #[arg(long, default_value_t = 0)]
+    work_us: u64,
+    /// How long one acquire may wait: server-side (fenced, etcd) or by retrying (Redis,
+    /// Redlock).
+    #[arg(long, default_value_t = 10_000)]
+    wait_ms: u64,
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// fenced gRPC endpoints (client i prefers the i-th, round robin).
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:7380")]
+    fenced: Vec<String>,
+    #[arg(long, default_value = "127.0.0.1:6379")]
+    redis: String,
+    #[arg(long, default_value = "127.0.0.1:6380")]
+    redis_aof: String,
+    /// The Redlock masters.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "127.0.0.1:6381,127.0.0.1:6382,127.0.0.1:6383,127.0.0.1:6384,127.0.0.1:6385"
+    )]
+    redlock: Vec<String>,
+    /// etcd client endpoints (client i uses the i-th, round robin).
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:2379")]
+    etcd: Vec<String>,
+    /// Redis/Redlock retry pause on a busy lock: base plus random jitter (µs).
+    #[arg(long, default_value_t = 0)]
+    retry_delay_us: u64,
+    #[arg(long, default_value_t = 1000)]
+    retry_jitter_us: u64,
+    /// Redlock per-instance timeout.
+    #[arg(long, default_value_t = 50)]
+    redlock_timeout_ms: u64,
+    /// Write every cell's results as JSON here.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// Write the markdown comparison table here (it is printed too).
+    #[arg(long)]
+    markdown: Option<std::path::PathBuf>,
+    /// Worker threads of the load generator's runtime (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn rotate(v: &[String], i: usize) -> Vec<String> {
+    let n = v.len().max(1);
+    (0..v.len()).map(|k| v[(i + k) % n].clone()).collect()
+}
+
+fn make(cli: &Cli, backend: &str, i: usize) -> anyhow::Result<Box<dyn DistLock>> {
+    let retry = RetryPolicy {
+        delay: Duration::from_micros(cli.retry_delay_us),
+        jitter: Duration::from_micros(cli.retry_jitter_us),
+    };
+    let rcfg = RedisConfig {
+        timeout: Duration::from_secs(2),
+        retry,
+    };
+    Ok(match backend {
+        "fenced" => Box::new(FencedGrpc::connect(rotate(&cli.fenced, i))?),
+        "redis" => Box::new(RedisLock::new("redis", &cli.redis, rcfg)?),
+        "redis-aof" => Box::new(RedisLock::new("redis-aof", &cli.redis_aof, rcfg)?),
+        "redlock" => Box::new(Redlock::new(
+            &cli.redlock,
+            RedlockConfig {
+                instance_timeout: Duration::from_millis(cli.redlock_timeout_ms),
+                retry,
+            },
+        )?),
+        "etcd" => {
+            let ep = cli
+                .etcd
+                .get(i % cli.etcd.len().max(1))
+                .context("no --etcd")?;
+            Box::new(EtcdLock::connect(ep)?)
+        }
+        other => bail!("unknown backend {other:?} (known: {})", BACKENDS.join(", ")),
+    })
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Cell {
+    clients: usize,
+    keys: usize,
+}
+
+impl Cell {
+    fn label(&self) -> &'static str {
+        if self.keys == 1 && self.clients > 1 {
+            "contended"
+        } else if self.keys >= self.clients {
+            "uncontended"
+        } else {
+            "mixed"
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Row<'a> {
+    backend: &'a str,
+    clients: usize,
+    keys: usize,
+    contention: &'static str,
+    ttl_ms: u64,
+    work_us: u64,
+    wait_ms: u64,
+    rounds: usize,
+    tokens: bool,
+    #[serde(flatten)]
+    summary: &'a Summary,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let mut rt = tokio::runtime::Builder::new_multi_thread();
+    rt.enable_all();
+    if let Some(t) = cli.threads {
+        rt.worker_threads(t.max(1));
+    }
+    let rt = rt.build().context("starting the runtime")?;
+    rt.block_on(bench(cli))
+}
+
+async fn bench(cli: Cli) -> anyhow::Result<()> {
+    let backends: Vec<String> = match (&cli.backend, cli.compare.is_empty()) {
+        (Some(b), _) => vec![b.clone()],
+        (None, false) => cli.compare.clone(),
+        (None, true) => bail!("give --backend NAME or --compare A,B,..."),
+    };
+    for b in &backends {
+        if !BACKENDS.contains(&b.as_str()) {
+            bail!("unknown backend {b:?} (known: {})", BACKENDS.join(", "));
+        }
+    }
+    let mut cells = Vec::new();
+    for &c in &cli.clients {
+        if c == 0 {
+            bail!("--clients must be at least 1");
+        }
+        for k in &cli.keys {
+            let keys = if k.eq_ignore_ascii_case("c") {
+                c
+            } else {
+                k.parse::<usize>()
+                    .ok()
+                    .filter(|k| *k > 0)
+                    .with_context(|| format!("--keys {k:?}: a positive number or c"))?
+            };
+            cells.push(Cell { clients: c, keys });
+        }
+    }
+    if cli.duration <= 0.0 || cli.rounds == 0 {
+        bail!("--duration and --rounds must be positive");
+    }
+    let run_id = random_id(4);
+    let mut results: BTreeMap<(Cell, usize), Measured> = BTreeMap::new();
+    let total = cli.rounds * cells.len() * backends.len();
+    let mut done = 0;
+    for round in 0..cli.rounds {
+        for cell in &cells {
+            for k in 0..backends.len() {
+                let bi = (k + round) % backends.len();
+                let name = &backends[bi];
+                let w = Workload {
+                    clients: cell.clients,
+                    keys: cell.keys,
+                    duration: Duration::from_secs_f64(cli.duration),
+                    ttl: Duration::from_millis(cli.ttl_ms),
+                    wait: Duration::from_millis(cli.wait_ms),
+                    work: Duration::from_micros(cli.work_us),
+                    prefix: format!("bench-{run_id}-r{round}-c{}k{}", cell.clients, cell.keys),
+                };
+                let clients = (0..cell.clients)
+                    .map(|i| make(&cli, name, i))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                done += 1;
+                eprintln!(
+                    "[{done}/{total}] round {} {name}: {} clients, {} keys ...",
+                    round + 1,
+                    cell.clients,
+                    cell.keys
+                );
+                let m = run(clients, &w).await;
+                let s = m.summary();
+                eprintln!(
+                    "    {:.0} pairs/s, {:.0} failed/s, acquire p50 {} p99 {} µs, errors {}{}",
+                    s.pairs_per_s,
+                    s.failed_per_s,
+                    s.acquire_us.p50,
+                    s.acquire_us.p99,
+                    s.errors,
+                    s.first_error
+                        .as_deref()
+                        .map(|e| format!(" (first: {e})"))
+                        .unwrap_or_default()
+                );
+                results.entry((*cell, bi)).or_default().merge(&m);
+                // Let the previous backend's background work (expiry, compaction) settle.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+    }
+
+    let mut json_rows = Vec::new();
+    let mut summaries: BTreeMap<(Cell, usize), Summary> = BTreeMap::new();
+    for ((cell, bi), m) in &results {
+        summaries.insert((*cell, *bi), m.summary());
+    }
+    for ((cell, bi), s) in &summaries {
+        let name = backends[*bi].as_str();
+        json_rows.push(serde_json::to_value(Row {
+            backend: name,
+            clients: cell.clients,
+            keys: cell.keys,
+            contention: cell.label(),
+            ttl_ms: cli.ttl_ms,
+            work_us: cli.work_us,
+            wait_ms: cli.wait_ms,
+            rounds: cli.rounds,
+            tokens: matches!(name, "fenced" | "etcd"),
+            summary: s,
+        })?);
+    }
+    let json = serde_json::to_string_pretty(&json_rows)?;
+    if let Some(p) = &cli.json {
+        std::fs::write(p, &json).with_context(|| format!("writing {}", p.display()))?;
+    } else {
+        println!("{json}");
+    }
+
+    let md = markdown(&backends, &cells, &summaries);
+    println!("{md}");
+    if let Some(p) = &cli.markdown {
+        let mut f = std::fs::File::create(p).with_context(|| format!("writing {}", p.display()))?;
+        f.write_all(md.as_bytes())?;
+    }
+    Ok(())
+}
+
+fn ms(us: u64) -> String {
+    if us >= 100_000 {
+        format!("{:.0}", us as f64 / 1000.0)
+    } else {
+        format!("{:.2}", us as f64 / 1000.0)
+    }
+}
+
+fn markdown(backends: &[String], cells: &[Cell], s: &BTreeMap<(Cell, usize), Summary>) -> String {
+    let base = &backends[0];
+    let mut out = String::new();
+    out.push_str(&format!(
+        "| clients | keys | backend | pairs/s | {base} ÷ this | failed tries/s | acquire p50 / p99 / p99.9 (ms) | release p50 / p99 (ms) | errors |\n"
+    ));
+    out.push_str("|---:|---:|---|---:|---:|---:|---|---|---:|\n");
+    for cell in cells {
+        let b0 = s.get(&(*cell, 0)).map(|x| x.pairs_per_s).unwrap_or(0.0);
+        for (bi, name) in backends.iter().enumerate() {
+            let Some(x) = s.get(&(*cell, bi)) else {
+                continue;
+            };
+            let ratio = if x.pairs_per_s > 0.0 {
+                format!("{:.2}×", b0 / x.pairs_per_s)
+            } else {
+                "∞".to_owned()
+            };
+            out.push_str(&format!(
+                "| {} | {} ({}) | {} | {:.0} | {} | {:.0} | {} / {} / {} | {} / {} | {} |\n",
+                cell.clients,
+                cell.keys,
+                cell.label(),
+                name,
+                x.pairs_per_s,
+                ratio,
+                x.failed_per_s,
+                ms(x.acquire_us.p50),
+                ms(x.acquire_us.p99),
+                ms(x.acquire_us.p999),
+                ms(x.release_us.p50),
+                ms(x.release_us.p99),
+                x.errors + x.timeouts,
+            ));
+        }
+    }
+    out
+}

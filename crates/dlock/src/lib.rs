@@ -1,0 +1,177 @@
+//! One lock interface for every backend the project compares: fenced (gRPC now; fenced over
+//! RESP once that front end exists), a single Redis, Redlock over N Redis masters, and etcd.
+//!
+//! The trait is object-safe (`Box<dyn DistLock>`), so a load generator or a fault-injection
+//! harness can hold any backend behind one type. A backend is one *client*: it owns its
+//! connections, and a benchmark makes one per simulated client.
+//!
+//! [`Grant::token`] is `Some` only where the backend really issues fencing tokens (fenced,
+//! etcd). Redis and Redlock grants have no token: nothing they return lets protected storage
+//! reject a paused former holder.
+//!
+//! Backends still to come (issue 5, the RESP front end) slot in as two more implementations in
+//! `fenced-redlock`, beside [`fenced-redlock`'s] Redis backend: `LOCK.ACQUIRE/RELEASE/RENEW`
+//! (token = the integer reply) and plain `SET NX PX` + Lua release against fenced, whose token
+//! is `FENCE.TOKEN key`.
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use rand::Rng;
+
+pub mod fenced;
+
+pub use fenced::FencedGrpc;
+
+/// Errors of a lock backend. `Ok(None)`/`Ok(false)` mean "definitely not"; an error means the
+/// outcome is unknown or the backend is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// The backend could not be reached or did not answer in time: outcome unknown.
+    #[error("{backend}: unavailable: {message}")]
+    Unavailable {
+        backend: &'static str,
+        message: String,
+    },
+    /// The backend refused the request or answered something unexpected.
+    #[error("{backend}: {message}")]
+    Backend {
+        backend: &'static str,
+        message: String,
+    },
+    /// Bad arguments or configuration (caught before anything was sent).
+    #[error("invalid: {0}")]
+    Invalid(String),
+}
+
+/// A granted lock. Hand it back to [`DistLock::release`] / [`DistLock::extend`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    /// The lock's name (key) as given to `acquire`.
+    pub key: String,
+    /// What identifies this holder to the backend: the random value stored under the key
+    /// (Redis, Redlock), the owner string (fenced), the owner key (etcd).
+    pub handle: String,
+    /// Fencing token: `Some` only if the backend issues one.
+    pub token: Option<u64>,
+    /// How long the holder may assume it holds the lock, counted from `acquired_at`
+    /// (Redlock: the validity time; others: the TTL asked for, measured from before sending).
+    pub validity: Duration,
+    /// Local instant from which `validity` runs (taken *before* the acquire was sent).
+    pub acquired_at: Instant,
+}
+
+impl Grant {
+    /// The fencing token, if the backend issues them.
+    pub fn token(&self) -> Option<u64> {
+        self.token
+    }
+
+    /// The local deadline after which the holder must assume the lock is lost.
+    pub fn valid_until(&self) -> Instant {
+        self.acquired_at + self.validity
+    }
+}
+
+/// A distributed lock client.
+#[async_trait]
+pub trait DistLock: Send + Sync {
+    /// Short backend name (`fenced`, `redis`, `redlock`, `etcd`, ...).
+    fn name(&self) -> &'static str;
+
+    /// Whether grants carry fencing tokens.
+    fn issues_tokens(&self) -> bool;
+
+    /// Take `key` for `ttl`. `wait` zero: one attempt. Otherwise keep trying up to `wait` —
+    /// server-side where the backend queues waiters (fenced, etcd), by retrying with random
+    /// jitter where it cannot (Redis, Redlock). `Ok(None)`: not granted within `wait`.
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<Grant>, LockError>;
+
+    /// Give the lock up. `Ok(false)`: it was no longer held by this grant.
+    async fn release(&self, grant: &Grant) -> Result<bool, LockError>;
+
+    /// Extend the grant's lease to `ttl` from now. `Ok(false)`: no longer held (or, for
+    /// Redlock, not extended on a majority within the validity time).
+    async fn extend(&self, grant: &Grant, ttl: Duration) -> Result<bool, LockError>;
+
+    /// Attempts that found the lock taken and had to be retried (client-side polling), plus
+    /// attempts that gave up; cumulative over this client's life. Backends that queue
+    /// waiters server-side count only acquires that returned `None`.
+    fn failed_attempts(&self) -> u64;
+}
+
+/// How backends without server-side waiting retry a busy lock: sleep `delay` plus a uniformly
+/// random extra in `[0, jitter]`, so clients desynchronise (Redlock §"Retry on failure").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub delay: Duration,
+    pub jitter: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// 0–1 ms: tight enough that a contended benchmark measures the store, not idle sleeps.
+    /// Reference Redlock clients use 200 ms + 100–200 ms jitter; set that for realism.
+    fn default() -> Self {
+        RetryPolicy {
+            delay: Duration::ZERO,
+            jitter: Duration::from_millis(1),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// One randomised pause.
+    pub fn next_pause(&self) -> Duration {
+        let j = self.jitter.as_micros() as u64;
+        let extra = if j == 0 {
+            0
+        } else {
+            rand::thread_rng().gen_range(0..=j)
+        };
+        self.delay + Duration::from_micros(extra)
+    }
+}
+
+/// A random hex string of `bytes` random bytes: lock values and owner ids.
+pub fn random_id(bytes: usize) -> String {
+    let mut rng = rand::thread_rng();
+    (0..bytes)
+        .map(|_| format!("{:02x}", rng.gen::<u8>()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pause_within_bounds() {
+        let p = RetryPolicy {
+            delay: Duration::from_millis(5),
+            jitter: Duration::from_millis(3),
+        };
+        for _ in 0..1000 {
+            let d = p.next_pause();
+            assert!(d >= Duration::from_millis(5) && d <= Duration::from_millis(8));
+        }
+        let z = RetryPolicy {
+            delay: Duration::ZERO,
+            jitter: Duration::ZERO,
+        };
+        assert_eq!(z.next_pause(), Duration::ZERO);
+    }
+
+    #[test]
+    fn ids_are_hex_and_distinct() {
+        let a = random_id(20);
+        let b = random_id(20);
+        assert_eq!(a.len(), 40);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}

@@ -1,0 +1,139 @@
+//! One Redis: `SET key value NX PX ttl`, Lua compare-and-delete, Lua compare-and-`PEXPIRE`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use fenced_dlock::{random_id, DistLock, Grant, LockError, RetryPolicy};
+use redis::aio::ConnectionManager;
+use redis::Script;
+
+use crate::{connect, map_redis, ttl_ms, EXTEND_SCRIPT, UNLOCK_SCRIPT};
+
+/// Options of [`RedisLock`].
+#[derive(Clone, Copy, Debug)]
+pub struct RedisConfig {
+    /// Connect and response timeout of one command.
+    pub timeout: Duration,
+    /// Pause between attempts on a busy lock.
+    pub retry: RetryPolicy,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            timeout: Duration::from_secs(1),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// A lock client on one Redis server.
+pub struct RedisLock {
+    name: &'static str,
+    conn: ConnectionManager,
+    cfg: RedisConfig,
+    unlock: Script,
+    extend: Script,
+    failed: AtomicU64,
+}
+
+impl RedisLock {
+    /// `addr`: `host:port` or `redis://` URL. Connects lazily. `name` labels the backend in
+    /// reports (`redis`, `redis-aof`, ...).
+    pub fn new(name: &'static str, addr: &str, cfg: RedisConfig) -> Result<RedisLock, LockError> {
+        Ok(RedisLock {
+            name,
+            conn: connect(addr, cfg.timeout)?,
+            cfg,
+            unlock: Script::new(UNLOCK_SCRIPT),
+            extend: Script::new(EXTEND_SCRIPT),
+            failed: AtomicU64::new(0),
+        })
+    }
+
+    /// One `SET NX PX` attempt. `true` if the key was set.
+    async fn try_set(&self, key: &str, value: &str, ttl_ms: u64) -> Result<bool, LockError> {
+        let mut c = self.conn.clone();
+        let r: Option<String> = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_redis(self.name, e))?;
+        Ok(r.is_some())
+    }
+}
+
+#[async_trait]
+impl DistLock for RedisLock {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn issues_tokens(&self) -> bool {
+        false
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<Grant>, LockError> {
+        let ms = ttl_ms(ttl)?;
+        let value = random_id(20);
+        let start = Instant::now();
+        loop {
+            let sent = Instant::now();
+            if self.try_set(key, &value, ms).await? {
+                return Ok(Some(Grant {
+                    key: key.to_owned(),
+                    handle: value,
+                    token: None,
+                    validity: ttl,
+                    acquired_at: sent,
+                }));
+            }
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            let pause = self.cfg.retry.next_pause();
+            if start.elapsed() + pause > wait {
+                return Ok(None);
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<bool, LockError> {
+        let mut c = self.conn.clone();
+        let n: i64 = self
+            .unlock
+            .key(&grant.key)
+            .arg(&grant.handle)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_redis(self.name, e))?;
+        Ok(n == 1)
+    }
+
+    async fn extend(&self, grant: &Grant, ttl: Duration) -> Result<bool, LockError> {
+        let ms = ttl_ms(ttl)?;
+        let mut c = self.conn.clone();
+        let n: i64 = self
+            .extend
+            .key(&grant.key)
+            .arg(&grant.handle)
+            .arg(ms)
+            .invoke_async(&mut c)
+            .await
+            .map_err(|e| map_redis(self.name, e))?;
+        Ok(n == 1)
+    }
+
+    fn failed_attempts(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
