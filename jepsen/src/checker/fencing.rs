@@ -1,0 +1,262 @@
+//! Fencing: tokens strictly increase per lock, and protected storage never accepts a token
+//! lower than one it has already accepted. Plus the question fencing exists to answer:
+//! did storage accept a write from a holder whose grant had been superseded (a *stale write*)?
+//!
+//! Ops used: `acquire` oks (granted `token`), and writes to storage: `fenced-write` (an
+//! increment carrying `token`), `fence` (a write of the unchanged value that registers the
+//! token with storage) and `write` (an unfenced increment, no token).
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::{ms, Op, Verdict, MAX_EXAMPLES};
+
+fn is_write(op: &Op) -> bool {
+    matches!(op.f.as_str(), "fenced-write" | "write" | "fence")
+}
+
+/// For each op in `items` (sorted by invoke), the largest token among items completed before
+/// its invoke. `items`: (invoke, complete, token).
+fn max_completed_before(items: &[(u64, u64, u64)]) -> Vec<Option<(u64, u64)>> {
+    let mut by_complete: Vec<(u64, u64)> = items.iter().map(|(_, c, t)| (*c, *t)).collect();
+    by_complete.sort();
+    let mut j = 0;
+    let mut best: Option<(u64, u64)> = None; // (token, completed at)
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| items[i].0);
+    let mut res = vec![None; items.len()];
+    for i in order {
+        let inv = items[i].0;
+        while j < by_complete.len() && by_complete[j].0 < inv {
+            let (c, t) = by_complete[j];
+            if best.map_or(true, |(bt, _)| t > bt) {
+                best = Some((t, c));
+            }
+            j += 1;
+        }
+        res[i] = best;
+    }
+    res
+}
+
+/// Tokens strictly increase per lock; storage never goes back to a lower token.
+pub fn check(ops: &[Op], issues_tokens: bool) -> Verdict {
+    if !issues_tokens {
+        return Verdict::not_applicable("fencing", "the lock issues no fencing tokens");
+    }
+    let mut anomalies = 0u64;
+    let mut examples = Vec::new();
+    // 1. Grants per lock.
+    let mut grants: BTreeMap<&str, Vec<(u64, u64, u64)>> = BTreeMap::new();
+    let mut missing = 0u64;
+    for op in ops.iter().filter(|o| o.f == "acquire" && o.is_ok()) {
+        match (op.key.as_deref(), op.complete, op.token) {
+            (Some(k), Some(c), Some(t)) => grants.entry(k).or_default().push((op.invoke, c, t)),
+            _ => missing += 1,
+        }
+    }
+    anomalies += missing;
+    if missing > 0 {
+        examples.push(format!("{missing} acknowledged grants carried no token"));
+    }
+    let mut n_grants = 0;
+    for (key, items) in &grants {
+        n_grants += items.len();
+        for (i, prev) in max_completed_before(items).into_iter().enumerate() {
+            if let Some((pt, pc)) = prev {
+                let (inv, _, t) = items[i];
+                if t <= pt {
+                    anomalies += 1;
+                    if examples.len() < MAX_EXAMPLES {
+                        examples.push(format!(
+                            "lock {key}: grant with token {t} (invoked at {} ms) after a grant \
+                             with token {pt} had been acknowledged at {} ms",
+                            ms(inv),
+                            ms(pc)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    // 2. Storage acceptance order per key.
+    let mut writes: BTreeMap<&str, Vec<(u64, u64, u64)>> = BTreeMap::new();
+    for op in ops.iter().filter(|o| is_write(o) && o.is_ok()) {
+        if let (Some(k), Some(c), Some(t)) = (op.key.as_deref(), op.complete, op.token) {
+            writes.entry(k).or_default().push((op.invoke, c, t));
+        }
+    }
+    let mut n_writes = 0;
+    for (key, items) in &writes {
+        n_writes += items.len();
+        for (i, prev) in max_completed_before(items).into_iter().enumerate() {
+            if let Some((pt, pc)) = prev {
+                let (inv, _, t) = items[i];
+                if t < pt {
+                    anomalies += 1;
+                    if examples.len() < MAX_EXAMPLES {
+                        examples.push(format!(
+                            "storage {key}: accepted token {t} (write invoked at {} ms) after \
+                             accepting token {pt} at {} ms",
+                            ms(inv),
+                            ms(pc)
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Verdict::new(
+        "fencing",
+        anomalies,
+        examples,
+        json!({ "grants": n_grants, "token_writes_accepted": n_writes }),
+    )
+}
+
+/// Stale writes accepted: an increment (`fenced-write` or `write`) that storage acknowledged,
+/// invoked after *another* process's grant of the same lock had been acknowledged following
+/// the writer's own grant. The writer's grant was superseded (expired, or mutual exclusion
+/// broke) before it wrote, yet storage took the write.
+pub fn stale_writes(ops: &[Op]) -> Verdict {
+    // Acknowledged grants per lock, by completion time.
+    let mut grants: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new(); // lock -> (ok time, process)
+    for op in ops.iter().filter(|o| o.f == "acquire" && o.is_ok()) {
+        if let (Some(k), Some(c)) = (op.key.as_deref(), op.complete) {
+            grants.entry(k).or_default().push((c, op.process));
+        }
+    }
+    for g in grants.values_mut() {
+        g.sort();
+    }
+    // Each process's ops in order: the lease a write happened under is its latest acquire ok.
+    let mut by_process: BTreeMap<u64, Vec<&Op>> = BTreeMap::new();
+    for op in ops {
+        by_process.entry(op.process).or_default().push(op);
+    }
+    let mut anomalies = 0u64;
+    let mut examples = Vec::new();
+    let mut accepted = 0u64;
+    let mut rejected = 0u64;
+    for list in by_process.values() {
+        let mut lease: Option<&Op> = None;
+        for op in list {
+            if op.f == "acquire" {
+                lease = op.is_ok().then_some(*op);
+                continue;
+            }
+            if !matches!(op.f.as_str(), "fenced-write" | "write") {
+                continue;
+            }
+            match op.kind {
+                crate::history::Kind::Fail => rejected += 1,
+                crate::history::Kind::Ok => accepted += 1,
+                _ => {}
+            }
+            let (Some(l), true) = (lease, op.is_ok()) else {
+                continue;
+            };
+            let (Some(lock), Some(since)) = (l.key.as_deref(), l.complete) else {
+                continue;
+            };
+            let Some(gs) = grants.get(lock) else { continue };
+            let lo = gs.partition_point(|(c, _)| *c <= since);
+            let hi = gs.partition_point(|(c, _)| *c < op.invoke);
+            if let Some((c, p)) = gs[lo..hi.max(lo)].iter().find(|(_, p)| *p != op.process) {
+                anomalies += 1;
+                if examples.len() < MAX_EXAMPLES {
+                    examples.push(format!(
+                        "process {} wrote {} (token {:?}) at {} ms under its grant of {lock} \
+                         acknowledged at {} ms, but process {p} had been granted {lock} at {} \
+                         ms; storage accepted it",
+                        op.process,
+                        op.value_in.clone().unwrap_or_default(),
+                        op.token,
+                        ms(op.invoke),
+                        ms(since),
+                        ms(*c)
+                    ));
+                }
+            }
+        }
+    }
+    Verdict::new(
+        "stale-writes",
+        anomalies,
+        examples,
+        json!({ "writes_accepted": accepted, "writes_rejected": rejected }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::build::*;
+    use super::super::pair;
+    use super::*;
+    use crate::history::Kind;
+    use serde_json::json;
+
+    fn write(h: &mut H, p: u64, f: &str, inv: u64, done: u64, kind: Kind, token: Option<u64>) {
+        let e = h.ev(p, Kind::Invoke, f, "counter", inv);
+        e.token = token;
+        e.value = Some(json!(1));
+        h.ev(p, kind, f, "counter", done);
+    }
+
+    #[test]
+    fn good_history_passes() {
+        let mut h = H::new();
+        acquire(&mut h, 1, "L", 0, 10, Some(5), 100);
+        write(&mut h, 1, "fenced-write", 11, 12, Kind::Ok, Some(5));
+        acquire(&mut h, 2, "L", 5, 200, Some(9), 100);
+        write(&mut h, 2, "fenced-write", 201, 202, Kind::Ok, Some(9));
+        // The old holder's late write is rejected: not an anomaly.
+        write(&mut h, 1, "fenced-write", 210, 211, Kind::Fail, Some(5));
+        let ops = pair(&h.sorted());
+        assert_eq!(check(&ops, true).valid, Some(true));
+        let s = stale_writes(&ops);
+        assert_eq!(s.valid, Some(true), "{s:?}");
+        assert_eq!(s.stats["writes_rejected"], 1);
+    }
+
+    #[test]
+    fn fails_on_token_going_backwards() {
+        let mut h = H::new();
+        acquire(&mut h, 1, "L", 0, 10, Some(5), 100);
+        acquire(&mut h, 2, "L", 20, 30, Some(5), 100);
+        acquire(&mut h, 3, "L", 40, 50, Some(3), 100);
+        let v = check(&pair(&h.sorted()), true);
+        assert_eq!(v.anomalies, 2, "{v:?}");
+    }
+
+    #[test]
+    fn fails_when_storage_accepts_a_lower_token() {
+        let mut h = H::new();
+        write(&mut h, 1, "fenced-write", 0, 10, Kind::Ok, Some(9));
+        write(&mut h, 2, "fenced-write", 20, 30, Kind::Ok, Some(4));
+        // Concurrent writes may land in either order.
+        write(&mut h, 3, "fenced-write", 25, 40, Kind::Ok, Some(2));
+        let v = check(&pair(&h.sorted()), true);
+        assert_eq!(v.anomalies, 2, "{v:?}");
+        assert!(v.examples[0].contains("accepted token 4"));
+    }
+
+    #[test]
+    fn fails_on_accepted_stale_write() {
+        let mut h = H::new();
+        acquire(&mut h, 1, "L", 0, 10, None, 100);
+        // Process 1 pauses; its lease runs out; process 2 takes the lock.
+        acquire(&mut h, 2, "L", 50, 150, None, 100);
+        write(&mut h, 2, "write", 151, 152, Kind::Ok, None);
+        write(&mut h, 1, "write", 300, 301, Kind::Ok, None);
+        let v = stale_writes(&pair(&h.sorted()));
+        assert_eq!(v.anomalies, 1, "{v:?}");
+        assert!(v.examples[0].starts_with("process 1"));
+        assert_eq!(
+            check(&pair(&h.sorted()), false).valid,
+            None,
+            "no tokens: not applicable"
+        );
+    }
+}
