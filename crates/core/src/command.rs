@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::kv::{KvCommand, KvResponse};
+use crate::kv::{KvCommand, KvEvent, KvResponse};
 use crate::CoreError;
 
 /// Raft log index. The index of the entry that grants a lock is the grant's fencing token.
@@ -162,6 +162,8 @@ pub enum Event {
         token: Token,
         reason: ReleaseReason,
     },
+    /// A keyspace side effect (pub/sub message, list push), delivered on every node.
+    Kv(KvEvent),
 }
 
 /// The outcome of applying one entry.

@@ -316,7 +316,7 @@ impl StateMachine {
                 Ok(self.close_session(*session, ReleaseReason::SessionClosed, events))
             }
             Command::Tick => Ok(Response::Ticked),
-            Command::Kv(cmd) => Ok(Response::Kv(self.kv.apply(index, self.now, cmd))),
+            Command::Kv(cmd) => Ok(Response::Kv(self.kv.apply(index, self.now, cmd, events))),
         };
         result.unwrap_or_else(Response::Rejected)
     }

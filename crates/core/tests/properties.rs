@@ -215,6 +215,7 @@ proptest! {
                         grant(&mut holder, name, owner, *token)?;
                     }
                     Event::WaiterGaveUp { .. } => {}
+                    Event::Kv(_) => {}
                 }
             }
             if let (Command::Acquire { name, owner, .. }, Response::Granted { token, holds: 1, .. }) = (&req.cmd, &applied.response) {
