@@ -50,12 +50,25 @@ pub enum Command {
         session: Option<SessionId>,
         wait_ms: Millis,
     },
+    /// The general acquire: read/write locks, semaphores, atomic multi-locks, lock-delay.
+    /// `Acquire` is the same as `AcquireWith` with one name and [`Mode::Exclusive`].
+    AcquireWith(Box<AcquireSpec>),
     /// Drop one hold of the grant `token` of `name`; the last hold frees the lock and grants
     /// it to the first waiter in the same entry.
     Release {
         name: String,
         owner: String,
         token: Token,
+    },
+    /// Release a multi-lock grant: one hold of `token` on each of `names`.
+    ReleaseAll {
+        names: Vec<String>,
+        owner: String,
+        token: Token,
+    },
+    /// Administrative: end every grant of `name` now (no lock-delay), and hand it on.
+    ForceUnlock {
+        name: String,
     },
     /// Extend the lease of grant `token` to at least `now + ttl_ms`. A renewal that names an
     /// older token can never extend a newer grant.
@@ -87,7 +100,10 @@ impl Command {
     pub fn kind(&self) -> &'static str {
         match self {
             Command::Acquire { .. } => "acquire",
+            Command::AcquireWith(_) => "acquire",
             Command::Release { .. } => "release",
+            Command::ReleaseAll { .. } => "release_all",
+            Command::ForceUnlock { .. } => "force_unlock",
             Command::Renew { .. } => "renew",
             Command::OpenSession { .. } => "open_session",
             Command::KeepAlive { .. } => "keep_alive",
@@ -96,6 +112,38 @@ impl Command {
             Command::Kv(_) => "kv",
         }
     }
+}
+
+/// How a grant holds its lock. The first acquire of a name fixes the lock's kind
+/// (exclusive, read-write or semaphore) until the lock is idle again.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Mode {
+    /// A plain mutex (fair: FIFO).
+    Exclusive,
+    /// Shared side of a read-write lock: many readers, no writer. A queued writer blocks new
+    /// readers, so writers do not starve.
+    Read,
+    /// Exclusive side of a read-write lock.
+    Write,
+    /// One permit of a counting semaphore with `permits` permits in all; each permit has its
+    /// own lease and token (like Redisson's PermitExpirableSemaphore).
+    Permit { permits: u32 },
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct AcquireSpec {
+    /// One name, or several for an atomic multi-lock (exclusive mode only): all granted in one
+    /// entry with one token, or none; waiting in every queue at once, so no deadlock by order.
+    pub names: Vec<String>,
+    pub owner: String,
+    pub mode: Mode,
+    /// Lease of the grant when `session` is `None`.
+    pub ttl_ms: Millis,
+    pub session: Option<SessionId>,
+    pub wait_ms: Millis,
+    /// After this grant *expires* (lease or session ran out, not a release), the lock is not
+    /// granted again for this long (Chubby/Consul lock-delay).
+    pub lock_delay_ms: Millis,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
@@ -141,6 +189,7 @@ pub enum ReleaseReason {
     Expired,
     SessionExpired,
     SessionClosed,
+    ForceUnlocked,
 }
 
 /// Side effects of applying one entry that someone outside the state machine may wait for.

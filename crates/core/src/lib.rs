@@ -15,10 +15,10 @@ pub mod limits;
 pub mod machine;
 
 pub use command::{
-    Applied, Command, Event, Index, Millis, ReleaseReason, Request, RequestId, Response, SessionId,
-    Token,
+    AcquireSpec, Applied, Command, Event, Index, Millis, Mode, ReleaseReason, Request, RequestId,
+    Response, SessionId, Token,
 };
-pub use machine::{LockInfo, SessionInfo, StateMachine};
+pub use machine::{HolderInfo, LockInfo, LockKind, SessionInfo, StateMachine};
 
 use serde::{Deserialize, Serialize};
 
@@ -48,6 +48,24 @@ pub enum CoreError {
     RequestTooOld { client_id: u64, seq: u64 },
     #[error("{what} limit of {max} reached")]
     LimitReached { what: String, max: usize },
+    #[error("lock {name} is a {existing} lock, not a {requested} one")]
+    WrongKind {
+        name: String,
+        existing: String,
+        requested: String,
+    },
+    #[error("a multi-lock takes 1..={max} distinct names, got {got}")]
+    InvalidNames { got: usize, max: usize },
+    #[error("only exclusive locks can be taken together in a multi-lock")]
+    MultiLockMode,
+    #[error("permits must be in 1..={max}, got {permits}")]
+    InvalidPermits { permits: u32, max: u32 },
+    #[error("lock_delay_ms must be at most {max}, got {delay_ms}")]
+    InvalidLockDelay { delay_ms: u64, max: u64 },
+    #[error("{owner} holds a read lock on {name}; upgrading to write is not supported")]
+    UpgradeNotSupported { name: String, owner: String },
+    #[error("{owner} already holds part of this multi-lock with another grant")]
+    PartiallyHeld { owner: String },
 }
 
 /// Errors decoding a snapshot of the state machine.

@@ -10,6 +10,14 @@ pub const MAX_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 pub const MAX_WAIT_MS: u64 = 60 * 60 * 1000;
 /// Most queued waiters per lock.
 pub const MAX_WAITERS_PER_LOCK: usize = 10_000;
+/// Most names in one atomic multi-lock.
+pub const MAX_MULTI_LOCK: usize = 64;
+/// Most permits of a semaphore.
+pub const MAX_PERMITS: u32 = 65_536;
+/// Most simultaneous holders of one lock (readers, permits).
+pub const MAX_HOLDERS_PER_LOCK: usize = 65_536;
+/// Longest lock-delay: one hour.
+pub const MAX_LOCK_DELAY_MS: u64 = 60 * 60 * 1000;
 /// Most reentrant holds of one grant.
 pub const MAX_HOLDS: u32 = 1_000_000;
 /// Most live locks (held or with waiters) in the cluster.

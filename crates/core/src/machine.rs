@@ -1,4 +1,5 @@
-//! The lock state machine.
+//! The lock state machine: exclusive, read-write and semaphore locks, atomic multi-locks,
+//! leases, sessions, FIFO waiting, lock-delay, and the request dedup table.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -9,24 +10,95 @@ use crate::kv::Keyspace;
 use crate::limits::*;
 use crate::{CoreError, SnapshotError};
 
-/// A held lock and its FIFO queue.
+/// What a lock is, fixed by the first acquire of its name until the lock is idle again.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockKind {
+    Exclusive,
+    ReadWrite,
+    Semaphore { permits: u32 },
+}
+
+impl LockKind {
+    fn of(mode: Mode) -> LockKind {
+        match mode {
+            Mode::Exclusive => LockKind::Exclusive,
+            Mode::Read | Mode::Write => LockKind::ReadWrite,
+            Mode::Permit { permits } => LockKind::Semaphore { permits },
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            LockKind::Exclusive => "exclusive".into(),
+            LockKind::ReadWrite => "read-write".into(),
+            LockKind::Semaphore { permits } => format!("{permits}-permit semaphore"),
+        }
+    }
+}
+
+/// Who holds a grant: an owner, optionally within a session. The same key acquiring again is
+/// reentrant.
+type HolderKey = (String, Option<SessionId>);
+
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-struct Lock {
-    owner: String,
+struct Holder {
+    mode: Mode,
     token: Token,
     holds: u32,
-    session: Option<SessionId>,
     /// Lease end in log time; `None` when the lease is the session's.
     deadline: Option<Millis>,
-    waiters: VecDeque<Waiter>,
+    lock_delay_ms: Millis,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+struct Lock {
+    kind: LockKind,
+    holders: BTreeMap<HolderKey, Holder>,
+    /// Queued acquires, oldest first (keys of `StateMachine::waiters`).
+    queue: VecDeque<RequestId>,
+    /// No grant before this log time (lock-delay after an expiry).
+    delay_until: Option<Millis>,
+}
+
+impl Lock {
+    fn new(kind: LockKind) -> Self {
+        Lock {
+            kind,
+            holders: BTreeMap::new(),
+            queue: VecDeque::new(),
+            delay_until: None,
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holders.is_empty() && self.queue.is_empty() && self.delay_until.is_none()
+    }
+
+    /// Whether a new grant in `mode` is compatible with the current holders (ignoring the
+    /// queue).
+    fn admits(&self, mode: Mode) -> bool {
+        if self.delay_until.is_some() {
+            return false;
+        }
+        match mode {
+            Mode::Exclusive | Mode::Write => self.holders.is_empty(),
+            Mode::Read => {
+                self.holders.values().all(|h| h.mode == Mode::Read)
+                    && self.holders.len() < MAX_HOLDERS_PER_LOCK
+            }
+            Mode::Permit { permits } => self.holders.len() < permits as usize,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 struct Waiter {
-    request: RequestId,
+    names: Vec<String>,
     owner: String,
+    mode: Mode,
     session: Option<SessionId>,
     ttl_ms: Millis,
+    lock_delay_ms: Millis,
     /// When the wait runs out (log time).
     until: Millis,
 }
@@ -35,39 +107,55 @@ struct Waiter {
 struct Session {
     ttl_ms: Millis,
     deadline: Millis,
-    /// Locks held under this session.
-    locks: BTreeSet<String>,
-    /// Locks this session waits for.
-    waiting: BTreeSet<(String, RequestId)>,
+    /// Grants held under this session: (lock name, owner).
+    holds: BTreeSet<(String, String)>,
+    /// Its queued acquires.
+    waiting: BTreeSet<RequestId>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 struct ClientRecord {
     last_seen: Millis,
-    /// Responses of the client's most recent requests, by seq (at most `DEDUP_WINDOW`).
+    /// Responses of the client's most recent requests, by seq.
     responses: BTreeMap<u64, Response>,
 }
 
 /// Something with a deadline; the `deadlines` index orders them by time.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Due {
-    Lease(String),
+    Lease(String, String),
     Session(SessionId),
-    Wait(String, RequestId),
+    Wait(RequestId),
+    Delay(String),
     ClientIdle(u64),
 }
 
-/// What a reader sees of a lock.
+/// One grant of a lock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderInfo {
+    pub owner: String,
+    pub mode: Mode,
+    pub token: Token,
+    pub holds: u32,
+    pub session: Option<SessionId>,
+    /// Lease end in log time (the session's deadline for session-bound grants).
+    pub deadline_ms: Millis,
+}
+
+/// What a reader sees of a held lock. `owner`, `token`, `holds`, `session` and `deadline_ms`
+/// describe the newest grant (the only one for exclusive and write grants); `holders` lists
+/// them all.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockInfo {
     pub name: String,
+    pub kind: LockKind,
     pub owner: String,
     pub token: Token,
     pub holds: u32,
     pub session: Option<SessionId>,
-    /// Lease end in log time (the session's deadline for session-bound locks).
     pub deadline_ms: Millis,
     pub waiters: usize,
+    pub holders: Vec<HolderInfo>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -85,13 +173,14 @@ pub struct StateMachine {
     now: Millis,
     last_index: Index,
     locks: BTreeMap<String, Lock>,
+    waiters: BTreeMap<RequestId, Waiter>,
     sessions: BTreeMap<SessionId, Session>,
     clients: BTreeMap<u64, ClientRecord>,
     deadlines: BTreeSet<(Millis, Due)>,
-    /// Locks freed during the entry being applied whose queues are handed on when the entry
-    /// is done. Empty between entries.
+    /// Locks whose holders, queue or delay changed in the entry being applied; their queues
+    /// are served when the entry is done. Empty between entries.
     #[serde(skip)]
-    vacant: BTreeMap<String, VecDeque<Waiter>>,
+    dirty: BTreeSet<String>,
     /// The RESP keyspace.
     kv: Keyspace,
 }
@@ -111,8 +200,8 @@ impl StateMachine {
         self.last_index
     }
 
-    /// The earliest pending deadline (lease, session, wait or dedup eviction), if any. The
-    /// leader proposes a [`Command::Tick`] once its log clock passes it.
+    /// The earliest pending deadline (lease, session, wait, lock-delay, dedup eviction, key
+    /// expiry), if any. The leader proposes a [`Command::Tick`] once its log clock passes it.
     pub fn next_deadline(&self) -> Option<Millis> {
         let locks = self.deadlines.first().map(|(t, _)| *t);
         match (locks, self.kv.next_deadline()) {
@@ -126,17 +215,38 @@ impl StateMachine {
         &self.kv
     }
 
+    /// The holders of `name`; `None` if nobody holds it.
     pub fn lock_info(&self, name: &str) -> Option<LockInfo> {
         let lock = self.locks.get(name)?;
+        let holders: Vec<HolderInfo> = lock
+            .holders
+            .iter()
+            .map(|((owner, session), h)| HolderInfo {
+                owner: owner.clone(),
+                mode: h.mode,
+                token: h.token,
+                holds: h.holds,
+                session: *session,
+                deadline_ms: self.lease_end(h, *session),
+            })
+            .collect();
+        let newest = holders.iter().max_by_key(|h| h.token)?.clone();
         Some(LockInfo {
             name: name.to_owned(),
-            owner: lock.owner.clone(),
-            token: lock.token,
-            holds: lock.holds,
-            session: lock.session,
-            deadline_ms: self.lease_end(lock),
-            waiters: lock.waiters.len(),
+            kind: lock.kind,
+            owner: newest.owner,
+            token: newest.token,
+            holds: newest.holds,
+            session: newest.session,
+            deadline_ms: newest.deadline_ms,
+            waiters: lock.queue.len(),
+            holders,
         })
+    }
+
+    /// Queued acquires of `name` (also while nobody holds it, e.g. during a lock-delay).
+    pub fn waiter_count(&self, name: &str) -> usize {
+        self.locks.get(name).map_or(0, |l| l.queue.len())
     }
 
     pub fn session_info(&self, id: SessionId) -> Option<SessionInfo> {
@@ -145,7 +255,7 @@ impl StateMachine {
             id,
             ttl_ms: s.ttl_ms,
             deadline_ms: s.deadline,
-            locks: s.locks.iter().cloned().collect(),
+            locks: s.holds.iter().map(|(n, _)| n.clone()).collect(),
         })
     }
 
@@ -154,6 +264,7 @@ impl StateMachine {
         self.locks.keys().filter_map(|n| self.lock_info(n))
     }
 
+    /// Locks with state (held, queued or delayed).
     pub fn lock_count(&self) -> usize {
         self.locks.len()
     }
@@ -162,8 +273,8 @@ impl StateMachine {
         self.sessions.len()
     }
 
-    fn lease_end(&self, lock: &Lock) -> Millis {
-        match (lock.deadline, lock.session) {
+    fn lease_end(&self, h: &Holder, session: Option<SessionId>) -> Millis {
+        match (h.deadline, session) {
             (Some(d), _) => d,
             (None, Some(s)) => self.sessions.get(&s).map_or(self.now, |s| s.deadline),
             (None, None) => self.now,
@@ -181,8 +292,8 @@ impl StateMachine {
     }
 
     /// Apply the entry at `index`. Time first advances to the entry's time, expiring whatever
-    /// is due (and handing freed locks to their first waiters); then the command runs, unless
-    /// its request id was seen before, in which case the first outcome is returned again.
+    /// is due; then the command runs, unless its request id was seen before, in which case
+    /// the first outcome is returned again; last, freed locks are handed to their waiters.
     pub fn apply(&mut self, index: Index, req: &Request) -> Applied {
         let mut events = Vec::new();
         self.last_index = self.last_index.max(index);
@@ -205,35 +316,8 @@ impl StateMachine {
         Applied { response, events }
     }
 
-    /// Give every lock freed in this entry to the first waiter of its queue, with token
-    /// `index`. Running last means a grant made here is never ended in the same entry, so two
-    /// grants of a lock never share a token. Waiters of sessions that ended in this entry were
-    /// already withdrawn.
-    fn hand_over(&mut self, index: Index, events: &mut Vec<Event>) {
-        for (name, mut waiters) in std::mem::take(&mut self.vacant) {
-            let Some(w) = waiters.pop_front() else {
-                continue;
-            };
-            self.deadlines
-                .remove(&(w.until, Due::Wait(name.clone(), w.request)));
-            if let Some(s) = w.session.and_then(|s| self.sessions.get_mut(&s)) {
-                s.waiting.remove(&(name.clone(), w.request));
-            }
-            let deadline = self.install_grant(index, &name, &w.owner, w.session, w.ttl_ms, waiters);
-            let granted = Response::Granted {
-                token: index,
-                holds: 1,
-                deadline_ms: deadline,
-            };
-            self.dedup_resolve(w.request, granted);
-            events.push(Event::WaiterGranted {
-                request: w.request,
-                name,
-                token: index,
-                deadline_ms: deadline,
-            });
-        }
-    }
+    // -----------------------------------------------------------------------------------
+    // Dedup
 
     fn dedup_lookup(&self, rid: RequestId) -> Option<Response> {
         let rec = self.clients.get(&rid.client_id)?;
@@ -286,6 +370,9 @@ impl StateMachine {
         }
     }
 
+    // -----------------------------------------------------------------------------------
+    // Commands
+
     fn execute(
         &mut self,
         index: Index,
@@ -300,10 +387,29 @@ impl StateMachine {
                 ttl_ms,
                 session,
                 wait_ms,
-            } => self.acquire(index, rid, name, owner, *ttl_ms, *session, *wait_ms),
+            } => self.acquire(
+                index,
+                rid,
+                &AcquireSpec {
+                    names: vec![name.clone()],
+                    owner: owner.clone(),
+                    mode: Mode::Exclusive,
+                    ttl_ms: *ttl_ms,
+                    session: *session,
+                    wait_ms: *wait_ms,
+                    lock_delay_ms: 0,
+                },
+            ),
+            Command::AcquireWith(spec) => self.acquire(index, rid, spec),
             Command::Release { name, owner, token } => {
-                Ok(self.release(name, owner, *token, events))
+                Ok(self.release(std::slice::from_ref(name), owner, *token, events))
             }
+            Command::ReleaseAll {
+                names,
+                owner,
+                token,
+            } => Ok(self.release(names, owner, *token, events)),
+            Command::ForceUnlock { name } => Ok(self.force_unlock(name, events)),
             Command::Renew {
                 name,
                 owner,
@@ -321,207 +427,319 @@ impl StateMachine {
         result.unwrap_or_else(Response::Rejected)
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn acquire(
-        &mut self,
-        index: Index,
-        rid: Option<RequestId>,
-        name: &str,
-        owner: &str,
-        ttl_ms: Millis,
-        session: Option<SessionId>,
-        wait_ms: Millis,
-    ) -> Result<Response, CoreError> {
-        check_name(name)?;
-        check_owner(owner)?;
-        if session.is_none() {
-            check_ttl(ttl_ms)?;
+    fn validate(&self, spec: &AcquireSpec) -> Result<(), CoreError> {
+        let distinct: BTreeSet<&String> = spec.names.iter().collect();
+        if spec.names.is_empty()
+            || spec.names.len() > MAX_MULTI_LOCK
+            || distinct.len() != spec.names.len()
+        {
+            return Err(CoreError::InvalidNames {
+                got: spec.names.len(),
+                max: MAX_MULTI_LOCK,
+            });
         }
-        if wait_ms > MAX_WAIT_MS {
+        for name in &spec.names {
+            check_name(name)?;
+        }
+        if spec.names.len() > 1 && spec.mode != Mode::Exclusive {
+            return Err(CoreError::MultiLockMode);
+        }
+        check_owner(&spec.owner)?;
+        if spec.session.is_none() {
+            check_ttl(spec.ttl_ms)?;
+        }
+        if spec.wait_ms > MAX_WAIT_MS {
             return Err(CoreError::InvalidWait {
-                wait_ms,
+                wait_ms: spec.wait_ms,
                 max: MAX_WAIT_MS,
             });
         }
-        if let Some(s) = session {
+        if spec.lock_delay_ms > MAX_LOCK_DELAY_MS {
+            return Err(CoreError::InvalidLockDelay {
+                delay_ms: spec.lock_delay_ms,
+                max: MAX_LOCK_DELAY_MS,
+            });
+        }
+        if let Mode::Permit { permits } = spec.mode {
+            if permits == 0 || permits > MAX_PERMITS {
+                return Err(CoreError::InvalidPermits {
+                    permits,
+                    max: MAX_PERMITS,
+                });
+            }
+        }
+        if let Some(s) = spec.session {
             if !self.sessions.contains_key(&s) {
                 return Err(CoreError::NoSuchSession(s));
             }
         }
-        let now = self.now;
-        if let Some(queue) = self.vacant.get_mut(name) {
-            // Freed in this entry and promised to its first waiter: queue behind.
-            return Self::enqueue(
-                queue,
-                &mut self.deadlines,
-                &mut self.sessions,
-                rid,
-                name,
-                owner,
-                ttl_ms,
-                session,
-                wait_ms,
-                now,
-            );
-        }
-        match self.locks.get_mut(name) {
-            None => {
-                if self.locks.len() >= MAX_LOCKS {
-                    return Err(CoreError::LimitReached {
-                        what: "locks".into(),
-                        max: MAX_LOCKS,
+        let kind = LockKind::of(spec.mode);
+        for name in &spec.names {
+            if let Some(lock) = self.locks.get(name) {
+                if lock.kind != kind {
+                    return Err(CoreError::WrongKind {
+                        name: name.clone(),
+                        existing: lock.kind.describe(),
+                        requested: kind.describe(),
                     });
                 }
-                let lock = self.grant_new(index, name, owner, session, ttl_ms);
-                Ok(lock)
             }
-            Some(lock) if lock.owner == owner && lock.session == session => {
-                if lock.holds >= MAX_HOLDS {
-                    return Err(CoreError::TooManyHolds {
-                        name: name.to_owned(),
-                        max: MAX_HOLDS,
-                    });
-                }
-                lock.holds += 1;
-                if let Some(old) = lock.deadline {
-                    let new = old.max(now + ttl_ms);
-                    lock.deadline = Some(new);
-                    self.deadlines.remove(&(old, Due::Lease(name.to_owned())));
-                    self.deadlines.insert((new, Due::Lease(name.to_owned())));
-                }
-                Ok(Response::Granted {
-                    token: lock.token,
-                    holds: lock.holds,
-                    deadline_ms: lock.deadline,
-                })
-            }
-            Some(lock) => Self::enqueue(
-                &mut lock.waiters,
-                &mut self.deadlines,
-                &mut self.sessions,
-                rid,
-                name,
-                owner,
-                ttl_ms,
-                session,
-                wait_ms,
-                now,
-            ),
         }
+        Ok(())
     }
 
-    /// Queue an acquire behind the holder (or answer `NotGranted` if it does not wait).
-    #[allow(clippy::too_many_arguments)]
-    fn enqueue(
-        queue: &mut VecDeque<Waiter>,
-        deadlines: &mut BTreeSet<(Millis, Due)>,
-        sessions: &mut BTreeMap<SessionId, Session>,
+    fn acquire(
+        &mut self,
+        index: Index,
         rid: Option<RequestId>,
-        name: &str,
-        owner: &str,
-        ttl_ms: Millis,
-        session: Option<SessionId>,
-        wait_ms: Millis,
-        now: Millis,
+        spec: &AcquireSpec,
     ) -> Result<Response, CoreError> {
-        if wait_ms == 0 {
+        self.validate(spec)?;
+        let key: HolderKey = (spec.owner.clone(), spec.session);
+
+        // Reentrant: the same owner (and session) already holds every name with one grant.
+        let held: Vec<&Holder> = spec
+            .names
+            .iter()
+            .filter_map(|n| self.locks.get(n).and_then(|l| l.holders.get(&key)))
+            .collect();
+        if !held.is_empty() {
+            let token = held[0].token;
+            if held.len() != spec.names.len() || held.iter().any(|h| h.token != token) {
+                return Err(CoreError::PartiallyHeld {
+                    owner: spec.owner.clone(),
+                });
+            }
+            if held[0].mode == Mode::Read && spec.mode == Mode::Write {
+                return Err(CoreError::UpgradeNotSupported {
+                    name: spec.names[0].clone(),
+                    owner: spec.owner.clone(),
+                });
+            }
+            if held.iter().any(|h| h.holds >= MAX_HOLDS) {
+                return Err(CoreError::TooManyHolds {
+                    name: spec.names[0].clone(),
+                    max: MAX_HOLDS,
+                });
+            }
+            return Ok(self.reenter(spec, &key));
+        }
+
+        let free = spec.names.iter().all(|n| match self.locks.get(n) {
+            None => true,
+            Some(lock) => lock.queue.is_empty() && lock.admits(spec.mode),
+        });
+        if free {
+            let new_locks = spec
+                .names
+                .iter()
+                .filter(|n| !self.locks.contains_key(*n))
+                .count();
+            if self.locks.len() + new_locks > MAX_LOCKS {
+                return Err(CoreError::LimitReached {
+                    what: "locks".into(),
+                    max: MAX_LOCKS,
+                });
+            }
+            let (token, deadline) = self.grant(
+                index,
+                &spec.names,
+                &key,
+                spec.mode,
+                spec.ttl_ms,
+                spec.lock_delay_ms,
+            );
+            return Ok(Response::Granted {
+                token,
+                holds: 1,
+                deadline_ms: deadline,
+            });
+        }
+        if spec.wait_ms == 0 {
             return Ok(Response::NotGranted);
         }
         let Some(request) = rid else {
             return Err(CoreError::WaitNeedsRequestId);
         };
-        if queue.len() >= MAX_WAITERS_PER_LOCK {
-            return Err(CoreError::TooManyWaiters {
-                name: name.to_owned(),
-                max: MAX_WAITERS_PER_LOCK,
-            });
+        for name in &spec.names {
+            if self.locks.get(name).map_or(0, |l| l.queue.len()) >= MAX_WAITERS_PER_LOCK {
+                return Err(CoreError::TooManyWaiters {
+                    name: name.clone(),
+                    max: MAX_WAITERS_PER_LOCK,
+                });
+            }
         }
-        let until = now + wait_ms;
-        queue.push_back(Waiter {
+        let until = self.now + spec.wait_ms;
+        let kind = LockKind::of(spec.mode);
+        for name in &spec.names {
+            self.locks
+                .entry(name.clone())
+                .or_insert_with(|| Lock::new(kind))
+                .queue
+                .push_back(request);
+        }
+        self.waiters.insert(
             request,
-            owner: owner.to_owned(),
-            session,
-            ttl_ms,
-            until,
-        });
-        deadlines.insert((until, Due::Wait(name.to_owned(), request)));
-        if let Some(s) = session.and_then(|s| sessions.get_mut(&s)) {
-            s.waiting.insert((name.to_owned(), request));
+            Waiter {
+                names: spec.names.clone(),
+                owner: spec.owner.clone(),
+                mode: spec.mode,
+                session: spec.session,
+                ttl_ms: spec.ttl_ms,
+                lock_delay_ms: spec.lock_delay_ms,
+                until,
+            },
+        );
+        self.deadlines.insert((until, Due::Wait(request)));
+        if let Some(s) = spec.session.and_then(|s| self.sessions.get_mut(&s)) {
+            s.waiting.insert(request);
         }
         Ok(Response::Pending)
     }
 
-    /// Grant a free lock (not in `self.locks`) and return the `Granted` response.
-    fn grant_new(
-        &mut self,
-        index: Index,
-        name: &str,
-        owner: &str,
-        session: Option<SessionId>,
-        ttl_ms: Millis,
-    ) -> Response {
-        let deadline = self.install_grant(index, name, owner, session, ttl_ms, VecDeque::new());
-        Response::Granted {
-            token: index,
-            holds: 1,
-            deadline_ms: deadline,
+    /// One more hold on an existing grant; a lease is extended to at least `now + ttl`.
+    fn reenter(&mut self, spec: &AcquireSpec, key: &HolderKey) -> Response {
+        let now = self.now;
+        let mut out = Response::NotGranted;
+        for name in &spec.names {
+            let Some(h) = self
+                .locks
+                .get_mut(name)
+                .and_then(|l| l.holders.get_mut(key))
+            else {
+                continue;
+            };
+            h.holds += 1;
+            if let Some(old) = h.deadline {
+                let new = old.max(now + spec.ttl_ms);
+                h.deadline = Some(new);
+                let due = |t| (t, Due::Lease(name.clone(), key.0.clone()));
+                self.deadlines.remove(&due(old));
+                self.deadlines.insert(due(new));
+            }
+            out = Response::Granted {
+                token: h.token,
+                holds: h.holds,
+                deadline_ms: h.deadline,
+            };
         }
+        out
     }
 
-    fn install_grant(
+    /// Install a grant of every name in `names` to `key` with token `index`. A name `key`
+    /// already holds (a second queued acquire of the same owner) gets one more hold of its
+    /// grant instead. Returns the token and lease deadline (`None` for session-bound grants)
+    /// of the first name.
+    fn grant(
         &mut self,
         index: Index,
-        name: &str,
-        owner: &str,
-        session: Option<SessionId>,
+        names: &[String],
+        key: &HolderKey,
+        mode: Mode,
         ttl_ms: Millis,
-        waiters: VecDeque<Waiter>,
-    ) -> Option<Millis> {
-        let deadline = match session {
-            Some(s) => {
-                if let Some(sess) = self.sessions.get_mut(&s) {
-                    sess.locks.insert(name.to_owned());
+        lock_delay_ms: Millis,
+    ) -> (Token, Option<Millis>) {
+        let now = self.now;
+        let mut first = None;
+        for name in names {
+            let lock = self
+                .locks
+                .entry(name.clone())
+                .or_insert_with(|| Lock::new(LockKind::of(mode)));
+            let lease_due = |t| (t, Due::Lease(name.clone(), key.0.clone()));
+            if let Some(h) = lock.holders.get_mut(key) {
+                h.holds = h.holds.saturating_add(1);
+                if let Some(old) = h.deadline {
+                    let new = old.max(now + ttl_ms);
+                    h.deadline = Some(new);
+                    self.deadlines.remove(&lease_due(old));
+                    self.deadlines.insert(lease_due(new));
                 }
-                None
+                first.get_or_insert((h.token, h.deadline));
+                continue;
             }
-            None => {
-                let d = self.now + ttl_ms;
-                self.deadlines.insert((d, Due::Lease(name.to_owned())));
-                Some(d)
+            let deadline = key.1.is_none().then_some(now + ttl_ms);
+            lock.holders.insert(
+                key.clone(),
+                Holder {
+                    mode,
+                    token: index,
+                    holds: 1,
+                    deadline,
+                    lock_delay_ms,
+                },
+            );
+            match (deadline, key.1.and_then(|s| self.sessions.get_mut(&s))) {
+                (Some(d), _) => {
+                    self.deadlines.insert(lease_due(d));
+                }
+                (None, Some(s)) => {
+                    s.holds.insert((name.clone(), key.0.clone()));
+                }
+                (None, None) => {}
             }
-        };
-        self.locks.insert(
-            name.to_owned(),
-            Lock {
-                owner: owner.to_owned(),
-                token: index,
-                holds: 1,
-                session,
-                deadline,
-                waiters,
-            },
-        );
-        deadline
+            first.get_or_insert((index, deadline));
+        }
+        first.unwrap_or((index, None))
     }
 
+    /// Drop one hold of grant `token` of `owner` on each of `names`.
     fn release(
         &mut self,
-        name: &str,
+        names: &[String],
         owner: &str,
         token: Token,
         events: &mut Vec<Event>,
     ) -> Response {
-        let Some(lock) = self.locks.get_mut(name) else {
+        if names.iter().collect::<BTreeSet<_>>().len() != names.len() {
+            return Response::NotHeld;
+        }
+        let keys: Option<Vec<HolderKey>> = names
+            .iter()
+            .map(|n| self.holder_key(n, owner, token))
+            .collect();
+        let Some(keys) = keys.filter(|k| !k.is_empty()) else {
             return Response::NotHeld;
         };
-        if lock.owner != owner || lock.token != token {
+        let mut remaining = 0;
+        for (name, key) in names.iter().zip(&keys) {
+            let Some(h) = self
+                .locks
+                .get_mut(name)
+                .and_then(|l| l.holders.get_mut(key))
+            else {
+                continue;
+            };
+            h.holds -= 1;
+            remaining = h.holds;
+            if h.holds == 0 {
+                self.end_grant(name, key, ReleaseReason::Released, events);
+            }
+        }
+        Response::Released { holds: remaining }
+    }
+
+    fn holder_key(&self, name: &str, owner: &str, token: Token) -> Option<HolderKey> {
+        self.locks
+            .get(name)?
+            .holders
+            .iter()
+            .find(|((o, _), h)| o == owner && h.token == token)
+            .map(|(k, _)| k.clone())
+    }
+
+    fn force_unlock(&mut self, name: &str, events: &mut Vec<Event>) -> Response {
+        let keys: Vec<HolderKey> = self
+            .locks
+            .get(name)
+            .map(|l| l.holders.keys().cloned().collect())
+            .unwrap_or_default();
+        if keys.is_empty() {
             return Response::NotHeld;
         }
-        lock.holds -= 1;
-        if lock.holds > 0 {
-            return Response::Released { holds: lock.holds };
+        for key in &keys {
+            self.end_grant(name, key, ReleaseReason::ForceUnlocked, events);
         }
-        self.end_grant(name, ReleaseReason::Released, events);
         Response::Released { holds: 0 }
     }
 
@@ -534,19 +752,24 @@ impl StateMachine {
     ) -> Result<Response, CoreError> {
         check_ttl(ttl_ms)?;
         let now = self.now;
-        let Some(lock) = self.locks.get_mut(name) else {
+        let Some(key) = self.holder_key(name, owner, token) else {
             return Ok(Response::NotHeld);
         };
-        if lock.owner != owner || lock.token != token {
+        let Some(h) = self
+            .locks
+            .get_mut(name)
+            .and_then(|l| l.holders.get_mut(&key))
+        else {
             return Ok(Response::NotHeld);
-        }
-        let Some(old) = lock.deadline else {
+        };
+        let Some(old) = h.deadline else {
             return Err(CoreError::LockBoundToSession(name.to_owned()));
         };
         let new = old.max(now + ttl_ms);
-        lock.deadline = Some(new);
-        self.deadlines.remove(&(old, Due::Lease(name.to_owned())));
-        self.deadlines.insert((new, Due::Lease(name.to_owned())));
+        h.deadline = Some(new);
+        let due = |t| (t, Due::Lease(name.to_owned(), owner.to_owned()));
+        self.deadlines.remove(&due(old));
+        self.deadlines.insert(due(new));
         Ok(Response::Renewed { deadline_ms: new })
     }
 
@@ -564,7 +787,7 @@ impl StateMachine {
             Session {
                 ttl_ms,
                 deadline,
-                locks: BTreeSet::new(),
+                holds: BTreeSet::new(),
                 waiting: BTreeSet::new(),
             },
         );
@@ -598,62 +821,144 @@ impl StateMachine {
             return Response::NoSuchSession;
         };
         self.deadlines.remove(&(s.deadline, Due::Session(id)));
-        // Withdraw its waiters first, so that the locks released below are not handed to
-        // them.
-        for (name, rid) in &s.waiting {
-            self.remove_waiter(name, *rid, events);
+        for rid in &s.waiting {
+            self.remove_waiter(*rid, events);
         }
-        for name in &s.locks {
-            self.end_grant(name, reason, events);
+        for (name, owner) in &s.holds {
+            self.end_grant(name, &(owner.clone(), Some(id)), reason, events);
         }
         Response::SessionClosed
     }
 
-    /// Remove a queued acquire and resolve it as `NotGranted`.
-    fn remove_waiter(&mut self, name: &str, rid: RequestId, events: &mut Vec<Event>) {
-        let queue = match self.locks.get_mut(name) {
-            Some(lock) => &mut lock.waiters,
-            None => match self.vacant.get_mut(name) {
-                Some(queue) => queue,
-                None => return,
-            },
-        };
-        let Some(pos) = queue.iter().position(|w| w.request == rid) else {
+    /// Withdraw a queued acquire and resolve it as `NotGranted`.
+    fn remove_waiter(&mut self, rid: RequestId, events: &mut Vec<Event>) {
+        let Some(w) = self.waiters.remove(&rid) else {
             return;
         };
-        if let Some(w) = queue.remove(pos) {
-            self.deadlines
-                .remove(&(w.until, Due::Wait(name.to_owned(), rid)));
-            if let Some(s) = w.session.and_then(|s| self.sessions.get_mut(&s)) {
-                s.waiting.remove(&(name.to_owned(), rid));
+        self.deadlines.remove(&(w.until, Due::Wait(rid)));
+        if let Some(s) = w.session.and_then(|s| self.sessions.get_mut(&s)) {
+            s.waiting.remove(&rid);
+        }
+        for name in &w.names {
+            if let Some(lock) = self.locks.get_mut(name) {
+                lock.queue.retain(|r| *r != rid);
             }
+            // The next waiter may be admissible now.
+            self.dirty.insert(name.clone());
         }
         self.dedup_resolve(rid, Response::NotGranted);
         events.push(Event::WaiterGaveUp {
             request: rid,
-            name: name.to_owned(),
+            name: w.names[0].clone(),
         });
     }
 
-    /// End the current grant of `name`; its queue is handed on when the entry is done.
-    fn end_grant(&mut self, name: &str, reason: ReleaseReason, events: &mut Vec<Event>) {
-        let Some(lock) = self.locks.remove(name) else {
+    /// End one grant; the lock's queue is served when the entry is done. An *expired* grant
+    /// with a lock-delay keeps the lock from being granted until the delay has passed.
+    fn end_grant(
+        &mut self,
+        name: &str,
+        key: &HolderKey,
+        reason: ReleaseReason,
+        events: &mut Vec<Event>,
+    ) {
+        let now = self.now;
+        let Some(lock) = self.locks.get_mut(name) else {
             return;
         };
-        if let Some(d) = lock.deadline {
-            self.deadlines.remove(&(d, Due::Lease(name.to_owned())));
+        let Some(h) = lock.holders.remove(key) else {
+            return;
+        };
+        let expired = matches!(
+            reason,
+            ReleaseReason::Expired | ReleaseReason::SessionExpired
+        );
+        let mut delay = None;
+        if expired && h.lock_delay_ms > 0 {
+            let until = lock.delay_until.unwrap_or(0).max(now + h.lock_delay_ms);
+            if let Some(old) = lock.delay_until.replace(until) {
+                self.deadlines.remove(&(old, Due::Delay(name.to_owned())));
+            }
+            delay = Some(until);
         }
-        if let Some(s) = lock.session.and_then(|s| self.sessions.get_mut(&s)) {
-            s.locks.remove(name);
+        if let Some(d) = h.deadline {
+            self.deadlines
+                .remove(&(d, Due::Lease(name.to_owned(), key.0.clone())));
+        }
+        if let Some(s) = key.1.and_then(|s| self.sessions.get_mut(&s)) {
+            s.holds.remove(&(name.to_owned(), key.0.clone()));
+        }
+        if let Some(until) = delay {
+            self.deadlines.insert((until, Due::Delay(name.to_owned())));
         }
         events.push(Event::LockReleased {
             name: name.to_owned(),
-            owner: lock.owner,
-            token: lock.token,
+            owner: key.0.clone(),
+            token: h.token,
             reason,
         });
-        if !lock.waiters.is_empty() {
-            self.vacant.insert(name.to_owned(), lock.waiters);
+        self.dirty.insert(name.to_owned());
+    }
+
+    /// Serve the queues of every lock that changed in this entry, in FIFO order: the first
+    /// waiter of a queue is granted (token `index`) when it is first in the queue of every
+    /// lock it asks for and every one of them admits it; consecutive readers or permits are
+    /// admitted together. Running last means a grant made here is never ended in the same
+    /// entry, so grants of a lock made in different entries never share a token.
+    fn hand_over(&mut self, index: Index, events: &mut Vec<Event>) {
+        while let Some(name) = self.dirty.pop_first() {
+            while let Some(rid) = self.locks.get(&name).and_then(|l| l.queue.front().copied()) {
+                let Some(w) = self.waiters.get(&rid) else {
+                    // Cannot happen (queues and waiters change together); drop the stray id.
+                    if let Some(l) = self.locks.get_mut(&name) {
+                        l.queue.pop_front();
+                    }
+                    continue;
+                };
+                let ready = w.names.iter().all(|n| {
+                    self.locks
+                        .get(n)
+                        .is_some_and(|l| l.queue.front() == Some(&rid) && l.admits(w.mode))
+                });
+                if !ready {
+                    break;
+                }
+                let Some(w) = self.waiters.remove(&rid) else {
+                    break;
+                };
+                self.deadlines.remove(&(w.until, Due::Wait(rid)));
+                for n in &w.names {
+                    if let Some(l) = self.locks.get_mut(n) {
+                        l.queue.pop_front();
+                    }
+                    if *n != name {
+                        self.dirty.insert(n.clone());
+                    }
+                }
+                if let Some(s) = w.session.and_then(|s| self.sessions.get_mut(&s)) {
+                    s.waiting.remove(&rid);
+                }
+                let key = (w.owner.clone(), w.session);
+                let (token, deadline) =
+                    self.grant(index, &w.names, &key, w.mode, w.ttl_ms, w.lock_delay_ms);
+                self.dedup_resolve(
+                    rid,
+                    Response::Granted {
+                        token,
+                        holds: 1,
+                        deadline_ms: deadline,
+                    },
+                );
+                events.push(Event::WaiterGranted {
+                    request: rid,
+                    name: w.names[0].clone(),
+                    token,
+                    deadline_ms: deadline,
+                });
+            }
+            if self.locks.get(&name).is_some_and(Lock::is_idle) {
+                self.locks.remove(&name);
+            }
         }
     }
 
@@ -665,15 +970,29 @@ impl StateMachine {
             }
             self.deadlines.remove(&(t, due.clone()));
             match due {
-                Due::Lease(name) => {
-                    if self.locks.get(&name).and_then(|l| l.deadline) == Some(t) {
-                        self.end_grant(&name, ReleaseReason::Expired, events);
+                Due::Lease(name, owner) => {
+                    let key = (owner, None);
+                    let lease = self
+                        .locks
+                        .get(&name)
+                        .and_then(|l| l.holders.get(&key))
+                        .and_then(|h| h.deadline);
+                    if lease == Some(t) {
+                        self.end_grant(&name, &key, ReleaseReason::Expired, events);
                     }
                 }
                 Due::Session(id) => {
                     self.close_session(id, ReleaseReason::SessionExpired, events);
                 }
-                Due::Wait(name, rid) => self.remove_waiter(&name, rid, events),
+                Due::Wait(rid) => self.remove_waiter(rid, events),
+                Due::Delay(name) => {
+                    if let Some(l) = self.locks.get_mut(&name) {
+                        if l.delay_until == Some(t) {
+                            l.delay_until = None;
+                            self.dirty.insert(name);
+                        }
+                    }
+                }
                 Due::ClientIdle(id) => {
                     if self
                         .clients
@@ -687,52 +1006,106 @@ impl StateMachine {
         }
     }
 
-    /// Check the internal indexes agree with the data. For tests; O(n).
+    /// Check the internal indexes agree with the data, and that no queue was left with an
+    /// admissible waiter at its head. For tests; O(n).
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
-        if !self.vacant.is_empty() {
-            return Err("vacant locks left between entries".into());
+        if !self.dirty.is_empty() {
+            return Err("dirty locks left between entries".into());
         }
         let mut expected = BTreeSet::new();
+        let mut queued: BTreeMap<RequestId, usize> = BTreeMap::new();
         for (name, lock) in &self.locks {
-            if lock.holds == 0 {
-                return Err(format!("{name}: held zero times"));
+            if lock.is_idle() {
+                return Err(format!("{name}: idle lock kept"));
             }
-            if lock.token > self.last_index {
-                return Err(format!("{name}: token from the future"));
+            let writers = lock
+                .holders
+                .values()
+                .filter(|h| matches!(h.mode, Mode::Exclusive | Mode::Write))
+                .count();
+            if writers > 1 || (writers == 1 && lock.holders.len() > 1) {
+                return Err(format!("{name}: exclusive holder shares the lock"));
             }
-            match (lock.deadline, lock.session) {
-                (Some(d), None) => {
-                    expected.insert((d, Due::Lease(name.clone())));
+            if let LockKind::Semaphore { permits } = lock.kind {
+                if lock.holders.len() > permits as usize {
+                    return Err(format!("{name}: more permits than {permits}"));
                 }
-                (None, Some(s)) => {
-                    let sess = self
-                        .sessions
-                        .get(&s)
-                        .ok_or(format!("{name}: held by dead session {s}"))?;
-                    if !sess.locks.contains(name) {
-                        return Err(format!("{name}: session {s} does not list it"));
-                    }
-                }
-                other => return Err(format!("{name}: bad lease {other:?}")),
             }
-            for w in &lock.waiters {
-                expected.insert((w.until, Due::Wait(name.clone(), w.request)));
-                if let Some(s) = w.session {
-                    let sess = self
-                        .sessions
-                        .get(&s)
-                        .ok_or(format!("{name}: waiter of dead session {s}"))?;
-                    if !sess.waiting.contains(&(name.clone(), w.request)) {
-                        return Err(format!("{name}: session {s} does not list its waiter"));
+            if let Some(d) = lock.delay_until {
+                expected.insert((d, Due::Delay(name.clone())));
+            }
+            for ((owner, session), h) in &lock.holders {
+                if h.holds == 0 {
+                    return Err(format!("{name}: held zero times"));
+                }
+                if h.token > self.last_index {
+                    return Err(format!("{name}: token from the future"));
+                }
+                if LockKind::of(h.mode) != lock.kind {
+                    return Err(format!("{name}: holder mode does not match the kind"));
+                }
+                match (h.deadline, session) {
+                    (Some(d), None) => {
+                        expected.insert((d, Due::Lease(name.clone(), owner.clone())));
                     }
+                    (None, Some(s)) => {
+                        let sess = self
+                            .sessions
+                            .get(s)
+                            .ok_or(format!("{name}: held by dead session {s}"))?;
+                        if !sess.holds.contains(&(name.clone(), owner.clone())) {
+                            return Err(format!("{name}: session {s} does not list it"));
+                        }
+                    }
+                    other => return Err(format!("{name}: bad lease {other:?}")),
+                }
+            }
+            for rid in &lock.queue {
+                let w = self
+                    .waiters
+                    .get(rid)
+                    .ok_or(format!("{name}: queued {rid:?} unknown"))?;
+                if !w.names.contains(name) {
+                    return Err(format!("{name}: queued {rid:?} does not ask for it"));
+                }
+                *queued.entry(*rid).or_default() += 1;
+            }
+            if let Some(rid) = lock.queue.front() {
+                let w = &self.waiters[rid];
+                let ready = w.names.iter().all(|n| {
+                    self.locks
+                        .get(n)
+                        .is_some_and(|l| l.queue.front() == Some(rid) && l.admits(w.mode))
+                });
+                if ready {
+                    return Err(format!("{name}: admissible waiter {rid:?} left queued"));
+                }
+            }
+        }
+        for (rid, w) in &self.waiters {
+            if queued.get(rid) != Some(&w.names.len()) {
+                return Err(format!("waiter {rid:?} not queued on each of its locks"));
+            }
+            expected.insert((w.until, Due::Wait(*rid)));
+            if let Some(s) = w.session {
+                let sess = self
+                    .sessions
+                    .get(&s)
+                    .ok_or(format!("waiter of dead session {s}"))?;
+                if !sess.waiting.contains(rid) {
+                    return Err(format!("session {s} does not list its waiter"));
                 }
             }
         }
         for (id, s) in &self.sessions {
             expected.insert((s.deadline, Due::Session(*id)));
-            for name in &s.locks {
-                if self.locks.get(name).and_then(|l| l.session) != Some(*id) {
+            for (name, owner) in &s.holds {
+                let held = self
+                    .locks
+                    .get(name)
+                    .is_some_and(|l| l.holders.contains_key(&(owner.clone(), Some(*id))));
+                if !held {
                     return Err(format!("session {id} lists {name} it does not hold"));
                 }
             }
