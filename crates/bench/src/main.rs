@@ -199,7 +199,10 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
                     .filter(|k| *k > 0)
                     .with_context(|| format!("--keys {k:?}: a positive number or c"))?
             };
-            cells.push(Cell { clients: c, keys });
+            let cell = Cell { clients: c, keys };
+            if !cells.contains(&cell) {
+                cells.push(cell);
+            }
         }
     }
     if cli.duration <= 0.0 || cli.rounds == 0 {

@@ -1,0 +1,168 @@
+#!/usr/bin/env bash
+# Side-by-side lock benchmark on loopback: fenced (3 nodes, fsync on) vs Redis (no
+# persistence), Redis (appendonly yes + appendfsync always), Redlock over 5 Redis, and etcd
+# (3 nodes). Installs missing Debian packages, builds with --release, starts everything on
+# 127.0.0.1, runs the matrix clients 1/16/64 × contended (K=1) / uncontended (K=C), prints one
+# markdown table with ratios to fenced, and stops everything it started (trap on EXIT).
+#
+#   bench/run.sh                        # 2 rounds × 5 s per backend per cell
+#   DURATION=10 ROUNDS=3 bench/run.sh
+#   BACKENDS=fenced,etcd CLIENTS=64 KEYS=c bench/run.sh
+#   FENCED_ONLY=1 bench/run.sh          # issue 2's numbers: fenced, 1/16/64 uncontended
+#
+# Results: $OUT/results.json and $OUT/table.md (OUT defaults to bench/results/<timestamp>).
+# Ports used (loopback only): fenced gRPC 27481-27483, RESP 27471-27473; Redis 26379,
+# Redis AOF 26380, Redlock 26381-26385; etcd clients 23791-23793, peers 23801-23803.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+DURATION=${DURATION:-5}
+ROUNDS=${ROUNDS:-2}
+CLIENTS=${CLIENTS:-1,16,64}
+KEYS=${KEYS:-1,c}
+BACKENDS=${BACKENDS:-fenced,redis,redis-aof,redlock,etcd}
+TTL_MS=${TTL_MS:-10000}
+WORK_US=${WORK_US:-0}
+if [ -n "${FENCED_ONLY:-}" ]; then
+    BACKENDS=fenced
+    KEYS=c
+fi
+OUT=${OUT:-$ROOT/bench/results/$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+
+need() { echo ",$BACKENDS," | grep -q ",$1"; }
+
+# --- packages -----------------------------------------------------------------------------
+missing=()
+if need redis || need redlock; then
+    command -v redis-server >/dev/null || missing+=(redis-server)
+    command -v redis-cli >/dev/null || missing+=(redis-tools)
+fi
+if need etcd; then
+    command -v etcd >/dev/null || missing+=(etcd-server)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian's packages may start their own services on the default ports; we use others.
+
+# --- build --------------------------------------------------------------------------------
+# FENCED_BIN / BENCH_BIN: use prebuilt binaries instead (e.g. of another checkout).
+if [ -z "${FENCED_BIN:-}" ] || [ -z "${BENCH_BIN:-}" ]; then
+    cargo build --release -q -p fenced-server -p fenced-bench
+fi
+FENCED=${FENCED_BIN:-$ROOT/target/release/fenced}
+BENCH=${BENCH_BIN:-$ROOT/target/release/fenced-bench}
+
+# --- start everything, stop it on exit ----------------------------------------------------
+WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/fenced-bench.XXXXXX")
+PIDS=()
+cleanup() {
+    local rc=$?
+    for pid in "${PIDS[@]}"; do
+        kill -TERM "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        for _ in $(seq 50); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    if [ $rc -ne 0 ]; then
+        echo "bench failed (rc $rc); server logs kept in $WORK" >&2
+    else
+        rm -rf "$WORK"
+    fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+for p in 27481 27482 27483 27471 27472 27473 26379 26380 26381 26382 26383 26384 26385 \
+    23791 23792 23793 23801 23802 23803; do
+    port_free "$p" || { echo "port 127.0.0.1:$p is in use" >&2; exit 1; }
+done
+
+wait_for() { # description, attempts (×0.1 s), command...
+    local what=$1 n=$2
+    shift 2
+    for _ in $(seq "$n"); do
+        if "$@" >/dev/null 2>&1; then return 0; fi
+        sleep 0.1
+    done
+    echo "timed out waiting for $what" >&2
+    return 1
+}
+
+ARGS=(--duration "$DURATION" --rounds "$ROUNDS" --clients "$CLIENTS" --keys "$KEYS"
+    --ttl-ms "$TTL_MS" --work-us "$WORK_US")
+
+if need fenced; then
+    CLUSTER=1=127.0.0.1:27481,2=127.0.0.1:27482,3=127.0.0.1:27483
+    for i in 1 2 3; do
+        FENCED_LOG=warn "$FENCED" serve --id $i --data-dir "$WORK/fenced-$i" \
+            --grpc-addr 127.0.0.1:2748$i --resp-addr 127.0.0.1:2747$i \
+            --initial-cluster "$CLUSTER" >"$WORK/fenced-$i.log" 2>&1 &
+        PIDS+=($!)
+    done
+    wait_for "a fenced leader" 300 sh -c \
+        "'$FENCED' status --endpoints 127.0.0.1:27481 | grep -q '\"leader\":[1-9]'"
+    ARGS+=(--fenced 127.0.0.1:27481,127.0.0.1:27482,127.0.0.1:27483)
+fi
+
+start_redis() { # port, extra args...
+    local port=$1
+    shift
+    mkdir -p "$WORK/redis-$port"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --daemonize no \
+        --dir "$WORK/redis-$port" --loglevel warning "$@" >"$WORK/redis-$port.log" 2>&1 &
+    PIDS+=($!)
+    wait_for "redis on $port" 100 redis-cli -p "$port" ping
+}
+if need "redis,"; then
+    start_redis 26379 --appendonly no
+    ARGS+=(--redis 127.0.0.1:26379)
+fi
+if need redis-aof; then
+    start_redis 26380 --appendonly yes --appendfsync always
+    ARGS+=(--redis-aof 127.0.0.1:26380)
+fi
+if need redlock; then
+    for p in 26381 26382 26383 26384 26385; do start_redis $p --appendonly no; done
+    ARGS+=(--redlock 127.0.0.1:26381,127.0.0.1:26382,127.0.0.1:26383,127.0.0.1:26384,127.0.0.1:26385)
+fi
+
+if need etcd; then
+    EC=e1=http://127.0.0.1:23801,e2=http://127.0.0.1:23802,e3=http://127.0.0.1:23803
+    for i in 1 2 3; do
+        etcd --name e$i --data-dir "$WORK/etcd-$i" \
+            --listen-client-urls http://127.0.0.1:2379$i \
+            --advertise-client-urls http://127.0.0.1:2379$i \
+            --listen-peer-urls http://127.0.0.1:2380$i \
+            --initial-advertise-peer-urls http://127.0.0.1:2380$i \
+            --initial-cluster "$EC" --initial-cluster-state new \
+            --initial-cluster-token fenced-bench >"$WORK/etcd-$i.log" 2>&1 &
+        PIDS+=($!)
+    done
+    wait_for "etcd" 300 env ETCDCTL_API=3 etcdctl \
+        --endpoints 127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793 endpoint health
+    ARGS+=(--etcd 127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793)
+fi
+
+# --- run ----------------------------------------------------------------------------------
+{
+    echo "# $(date -u +%FT%TZ) $(uname -srm)"
+    echo "# $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(lscpu | sed -n 's/^Model name: *//p')"
+    echo "# redis $(redis-server --version 2>/dev/null | sed 's/.*v=\([^ ]*\).*/\1/'), $(etcd --version 2>/dev/null | head -1)"
+    echo "# fenced-bench --compare $BACKENDS ${ARGS[*]}"
+} | tee "$OUT/machine.txt" >&2
+"$BENCH" --compare "$BACKENDS" "${ARGS[@]}" --json "$OUT/results.json" --markdown "$OUT/table.md"
+echo "results in $OUT" >&2
