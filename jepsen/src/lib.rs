@@ -1,7 +1,12 @@
 //! Jepsen-style fault injection for fenced, Redis and Redlock: real processes in network
 //! namespaces, nemeses on a seeded schedule, client processes recording histories in the
 //! design.md §4.4 format, and checkers (mutual exclusion, fencing, stale writes, lost updates,
-//! linearizability, availability) that turn a history into a verdict.
+//! linearizability, availability) that turn a history into a verdict. See docs/jepsen.md.
 
 pub mod checker;
+pub mod client;
+pub mod env;
 pub mod history;
+pub mod nemesis;
+pub mod report;
+pub mod run;

@@ -1,1 +1,297 @@
-fn main() {}
+//! `fenced-jepsen`: run fault-injection tests (`test`), re-check a history (`check`), remove
+//! what a crashed run left behind (`cleanup`). `client` and `probe` are the harness' own
+//! helper processes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use fenced_jepsen::client::ClientSpec;
+use fenced_jepsen::env::{self, NetMode};
+use fenced_jepsen::run::{self, TestOpts};
+use fenced_jepsen::{history, nemesis, report};
+
+#[derive(Parser)]
+#[command(
+    name = "fenced-jepsen",
+    about = "Jepsen-style fault injection: fenced vs Redis vs Redlock"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a test (or --runs N of them) and write history.jsonl, results.json, report.html.
+    Test(TestArgs),
+    /// Re-run the checkers over an existing history.jsonl (writes results.json, report.html
+    /// next to it).
+    Check {
+        history: PathBuf,
+        #[arg(long, default_value = "fenced")]
+        system: String,
+        #[arg(long, default_value = "lock")]
+        workload: String,
+        #[arg(long, default_value_t = 5)]
+        clients: u64,
+    },
+    /// Delete namespaces (and kill the processes in them) left by runs with this prefix.
+    Cleanup {
+        #[arg(long, default_value = "fj")]
+        prefix: String,
+    },
+    #[command(hide = true)]
+    Client {
+        #[arg(long)]
+        spec: PathBuf,
+    },
+    #[command(hide = true)]
+    Probe {
+        #[arg(long)]
+        spec: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+struct TestArgs {
+    /// fenced | redis | redlock
+    #[arg(long)]
+    system: String,
+    /// lock | counter | counter-unfenced | register
+    #[arg(long, default_value = "lock")]
+    workload: String,
+    /// Comma-separated: partition,kill,pause,clock,restart-empty,restart-delayed (or none).
+    #[arg(long, default_value = "none")]
+    nemesis: String,
+    #[arg(long, default_value_t = 60)]
+    time_limit: u64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Output folder (default jepsen/store/<system>-<unix time>/). With --runs N, run i
+    /// goes to DIR/run-i with seed + i.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[arg(long, default_value_t = 1)]
+    runs: u64,
+    #[arg(long, default_value_t = 5)]
+    clients: u64,
+    /// fenced cluster size (3 or 5). Redis is 1 node, Redlock 5 masters.
+    #[arg(long, default_value_t = 3)]
+    nodes: usize,
+    #[arg(long, default_value_t = 2_000)]
+    ttl_ms: u64,
+    #[arg(long, default_value_t = 1_000)]
+    wait_ms: u64,
+    /// Longest in-client pause while holding the lock.
+    #[arg(long, default_value_t = 100)]
+    hold_ms: u64,
+    #[arg(long, default_value_t = 3_000)]
+    op_timeout_ms: u64,
+    /// netns (root: namespaces, bridge, iptables) or loopback (no partitions). Default: netns
+    /// when root.
+    #[arg(long)]
+    net: Option<String>,
+    /// Prefix of the namespaces this run creates.
+    #[arg(long, default_value = "fj")]
+    prefix: String,
+    /// Where `fenced` and `fenced-guard` are (default: next to this binary).
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+}
+
+fn test(a: TestArgs) -> anyhow::Result<bool> {
+    if !["fenced", "redis", "redlock"].contains(&a.system.as_str()) {
+        bail!("unknown system {:?} (fenced, redis, redlock)", a.system);
+    }
+    if !["lock", "counter", "counter-unfenced", "register"].contains(&a.workload.as_str()) {
+        bail!(
+            "unknown workload {:?} (lock, counter, counter-unfenced, register)",
+            a.workload
+        );
+    }
+    if a.clients == 0 || a.clients > 40 || !(1..=7).contains(&a.nodes) {
+        bail!("--clients must be 1..=40 and --nodes 1..=7");
+    }
+    let nemeses = nemesis::parse(&a.nemesis, &a.system)?;
+    let net = match a.net.as_deref() {
+        Some("netns") => NetMode::Namespaces,
+        Some("loopback") => NetMode::Loopback,
+        None if env::is_root() => NetMode::Namespaces,
+        None => NetMode::Loopback,
+        Some(o) => bail!("--net {o}: netns or loopback"),
+    };
+    let bin_dir = match a.bin_dir {
+        Some(d) => d,
+        None => std::env::current_exe()?
+            .parent()
+            .context("binary has no folder")?
+            .to_owned(),
+    };
+    let base = a.out.unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        PathBuf::from(format!("jepsen/store/{}-{t}", a.system))
+    });
+    let mut summaries = vec![];
+    let mut all_valid = true;
+    for i in 0..a.runs.max(1) {
+        let out = if a.runs > 1 {
+            base.join(format!("run-{i}"))
+        } else {
+            base.clone()
+        };
+        let opts = TestOpts {
+            system: a.system.clone(),
+            workload: a.workload.clone(),
+            nemeses: nemeses.clone(),
+            time_limit_s: a.time_limit,
+            seed: a.seed + i,
+            out: out.clone(),
+            clients: a.clients,
+            nodes: a.nodes,
+            ttl_ms: a.ttl_ms,
+            wait_ms: a.wait_ms,
+            hold_ms: a.hold_ms,
+            op_timeout_ms: a.op_timeout_ms,
+            net,
+            prefix: a.prefix.clone(),
+            bin_dir: bin_dir.clone(),
+        };
+        eprintln!(
+            "fenced-jepsen: run {}/{} {} {} nemesis={} seed={} → {}",
+            i + 1,
+            a.runs.max(1),
+            a.system,
+            a.workload,
+            a.nemesis,
+            opts.seed,
+            out.display()
+        );
+        let s = run::run_test(&opts)?;
+        let r = &s.results;
+        eprintln!(
+            "  valid={} anomalies={} ops={}",
+            r["valid"], r["anomalies"], r["ops"]
+        );
+        all_valid &= r["valid"].as_bool() == Some(true);
+        summaries.push(s);
+        if run::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) {
+            bail!("interrupted");
+        }
+    }
+    if a.runs > 1 {
+        let summary = summarize(&summaries);
+        std::fs::create_dir_all(&base)?;
+        std::fs::write(
+            base.join("summary.json"),
+            serde_json::to_vec_pretty(&summary)?,
+        )?;
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else if let Some(s) = summaries.first() {
+        println!("{}", serde_json::to_string(&s.results["anomalies"])?);
+    }
+    Ok(all_valid)
+}
+
+/// Totals over runs: anomalies per checker, runs with any anomaly, mean availability.
+fn summarize(runs: &[run::RunSummary]) -> serde_json::Value {
+    let mut totals = serde_json::Map::new();
+    let mut invalid = 0;
+    let mut avail = vec![];
+    for s in runs {
+        if s.results["valid"].as_bool() != Some(true) {
+            invalid += 1;
+        }
+        if let Some(m) = s.results["anomalies"].as_object() {
+            for (k, v) in m {
+                let e = totals.entry(k.clone()).or_insert(serde_json::json!(0));
+                *e = serde_json::json!(e.as_u64().unwrap_or(0) + v.as_u64().unwrap_or(0));
+            }
+        }
+        if let Some(cs) = s.results["checkers"].as_array() {
+            for c in cs.iter().filter(|c| c["checker"] == "availability") {
+                if let Some(f) = c["stats"]["overall"]["ok_fraction"].as_f64() {
+                    avail.push(f);
+                }
+            }
+        }
+    }
+    let mean = if avail.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::json!(
+            (avail.iter().sum::<f64>() / avail.len() as f64 * 1000.0).round() / 1000.0
+        )
+    };
+    serde_json::json!({
+        "runs": runs.len(),
+        "invalid_runs": invalid,
+        "anomalies": totals,
+        "mean_ok_fraction": mean,
+        "outs": runs.iter().map(|s| s.out.display().to_string()).collect::<Vec<_>>(),
+    })
+}
+
+fn read_spec(p: &PathBuf) -> anyhow::Result<ClientSpec> {
+    let b = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
+    Ok(serde_json::from_slice(&b)?)
+}
+
+fn helper(spec: ClientSpec, probe: bool) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        if probe {
+            fenced_jepsen::client::probe(spec).await
+        } else {
+            fenced_jepsen::client::run(spec).await
+        }
+    })?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Test(a) => {
+            run::install_signal_handlers();
+            test(a)
+        }
+        Cmd::Check {
+            history: h,
+            system,
+            workload,
+            clients,
+        } => (|| {
+            let events = history::read(&h)?;
+            let dir = h.parent().map(PathBuf::from).unwrap_or_else(|| ".".into());
+            let meta = serde_json::json!({"system": system, "workload": workload, "clients": clients, "nemesis": "?", "seed": null});
+            let r = report::write(&dir, &events, &system, &workload, meta)?;
+            println!("{}", serde_json::to_string_pretty(&r["anomalies"])?);
+            Ok(r["valid"].as_bool() == Some(true))
+        })(),
+        Cmd::Cleanup { prefix } => {
+            let n = env::cleanup_prefix(&prefix);
+            eprintln!("removed {n} namespaces with prefix {prefix}");
+            Ok(true)
+        }
+        Cmd::Client { spec } => read_spec(&spec)
+            .and_then(|s| helper(s, false))
+            .map(|()| true),
+        Cmd::Probe { spec } => read_spec(&spec)
+            .and_then(|s| helper(s, true))
+            .map(|()| true),
+    };
+    match r {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("fenced-jepsen: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,579 @@
+//! One client, run as its own process (so the pause nemesis can SIGSTOP it: a real stall, the
+//! GC pause of Kleppmann's argument). It performs one workload and appends every op to its own
+//! history file as invoke → ok | fail | info. After an `info` its process id is retired and it
+//! goes on under a fresh id (and fresh connections and lock identity).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fenced_dlock::{DistLock, LockError, RetryPolicy};
+use fenced_redlock::{RedisConfig, RedisLock, Redlock, RedlockConfig};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::history::{Event, HistoryError, HistoryWriter, Kind, Process, RunClock};
+
+/// The lock every lock/counter client contends for, and the storage key of the counter.
+pub const LOCK: &str = "L";
+pub const COUNTER: &str = "counter";
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClientSpec {
+    pub system: String,
+    pub workload: String,
+    /// This client's number; its process ids are `index + k * stride`.
+    pub index: u64,
+    pub stride: u64,
+    /// CLOCK_MONOTONIC ns at the run's start.
+    pub run_start: u64,
+    /// Run time (ns) after which no new op starts.
+    pub deadline: u64,
+    pub history: PathBuf,
+    /// Lock service: fenced gRPC addresses or Redis addresses.
+    pub lock_endpoints: Vec<String>,
+    /// RESP addresses for the register workload.
+    pub resp_endpoints: Vec<String>,
+    /// fenced-guard address (counter workloads).
+    pub guard: String,
+    pub ttl_ms: u64,
+    pub wait_ms: u64,
+    /// Longest in-client pause while holding the lock (between read and write, or before
+    /// release).
+    pub hold_ms: u64,
+    pub op_timeout_ms: u64,
+    pub seed: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(transparent)]
+    History(#[from] HistoryError),
+    #[error("backend: {0}")]
+    Backend(#[from] LockError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Outcome of one op.
+enum Res {
+    Ok(Option<Value>, Option<u64>),
+    Fail(String),
+    Info(String),
+}
+
+struct Recorder {
+    w: HistoryWriter,
+    clock: RunClock,
+    process: u64,
+    retired: bool,
+}
+
+impl Recorder {
+    fn invoke(&mut self, e: Event) -> Result<(), ClientError> {
+        Ok(self.w.write(&e)?)
+    }
+
+    /// Record the completion of the op invoked as `inv`.
+    fn complete(&mut self, inv: &Event, r: &Res) -> Result<(), ClientError> {
+        let mut e = Event::new(inv.process.clone(), Kind::Ok, &inv.f, self.clock.now());
+        e.key = inv.key.clone();
+        match r {
+            Res::Ok(v, t) => {
+                e.value = v.clone();
+                e.token = *t;
+            }
+            Res::Fail(err) => {
+                e.kind = Kind::Fail;
+                e.error = Some(err.clone());
+            }
+            Res::Info(err) => {
+                e.kind = Kind::Info;
+                e.error = Some(err.clone());
+                self.retired = true;
+            }
+        }
+        Ok(self.w.write(&e)?)
+    }
+
+    fn ev(&self, f: &str) -> Event {
+        Event::new(
+            Process::Client(self.process),
+            Kind::Invoke,
+            f,
+            self.clock.now(),
+        )
+    }
+}
+
+fn lock_res<T>(r: Result<Result<T, LockError>, tokio::time::error::Elapsed>) -> Result<T, Res> {
+    match r {
+        Err(_) => Err(Res::Info("timeout".into())),
+        Ok(Err(LockError::Unavailable { message, .. })) => Err(Res::Info(message)),
+        Ok(Err(e)) => Err(Res::Fail(e.to_string())),
+        Ok(Ok(v)) => Ok(v),
+    }
+}
+
+fn make_lock(spec: &ClientSpec) -> Result<Box<dyn DistLock>, ClientError> {
+    let retry = RetryPolicy {
+        delay: Duration::from_millis(20),
+        jitter: Duration::from_millis(20),
+    };
+    Ok(match spec.system.as_str() {
+        "fenced" => Box::new(fenced_dlock::FencedGrpc::connect(&spec.lock_endpoints)?),
+        "redis" => {
+            let addr = spec
+                .lock_endpoints
+                .first()
+                .ok_or_else(|| ClientError::Other("no redis address".into()))?;
+            Box::new(RedisLock::new(
+                "redis",
+                addr,
+                RedisConfig {
+                    timeout: Duration::from_millis(500),
+                    retry,
+                },
+            )?)
+        }
+        "redlock" => Box::new(Redlock::new(
+            &spec.lock_endpoints,
+            RedlockConfig {
+                instance_timeout: Duration::from_millis(100),
+                retry,
+            },
+        )?),
+        other => return Err(ClientError::Other(format!("unknown system {other}"))),
+    })
+}
+
+/// A connection to fenced-guard's line protocol.
+struct Guard {
+    addr: String,
+    conn: Option<BufReader<TcpStream>>,
+    timeout: Duration,
+}
+
+impl Guard {
+    async fn request(&mut self, line: &str) -> Result<String, String> {
+        let fut = async {
+            if self.conn.is_none() {
+                let s = TcpStream::connect(&self.addr)
+                    .await
+                    .map_err(|e| format!("connect {}: {e}", self.addr))?;
+                self.conn = Some(BufReader::new(s));
+            }
+            let c = self.conn.as_mut().ok_or("no connection")?;
+            c.get_mut()
+                .write_all(format!("{line}\n").as_bytes())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut reply = String::new();
+            let n = c.read_line(&mut reply).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                return Err("connection closed".to_owned());
+            }
+            Ok(reply.trim_end().to_owned())
+        };
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => {
+                self.conn = None;
+                Err(e)
+            }
+            Err(_) => {
+                self.conn = None;
+                Err("timeout".into())
+            }
+        }
+    }
+
+    /// `GET counter` → the counter (0 when absent).
+    async fn read(&mut self) -> Res {
+        match self.request(&format!("GET {COUNTER}")).await {
+            Ok(r) if r == "NIL" => Res::Ok(Some(json!(0)), None),
+            Ok(r) => {
+                let mut p = r.splitn(3, ' ');
+                match (
+                    p.next(),
+                    p.next(),
+                    p.next().map(|v| v.trim().parse::<i64>()),
+                ) {
+                    (Some("VALUE"), Some(_), Some(Ok(v))) => Res::Ok(Some(json!(v)), None),
+                    _ => Res::Fail(format!("unexpected reply {r:?}")),
+                }
+            }
+            Err(e) => Res::Info(e),
+        }
+    }
+
+    async fn write(&mut self, token: Option<u64>, value: i64) -> Res {
+        let line = match token {
+            Some(t) => format!("PUT {COUNTER} {t} {value}"),
+            None => format!("PUTU {COUNTER} {value}"),
+        };
+        match self.request(&line).await {
+            Ok(r) if r == "OK" => Res::Ok(None, None),
+            Ok(r) if r.starts_with("STALE") => Res::Fail(r),
+            Ok(r) => Res::Info(format!("unexpected reply {r:?}")),
+            Err(e) => Res::Info(e),
+        }
+    }
+}
+
+const CAS_SCRIPT: &str = r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+  redis.call("set", KEYS[1], ARGV[2]); return 1 else return 0 end"#;
+
+/// Run the client until its deadline.
+pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
+    let clock = RunClock {
+        start: spec.run_start,
+    };
+    let mut rec = Recorder {
+        w: HistoryWriter::create(&spec.history)?,
+        clock,
+        process: spec.index,
+        retired: false,
+    };
+    let mut rng = StdRng::seed_from_u64(spec.seed.wrapping_mul(1_000_003) ^ spec.index);
+    let op_timeout = Duration::from_millis(spec.op_timeout_ms);
+    let mut guard = Guard {
+        addr: spec.guard.clone(),
+        conn: None,
+        timeout: op_timeout,
+    };
+    if spec.workload == "final-read" {
+        return final_read(&mut rec, &mut guard).await;
+    }
+    let mut lock: Option<Box<dyn DistLock>> = None;
+    let mut resp: Option<(usize, redis::aio::ConnectionManager)> = None;
+    let mut incarnation = 0u64;
+    // Bounded: the deadline, and at most this many ops.
+    for _ in 0..1_000_000u32 {
+        if clock.now() >= spec.deadline {
+            break;
+        }
+        if rec.retired {
+            incarnation += 1;
+            rec.process = spec.index + incarnation * spec.stride;
+            rec.retired = false;
+            lock = None;
+            resp = None;
+            guard.conn = None;
+        }
+        match spec.workload.as_str() {
+            "register" => {
+                if resp.is_none() {
+                    let n = spec.resp_endpoints.len().max(1);
+                    let i = (spec.index as usize + incarnation as usize) % n;
+                    let addr = spec
+                        .resp_endpoints
+                        .get(i)
+                        .ok_or_else(|| ClientError::Other("no RESP endpoints".into()))?;
+                    resp = Some((i, fenced_redlock::connect(addr, op_timeout)?));
+                }
+                if let Some((_, c)) = resp.as_mut() {
+                    register_op(&spec, &mut rec, &mut rng, c, op_timeout).await?;
+                }
+                let pause = rng.gen_range(5..30);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            "lock" | "counter" | "counter-unfenced" => {
+                if lock.is_none() {
+                    lock = Some(make_lock(&spec)?);
+                }
+                if let Some(l) = lock.as_deref() {
+                    lock_cycle(&spec, &mut rec, &mut rng, l, &mut guard, op_timeout).await?;
+                }
+            }
+            other => return Err(ClientError::Other(format!("unknown workload {other}"))),
+        }
+    }
+    Ok(())
+}
+
+async fn lock_cycle(
+    spec: &ClientSpec,
+    rec: &mut Recorder,
+    rng: &mut StdRng,
+    lock: &dyn DistLock,
+    guard: &mut Guard,
+    op_timeout: Duration,
+) -> Result<(), ClientError> {
+    let ttl = Duration::from_millis(spec.ttl_ms);
+    let wait = Duration::from_millis(spec.wait_ms);
+    let inv = rec.ev("acquire").key(LOCK).ttl_ms(spec.ttl_ms);
+    rec.invoke(inv.clone())?;
+    let r = tokio::time::timeout(op_timeout + wait, lock.acquire(LOCK, ttl, wait)).await;
+    let grant = match lock_res(r) {
+        Ok(Some(g)) => {
+            rec.complete(&inv, &Res::Ok(None, g.token))?;
+            g
+        }
+        Ok(None) => {
+            rec.complete(&inv, &Res::Fail("not granted".into()))?;
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(5..50))).await;
+            return Ok(());
+        }
+        Err(res) => {
+            rec.complete(&inv, &res)?;
+            return Ok(());
+        }
+    };
+    let fenced = spec.workload == "counter" && grant.token.is_some();
+    if spec.workload == "lock" {
+        let hold = rng.gen_range(0..=spec.hold_ms);
+        tokio::time::sleep(Duration::from_millis(hold)).await;
+    } else {
+        // Read the counter.
+        let inv = rec.ev("read-counter").key(COUNTER);
+        rec.invoke(inv.clone())?;
+        let r = guard.read().await;
+        rec.complete(&inv, &r)?;
+        let Res::Ok(Some(v), _) = r else {
+            return Ok(());
+        };
+        let v = v.as_i64().unwrap_or(0);
+        if fenced {
+            // Register our token with storage before the pause: from here on, a superseded
+            // holder's write is rejected.
+            let t = grant.token;
+            let mut inv = rec.ev("fence").key(COUNTER).value(json!(v));
+            inv.token = t;
+            rec.invoke(inv.clone())?;
+            let r = guard.write(t, v).await;
+            rec.complete(&inv, &r)?;
+            if !matches!(r, Res::Ok(..)) {
+                return release(rec, lock, &grant, op_timeout).await;
+            }
+        }
+        let pause = rng.gen_range(0..=spec.hold_ms);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+        let (f, t) = if fenced {
+            ("fenced-write", grant.token)
+        } else {
+            ("write", None)
+        };
+        let mut inv = rec.ev(f).key(COUNTER).value(json!(v + 1));
+        inv.token = t;
+        rec.invoke(inv.clone())?;
+        let r = guard.write(t, v + 1).await;
+        rec.complete(&inv, &r)?;
+        if rec.retired {
+            return Ok(());
+        }
+    }
+    release(rec, lock, &grant, op_timeout).await
+}
+
+async fn release(
+    rec: &mut Recorder,
+    lock: &dyn DistLock,
+    grant: &fenced_dlock::Grant,
+    op_timeout: Duration,
+) -> Result<(), ClientError> {
+    let mut inv = rec.ev("release").key(LOCK);
+    inv.token = grant.token;
+    rec.invoke(inv.clone())?;
+    let r = tokio::time::timeout(op_timeout, lock.release(grant)).await;
+    let res = match lock_res(r) {
+        Ok(true) => Res::Ok(None, None),
+        Ok(false) => Res::Fail("not held".into()),
+        Err(res) => res,
+    };
+    rec.complete(&inv, &res)
+}
+
+fn redis_res<T>(
+    r: Result<Result<T, redis::RedisError>, tokio::time::error::Elapsed>,
+) -> Result<T, Res> {
+    match r {
+        Err(_) => Err(Res::Info("timeout".into())),
+        Ok(Err(e))
+            if e.is_timeout()
+                || e.is_io_error()
+                || e.is_connection_dropped()
+                || e.is_connection_refusal() =>
+        {
+            Err(Res::Info(e.to_string()))
+        }
+        Ok(Err(e)) => Err(Res::Fail(e.to_string())),
+        Ok(Ok(v)) => Ok(v),
+    }
+}
+
+async fn register_op(
+    spec: &ClientSpec,
+    rec: &mut Recorder,
+    rng: &mut StdRng,
+    c: &mut redis::aio::ConnectionManager,
+    op_timeout: Duration,
+) -> Result<(), ClientError> {
+    // Keys rotate every 3 s (two at a time) so that each key's history stays small enough for
+    // an exhaustive linearizability search.
+    let slot = rec.clock.now() / 3_000_000_000;
+    let key = format!("r{slot}-{}", rng.gen_range(0..2));
+    let _ = spec;
+    let dice = rng.gen_range(0..4);
+    let (inv, res) = match dice {
+        0 | 1 => {
+            let inv = rec.ev("get").key(&key);
+            rec.invoke(inv.clone())?;
+            let r = tokio::time::timeout(
+                op_timeout,
+                redis::cmd("GET").arg(&key).query_async::<Option<String>>(c),
+            )
+            .await;
+            let res = match redis_res(r) {
+                Ok(v) => Res::Ok(Some(v.map_or(Value::Null, Value::String)), None),
+                Err(r) => r,
+            };
+            (inv, res)
+        }
+        2 => {
+            let v = rng.gen_range(0..5).to_string();
+            let inv = rec.ev("put").key(&key).value(json!(v));
+            rec.invoke(inv.clone())?;
+            let r = tokio::time::timeout(
+                op_timeout,
+                redis::cmd("SET").arg(&key).arg(&v).query_async::<()>(c),
+            )
+            .await;
+            (
+                inv,
+                redis_res(r).map_or_else(|r| r, |()| Res::Ok(None, None)),
+            )
+        }
+        _ => {
+            let old = rng.gen_range(0..5).to_string();
+            let new = rng.gen_range(0..5).to_string();
+            let inv = rec.ev("cas").key(&key).value(json!([old, new]));
+            rec.invoke(inv.clone())?;
+            let r = tokio::time::timeout(
+                op_timeout,
+                redis::cmd("EVAL")
+                    .arg(CAS_SCRIPT)
+                    .arg(1)
+                    .arg(&key)
+                    .arg(&old)
+                    .arg(&new)
+                    .query_async::<i64>(c),
+            )
+            .await;
+            let res = match redis_res(r) {
+                Ok(1) => Res::Ok(None, None),
+                Ok(_) => Res::Fail("compare failed".into()),
+                Err(r) => r,
+            };
+            (inv, res)
+        }
+    };
+    rec.complete(&inv, &res)
+}
+
+/// After the run: read the counter once (retrying a bounded number of times).
+async fn final_read(rec: &mut Recorder, guard: &mut Guard) -> Result<(), ClientError> {
+    for _ in 0..10 {
+        let inv = rec.ev("final-read").key(COUNTER);
+        rec.invoke(inv.clone())?;
+        let r = guard.read().await;
+        rec.complete(&inv, &r)?;
+        if matches!(r, Res::Ok(..)) {
+            return Ok(());
+        }
+        rec.process += 1_000_000;
+        rec.retired = false;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Err(ClientError::Other("final read failed 10 times".into()))
+}
+
+/// Wait (bounded by `spec.deadline`, run time from `spec.run_start`) until the system, the
+/// guard and (for `register`) the RESP endpoints answer. `Err` says what never came up.
+pub async fn probe(spec: ClientSpec) -> Result<(), ClientError> {
+    let clock = RunClock {
+        start: spec.run_start,
+    };
+    let t = Duration::from_millis(spec.op_timeout_ms);
+    let mut last = String::from("nothing checked yet");
+    for _ in 0..100_000u32 {
+        if clock.now() >= spec.deadline {
+            return Err(ClientError::Other(format!("not ready: {last}")));
+        }
+        match probe_once(&spec, t).await {
+            Ok(()) => return Ok(()),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(ClientError::Other(format!("not ready: {last}")))
+}
+
+async fn ping(addr: &str, t: Duration) -> Result<(), String> {
+    let mut c = fenced_redlock::connect(addr, t).map_err(|e| e.to_string())?;
+    tokio::time::timeout(t, redis::cmd("PING").query_async::<String>(&mut c))
+        .await
+        .map_err(|_| format!("{addr}: PING timed out"))?
+        .map_err(|e| format!("{addr}: {e}"))
+        .map(|_| ())
+}
+
+async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
+    if !spec.guard.is_empty() {
+        let mut g = Guard {
+            addr: spec.guard.clone(),
+            conn: None,
+            timeout: t,
+        };
+        match g.request("PING").await {
+            Ok(r) if r == "PONG" => {}
+            Ok(r) => return Err(format!("guard answered {r:?}")),
+            Err(e) => return Err(format!("guard: {e}")),
+        }
+    }
+    match spec.system.as_str() {
+        "fenced" => {
+            // Every node up and agreeing on a leader.
+            for ep in &spec.lock_endpoints {
+                let c = fenced_client::Client::connect([ep]).map_err(|e| e.to_string())?;
+                let s = tokio::time::timeout(t, c.status())
+                    .await
+                    .map_err(|_| format!("{ep}: status timed out"))?
+                    .map_err(|e| format!("{ep}: {e}"))?;
+                if s.leader == 0 {
+                    return Err(format!("{ep}: no leader yet"));
+                }
+            }
+            // And a write going through.
+            let c =
+                fenced_client::Client::connect(&spec.lock_endpoints).map_err(|e| e.to_string())?;
+            tokio::time::timeout(
+                t,
+                c.acquire(
+                    "probe",
+                    "probe",
+                    Duration::from_millis(1),
+                    Duration::ZERO,
+                    0,
+                ),
+            )
+            .await
+            .map_err(|_| "probe acquire timed out".to_owned())?
+            .map_err(|e| format!("probe acquire: {e}"))?;
+        }
+        _ => {
+            for ep in &spec.lock_endpoints {
+                ping(ep, t).await?;
+            }
+        }
+    }
+    if spec.workload == "register" {
+        for ep in &spec.resp_endpoints {
+            ping(ep, t).await.map_err(|e| format!("RESP {e}"))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,384 @@
+//! Nemesis schedules: which fault, on whom, when — drawn from a seeded RNG before the run
+//! starts, so the same `--seed` (with the same system, node/client counts, nemeses and time
+//! limit) gives the same schedule. One fault is active at a time; between faults the system
+//! gets a quiet period to recover.
+
+use std::collections::BTreeMap;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+/// Every nemesis name accepted by `--nemesis`.
+pub const KINDS: &[&str] = &[
+    "partition",
+    "kill",
+    "pause",
+    "clock",
+    "restart-empty",
+    "restart-delayed",
+];
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "fault", rename_all = "kebab-case")]
+pub enum Fault {
+    /// Each `victim` drops every packet from the hosts listed for it.
+    Partition {
+        variant: String,
+        grudge: BTreeMap<String, Vec<String>>,
+    },
+    /// SIGKILL now, restart (with its data) at the end.
+    Kill { targets: Vec<String> },
+    /// SIGSTOP now, SIGCONT at the end. Targets are nodes or clients.
+    Pause { targets: Vec<String> },
+    /// Step the targets' wall clocks by `offset_ms` now, back to true time at the end.
+    Clock {
+        targets: Vec<String>,
+        offset_ms: i64,
+    },
+    /// SIGKILL now; restart with empty data at the end (`delayed`: the end is at least one
+    /// lock TTL later — Redlock's "delayed restart" mitigation).
+    RestartEmpty { targets: Vec<String>, delayed: bool },
+}
+
+impl Fault {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::Partition { .. } => "partition",
+            Fault::Kill { .. } => "kill",
+            Fault::Pause { .. } => "pause",
+            Fault::Clock { .. } => "clock",
+            Fault::RestartEmpty { delayed: false, .. } => "restart-empty",
+            Fault::RestartEmpty { delayed: true, .. } => "restart-delayed",
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Fault::Partition { variant, grudge } => {
+                let g: Vec<String> = grudge
+                    .iter()
+                    .map(|(v, from)| format!("{v}✗{}", from.join(",")))
+                    .collect();
+                format!("{variant}: {}", g.join(" "))
+            }
+            Fault::Kill { targets } => format!("kill {}", targets.join(",")),
+            Fault::Pause { targets } => format!("pause {}", targets.join(",")),
+            Fault::Clock { targets, offset_ms } => {
+                format!("clock {} {offset_ms:+} ms", targets.join(","))
+            }
+            Fault::RestartEmpty { targets, delayed } => format!(
+                "{} {}",
+                if *delayed {
+                    "restart-delayed"
+                } else {
+                    "restart-empty"
+                },
+                targets.join(",")
+            ),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Scheduled {
+    pub start_ms: u64,
+    pub end_ms: u64,
+    #[serde(flatten)]
+    pub fault: Fault,
+}
+
+/// What the schedule generator needs to know about the run.
+#[derive(Clone, Debug)]
+pub struct Topology {
+    pub system: String,
+    /// Server node names (n1..nN).
+    pub nodes: Vec<String>,
+    /// Client names (c1..cC).
+    pub clients: Vec<String>,
+    pub ttl_ms: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum NemesisError {
+    #[error("unknown nemesis {0:?} (known: {known})", known = KINDS.join(", "))]
+    Unknown(String),
+    #[error("nemesis {0} does not apply to {1}: {2}")]
+    NotApplicable(String, String, String),
+}
+
+/// Parse `--nemesis a,b,c` (`none` or empty: no faults).
+pub fn parse(list: &str, system: &str) -> Result<Vec<String>, NemesisError> {
+    let mut out = Vec::new();
+    for k in list.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+        if k == "none" {
+            continue;
+        }
+        if !KINDS.contains(&k) {
+            return Err(NemesisError::Unknown(k.to_owned()));
+        }
+        if system == "fenced" && k.starts_with("restart-") {
+            return Err(NemesisError::NotApplicable(
+                k.to_owned(),
+                system.to_owned(),
+                "a Raft node that loses its disk is outside the fault model; use kill".into(),
+            ));
+        }
+        if !out.iter().any(|o| o == k) {
+            out.push(k.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+fn pick<'a>(rng: &mut StdRng, v: &'a [String], n: usize) -> Vec<String> {
+    let mut c: Vec<&'a String> = v.iter().collect();
+    c.shuffle(rng);
+    let mut out: Vec<String> = c.into_iter().take(n).cloned().collect();
+    out.sort();
+    out
+}
+
+/// Grudge that cuts every link between the components (each victim drops from all hosts in
+/// other components).
+fn cut(components: &[Vec<String>]) -> BTreeMap<String, Vec<String>> {
+    let mut g = BTreeMap::new();
+    for (i, a) in components.iter().enumerate() {
+        for v in a {
+            let from: Vec<String> = components
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .flat_map(|(_, b)| b.iter().cloned())
+                .collect();
+            if !from.is_empty() {
+                g.insert(v.clone(), from);
+            }
+        }
+    }
+    g
+}
+
+fn partition(rng: &mut StdRng, t: &Topology) -> Fault {
+    let n = t.nodes.len();
+    if t.system == "fenced" {
+        let mut variants = vec!["isolate", "majority-minority", "bridge"];
+        if n >= 5 {
+            variants.push("ring");
+        }
+        let variant = *variants.choose(rng).unwrap_or(&"isolate");
+        let mut nodes = t.nodes.clone();
+        nodes.shuffle(rng);
+        let grudge = match variant {
+            "isolate" => cut(&[vec![nodes[0].clone()], nodes[1..].to_vec()]),
+            "majority-minority" => {
+                let m = n / 2;
+                cut(&[nodes[..m].to_vec(), nodes[m..].to_vec()])
+            }
+            "bridge" => {
+                // nodes[0] sees everyone; the two halves of the rest see only their half + it.
+                let rest = &nodes[1..];
+                let h = rest.len() / 2;
+                let (a, b) = rest.split_at(h);
+                let mut g = BTreeMap::new();
+                for x in a {
+                    g.insert(x.clone(), b.to_vec());
+                }
+                for x in b {
+                    g.insert(x.clone(), a.to_vec());
+                }
+                g
+            }
+            _ => {
+                // ring: each node talks only to its two neighbours.
+                let mut g = BTreeMap::new();
+                for (i, x) in nodes.iter().enumerate() {
+                    let from: Vec<String> = nodes
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, _)| {
+                            let d = (i + n - j) % n;
+                            d != 0 && d != 1 && d != n - 1
+                        })
+                        .map(|(_, y)| y.clone())
+                        .collect();
+                    g.insert(x.clone(), from);
+                }
+                g
+            }
+        };
+        let mut grudge = grudge;
+        for v in grudge.values_mut() {
+            v.sort();
+        }
+        return Fault::Partition {
+            variant: variant.to_owned(),
+            grudge,
+        };
+    }
+    // Redis / Redlock: servers do not talk to each other; cut clients from servers. The
+    // masters split into two sides and each client sees only one side.
+    let mut masters = t.nodes.clone();
+    masters.shuffle(rng);
+    let m = if n == 1 { 1 } else { rng.gen_range(1..n) };
+    let (a, b) = masters.split_at(m);
+    let mut grudge: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for c in &t.clients {
+        let other = if rng.gen_bool(0.5) { b } else { a };
+        for s in other {
+            grudge.entry(s.clone()).or_default().push(c.clone());
+            grudge.entry(c.clone()).or_default().push(s.clone());
+        }
+    }
+    for v in grudge.values_mut() {
+        v.sort();
+    }
+    Fault::Partition {
+        variant: "clients-split".into(),
+        grudge,
+    }
+}
+
+fn some_nodes(rng: &mut StdRng, t: &Topology) -> Vec<String> {
+    let n = t.nodes.len();
+    let k = if n == 1 {
+        1
+    } else if rng.gen_bool(0.3) {
+        n / 2 + 1 // a majority
+    } else {
+        rng.gen_range(1..=n / 2)
+    };
+    pick(rng, &t.nodes, k)
+}
+
+/// Draw the schedule for a run of `limit_ms`.
+pub fn generate(seed: u64, kinds: &[String], t: &Topology, limit_ms: u64) -> Vec<Scheduled> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    if kinds.is_empty() {
+        return out;
+    }
+    let mut at = 3_000u64;
+    // Leave the last seconds quiet so the system recovers before the run ends.
+    let last = limit_ms.saturating_sub(3_000);
+    for _ in 0..10_000 {
+        let kind = kinds[rng.gen_range(0..kinds.len())].as_str();
+        let (fault, dur) = match kind {
+            "partition" => (partition(&mut rng, t), rng.gen_range(3_000..=8_000)),
+            "kill" => (
+                Fault::Kill {
+                    targets: some_nodes(&mut rng, t),
+                },
+                rng.gen_range(2_000..=6_000),
+            ),
+            "pause" => {
+                let targets = if rng.gen_bool(0.5) {
+                    pick(&mut rng, &t.clients, 1)
+                } else {
+                    pick(&mut rng, &t.nodes, 1)
+                };
+                // Often longer than a lease: the pause that outlives a lock.
+                let d = rng.gen_range(t.ttl_ms / 2..=t.ttl_ms * 3).max(500);
+                (Fault::Pause { targets }, d)
+            }
+            "clock" => {
+                let mag = rng.gen_range(t.ttl_ms.max(1_000)..=30_000) as i64;
+                let offset_ms = if rng.gen_bool(0.75) { mag } else { -mag };
+                (
+                    Fault::Clock {
+                        targets: some_nodes(&mut rng, t),
+                        offset_ms,
+                    },
+                    rng.gen_range(3_000..=8_000),
+                )
+            }
+            "restart-empty" => (
+                Fault::RestartEmpty {
+                    targets: some_nodes(&mut rng, t),
+                    delayed: false,
+                },
+                rng.gen_range(200..=1_000),
+            ),
+            _ => (
+                Fault::RestartEmpty {
+                    targets: some_nodes(&mut rng, t),
+                    delayed: true,
+                },
+                t.ttl_ms + 1_000,
+            ),
+        };
+        if at + 500 > last {
+            break;
+        }
+        let end = (at + dur).min(last);
+        out.push(Scheduled {
+            start_ms: at,
+            end_ms: end,
+            fault,
+        });
+        at = end + rng.gen_range(2_000..=5_000);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topo(system: &str, n: usize) -> Topology {
+        Topology {
+            system: system.into(),
+            nodes: (1..=n).map(|i| format!("n{i}")).collect(),
+            clients: (1..=4).map(|i| format!("c{i}")).collect(),
+            ttl_ms: 2_000,
+        }
+    }
+
+    #[test]
+    fn same_seed_same_schedule() {
+        let kinds: Vec<String> = KINDS[..4].iter().map(|s| s.to_string()).collect();
+        let t = topo("fenced", 5);
+        let a = generate(7, &kinds, &t, 60_000);
+        assert_eq!(a, generate(7, &kinds, &t, 60_000));
+        assert_ne!(a, generate(8, &kinds, &t, 60_000));
+        assert!(a.len() >= 4, "{a:?}");
+        for w in a.windows(2) {
+            assert!(w[0].end_ms < w[1].start_ms, "one fault at a time");
+        }
+        assert!(a.iter().all(|s| s.end_ms <= 57_000));
+    }
+
+    #[test]
+    fn partitions_cut_links_symmetrically() {
+        let t = topo("fenced", 3);
+        let mut rng = StdRng::seed_from_u64(1);
+        for _ in 0..50 {
+            let Fault::Partition { grudge, variant } = partition(&mut rng, &t) else {
+                panic!("not a partition")
+            };
+            for (v, from) in &grudge {
+                assert!(!from.contains(v), "{variant}: {v} drops itself");
+                for f in from {
+                    assert!(grudge[f].contains(v), "{variant}: asymmetric {v}/{f}");
+                }
+            }
+        }
+        let t = topo("redlock", 5);
+        let Fault::Partition { grudge, .. } = partition(&mut rng, &t) else {
+            panic!("not a partition")
+        };
+        assert!(grudge.keys().any(|k| k.starts_with('c')));
+    }
+
+    #[test]
+    fn parse_rejects_unknown_and_inapplicable() {
+        assert_eq!(
+            parse("partition,kill,none", "fenced").expect("ok"),
+            vec!["partition", "kill"]
+        );
+        assert!(parse("meteor", "redis").is_err());
+        assert!(parse("restart-empty", "fenced").is_err());
+        assert!(parse("restart-empty", "redlock").is_ok());
+    }
+}

@@ -1,0 +1,550 @@
+//! One test run: set up the hosts, start the system, the guard and the clients, drive the
+//! nemesis schedule, stop everything, merge the histories, check them and write the report.
+//!
+//! All process control happens on the calling thread (children's PR_SET_PDEATHSIG is tied
+//! to the thread that forked them). Every wait is bounded.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::json;
+
+use crate::client::ClientSpec;
+use crate::env::{Env, NetMode, Spec};
+use crate::history::{self, monotonic_ns, Event, HistoryWriter, Kind, Process, RunClock};
+use crate::nemesis::{self, Fault, Scheduled, Topology};
+use crate::report;
+
+/// Set by SIGINT/SIGTERM: the run stops at the next check and cleans up.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+pub fn install_signal_handlers() {
+    // SAFETY: the handler only stores to an atomic (async-signal-safe).
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, on_signal as *const () as libc::sighandler_t);
+    }
+}
+
+fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
+#[derive(Clone, Debug)]
+pub struct TestOpts {
+    pub system: String,
+    pub workload: String,
+    pub nemeses: Vec<String>,
+    pub time_limit_s: u64,
+    pub seed: u64,
+    pub out: PathBuf,
+    pub clients: u64,
+    pub nodes: usize,
+    pub ttl_ms: u64,
+    pub wait_ms: u64,
+    pub hold_ms: u64,
+    pub op_timeout_ms: u64,
+    pub net: NetMode,
+    pub prefix: String,
+    pub bin_dir: PathBuf,
+}
+
+const GRPC_PORT: u16 = 7380;
+const RESP_PORT: u16 = 7379;
+const REDIS_PORT: u16 = 6379;
+const GUARD_PORT: u16 = 7390;
+
+fn faketime_lib() -> Option<PathBuf> {
+    [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/faketime/libfaketimeMT.so.1",
+        "/usr/local/lib/faketime/libfaketimeMT.so.1",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+}
+
+fn find_program(name: &str, bin_dir: &Path) -> anyhow::Result<PathBuf> {
+    let p = bin_dir.join(name);
+    if p.exists() {
+        return Ok(p);
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for d in std::env::split_paths(&paths) {
+            let c = d.join(name);
+            if c.exists() {
+                return Ok(c);
+            }
+        }
+    }
+    bail!(
+        "{name} not found in {} or PATH (build it: cargo build -p fenced-server -p fenced-guard)",
+        bin_dir.display()
+    )
+}
+
+struct Layout {
+    nodes: Vec<String>,
+    lock_endpoints: Vec<String>,
+    resp_endpoints: Vec<String>,
+    guard: String,
+    clock_dir: PathBuf,
+    data_dir: PathBuf,
+}
+
+/// The result of one run, for summaries.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RunSummary {
+    pub out: PathBuf,
+    pub seed: u64,
+    pub results: serde_json::Value,
+}
+
+fn write_clock(dir: &Path, node: &str, system: &str, offset_ms: i64) -> anyhow::Result<()> {
+    let text = if system == "fenced" {
+        format!("{offset_ms}\n")
+    } else {
+        // libfaketime's relative offset, whole seconds.
+        format!("{:+}s\n", offset_ms / 1000)
+    };
+    let p = dir.join(node);
+    std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
+}
+
+fn node_spec(o: &TestOpts, l: &Layout, env: &Env, i: usize) -> anyhow::Result<Spec> {
+    let name = &l.nodes[i];
+    let ip = env.host(name)?.ip.clone();
+    let clock = l.clock_dir.join(name).display().to_string();
+    Ok(match o.system.as_str() {
+        "fenced" => {
+            let cluster: Vec<String> = l
+                .nodes
+                .iter()
+                .enumerate()
+                .map(|(j, n)| {
+                    let ip = env.host(n).map(|h| h.ip.clone()).unwrap_or_default();
+                    format!("{}={ip}:{GRPC_PORT}", j + 1)
+                })
+                .collect();
+            Spec {
+                host: name.clone(),
+                program: find_program("fenced", &o.bin_dir)?,
+                args: vec![
+                    "serve".into(),
+                    "--id".into(),
+                    (i + 1).to_string(),
+                    "--data-dir".into(),
+                    l.data_dir.join(name).display().to_string(),
+                    "--grpc-addr".into(),
+                    format!("{ip}:{GRPC_PORT}"),
+                    "--resp-addr".into(),
+                    format!("{ip}:{RESP_PORT}"),
+                    "--initial-cluster".into(),
+                    cluster.join(","),
+                ],
+                env: vec![("FENCED_TEST_CLOCK_OFFSET_FILE".into(), clock)],
+            }
+        }
+        _ => {
+            let mut env_vars = vec![];
+            if let Some(lib) = faketime_lib() {
+                env_vars = vec![
+                    ("LD_PRELOAD".into(), lib.display().to_string()),
+                    ("FAKETIME_TIMESTAMP_FILE".into(), clock),
+                    ("FAKETIME_NO_CACHE".into(), "1".into()),
+                    ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+                ];
+            }
+            let dir = l.data_dir.join(name);
+            std::fs::create_dir_all(&dir)?;
+            Spec {
+                host: name.clone(),
+                program: find_program("redis-server", &o.bin_dir)?,
+                args: vec![
+                    "--bind".into(),
+                    ip,
+                    "--port".into(),
+                    REDIS_PORT.to_string(),
+                    "--save".into(),
+                    String::new(),
+                    "--appendonly".into(),
+                    "no".into(),
+                    "--protected-mode".into(),
+                    "no".into(),
+                    "--dir".into(),
+                    dir.display().to_string(),
+                ],
+                env: env_vars,
+            }
+        }
+    })
+}
+
+fn client_spec(o: &TestOpts, l: &Layout, run_start: u64, k: u64, workload: &str) -> ClientSpec {
+    ClientSpec {
+        system: o.system.clone(),
+        workload: workload.to_owned(),
+        index: k,
+        stride: o.clients,
+        run_start,
+        deadline: o.time_limit_s * 1_000_000_000,
+        history: o.out.join("hist").join(format!("c{k}.jsonl")),
+        lock_endpoints: l.lock_endpoints.clone(),
+        resp_endpoints: l.resp_endpoints.clone(),
+        guard: if workload.starts_with("counter") || workload == "final-read" {
+            l.guard.clone()
+        } else {
+            String::new()
+        },
+        ttl_ms: o.ttl_ms,
+        wait_ms: o.wait_ms,
+        hold_ms: o.hold_ms,
+        op_timeout_ms: o.op_timeout_ms,
+        seed: o.seed,
+    }
+}
+
+/// Run `fenced-jepsen <sub> --spec FILE` on host `host` and wait (bounded) for it to exit.
+fn run_helper(
+    env: &mut Env,
+    name: &str,
+    host: &str,
+    sub: &str,
+    spec: &ClientSpec,
+    out: &Path,
+    limit: Duration,
+) -> anyhow::Result<bool> {
+    let path = out.join(format!("{name}.spec.json"));
+    std::fs::write(&path, serde_json::to_vec_pretty(spec)?)?;
+    env.spawn(
+        name,
+        Spec {
+            host: host.to_owned(),
+            program: std::env::current_exe()?,
+            args: vec![sub.into(), "--spec".into(), path.display().to_string()],
+            env: vec![],
+        },
+    )?;
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline && !interrupted() {
+        if let Some(st) = env.exited(name) {
+            return Ok(st.success());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    env.kill(name)?;
+    Ok(false)
+}
+
+fn apply(env: &mut Env, o: &TestOpts, l: &Layout, f: &Fault, start: bool) -> anyhow::Result<()> {
+    match f {
+        Fault::Partition { grudge, .. } => {
+            if start {
+                for (victim, from) in grudge {
+                    env.drop_from(victim, from)?;
+                }
+            } else {
+                env.heal()?;
+            }
+        }
+        Fault::Kill { targets } | Fault::RestartEmpty { targets, .. } => {
+            for t in targets {
+                if start {
+                    env.kill(t)?;
+                } else {
+                    if matches!(f, Fault::RestartEmpty { .. }) {
+                        // Redis keeps nothing on disk here; make sure of it.
+                        let d = l.data_dir.join(t);
+                        let _ = std::fs::remove_dir_all(&d);
+                        std::fs::create_dir_all(&d)?;
+                    }
+                    if env.pid(t).is_none() {
+                        env.start(t)?;
+                    }
+                }
+            }
+        }
+        Fault::Pause { targets } => {
+            for t in targets {
+                if start {
+                    env.pause(t)?;
+                } else {
+                    env.resume(t)?;
+                }
+            }
+        }
+        Fault::Clock { targets, offset_ms } => {
+            for t in targets {
+                write_clock(
+                    &l.clock_dir,
+                    t,
+                    &o.system,
+                    if start { *offset_ms } else { 0 },
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Run one test; returns its results (also written to `o.out`).
+pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
+    let out = &o.out;
+    std::fs::create_dir_all(out.join("hist"))?;
+    let l_data = out.join("data");
+    let l_clock = out.join("clock");
+    for d in [&l_data, &l_clock] {
+        let _ = std::fs::remove_dir_all(d);
+        std::fs::create_dir_all(d)?;
+    }
+    for entry in std::fs::read_dir(out.join("hist"))? {
+        let _ = std::fs::remove_file(entry?.path());
+    }
+    if o.system != "fenced" && o.nemeses.iter().any(|n| n == "clock") && faketime_lib().is_none() {
+        bail!("the clock nemesis on Redis needs libfaketime (apt-get install faketime)");
+    }
+    if o.net == NetMode::Loopback && o.nemeses.iter().any(|n| n == "partition") {
+        bail!("partitions need network namespaces (root, --net netns)");
+    }
+    let subnet = 100 + (std::process::id() % 100) as u8;
+    let mut env = Env::new(o.net, &o.prefix, &out.join("logs"), subnet)?;
+    let n_nodes = match o.system.as_str() {
+        "fenced" => o.nodes,
+        "redis" => 1,
+        "redlock" => 5,
+        other => bail!("unknown system {other}"),
+    };
+    let nodes: Vec<String> = (1..=n_nodes).map(|i| format!("n{i}")).collect();
+    let clients: Vec<String> = (0..o.clients).map(|k| format!("c{k}")).collect();
+    for (i, n) in nodes.iter().enumerate() {
+        env.add_host(n, 11 + i as u8)?;
+    }
+    env.add_host("g", 5)?;
+    for k in 0..o.clients {
+        env.add_host(&format!("c{k}"), 101 + k as u8)?;
+    }
+    let port = if o.system == "fenced" {
+        GRPC_PORT
+    } else {
+        REDIS_PORT
+    };
+    let lock_endpoints: Vec<String> = nodes
+        .iter()
+        .map(|n| env.host(n).map(|h| format!("{}:{port}", h.ip)))
+        .collect::<Result<_, _>>()?;
+    let resp_endpoints: Vec<String> = match o.system.as_str() {
+        "fenced" => nodes
+            .iter()
+            .map(|n| env.host(n).map(|h| format!("{}:{RESP_PORT}", h.ip)))
+            .collect::<Result<_, _>>()?,
+        // Redlock's register runs on its first master: it has no replicated register.
+        _ => lock_endpoints[..1].to_vec(),
+    };
+    let layout = Layout {
+        guard: format!("{}:{GUARD_PORT}", env.host("g")?.ip),
+        nodes: nodes.clone(),
+        lock_endpoints,
+        resp_endpoints,
+        clock_dir: l_clock.clone(),
+        data_dir: l_data.clone(),
+    };
+    for n in &nodes {
+        write_clock(&l_clock, n, &o.system, 0)?;
+    }
+    for i in 0..nodes.len() {
+        let spec = node_spec(o, &layout, &env, i)?;
+        env.spawn(&nodes[i], spec)?;
+    }
+    if o.workload.starts_with("counter") {
+        let guard_ip = env.host("g")?.ip.clone();
+        env.spawn(
+            "guard",
+            Spec {
+                host: "g".into(),
+                program: find_program("fenced-guard", &o.bin_dir)?,
+                args: vec![
+                    "--listen".into(),
+                    format!("{guard_ip}:{GUARD_PORT}"),
+                    "--data-dir".into(),
+                    l_data.join("guard").display().to_string(),
+                ],
+                env: vec![],
+            },
+        )?;
+    }
+    // Wait for the system to come up (bounded: 90 s on a slow machine).
+    let mut probe = client_spec(o, &layout, monotonic_ns(), 0, &o.workload);
+    probe.deadline = 90_000_000_000;
+    probe.op_timeout_ms = 2_000;
+    if o.workload.starts_with("counter") {
+        probe.guard = layout.guard.clone();
+    }
+    let ready = run_helper(
+        &mut env,
+        "probe",
+        "c0",
+        "probe",
+        &probe,
+        out,
+        Duration::from_secs(100),
+    )?;
+    if !ready {
+        let why = std::fs::read_to_string(out.join("logs/probe.log")).unwrap_or_default();
+        if o.workload == "register" && why.contains("RESP") {
+            bail!(
+                "register workload pending: the RESP endpoints of {} do not answer ({})",
+                o.system,
+                why.trim()
+            );
+        }
+        bail!("{} did not come up: {}", o.system, why.trim());
+    }
+    if interrupted() {
+        bail!("interrupted");
+    }
+
+    // The schedule, drawn from the seed.
+    let topo = Topology {
+        system: o.system.clone(),
+        nodes: nodes.clone(),
+        clients: clients.clone(),
+        ttl_ms: o.ttl_ms,
+    };
+    let limit_ms = o.time_limit_s * 1000;
+    let schedule = nemesis::generate(o.seed, &o.nemeses, &topo, limit_ms);
+    std::fs::write(
+        out.join("schedule.json"),
+        serde_json::to_vec_pretty(&schedule)?,
+    )?;
+
+    // Go.
+    let run_start = monotonic_ns();
+    let clock = RunClock { start: run_start };
+    for k in 0..o.clients {
+        let spec = client_spec(o, &layout, run_start, k, &o.workload);
+        let path = out.join(format!("c{k}.spec.json"));
+        std::fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
+        env.spawn(
+            &format!("c{k}"),
+            Spec {
+                host: format!("c{k}"),
+                program: std::env::current_exe()?,
+                args: vec!["client".into(), "--spec".into(), path.display().to_string()],
+                env: vec![],
+            },
+        )?;
+    }
+    let nem_path = out.join("hist").join("nemesis.jsonl");
+    let mut nem = HistoryWriter::create(&nem_path)?;
+    let mut steps: Vec<(u64, bool, &Scheduled)> = schedule
+        .iter()
+        .flat_map(|s| [(s.start_ms, true, s), (s.end_ms, false, s)])
+        .collect();
+    steps.sort_by_key(|(t, start, _)| (*t, *start));
+    let mut active: Vec<&Scheduled> = vec![];
+    let mut errors = Vec::new();
+    for (at, start, s) in steps {
+        while clock.now() < at * 1_000_000 && !interrupted() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if interrupted() {
+            break;
+        }
+        let f = if start { "start-" } else { "stop-" };
+        let ev = Event::new(
+            Process::nemesis(),
+            Kind::Info,
+            &format!("{f}{}", s.fault.kind()),
+            clock.now(),
+        )
+        .value(json!(s.fault.describe()));
+        if let Err(e) = apply(&mut env, o, &layout, &s.fault, start) {
+            errors.push(format!("{}: {e:#}", s.fault.describe()));
+        }
+        nem.write(&ev)?;
+        if start {
+            active.push(s);
+        } else {
+            active.retain(|a| !std::ptr::eq(*a, s));
+        }
+    }
+    // Undo whatever is still active (interrupted runs), then let the clients finish.
+    for s in active {
+        let _ = apply(&mut env, o, &layout, &s.fault, false);
+        let _ = nem.write(
+            &Event::new(
+                Process::nemesis(),
+                Kind::Info,
+                &format!("stop-{}", s.fault.kind()),
+                clock.now(),
+            )
+            .value(json!(s.fault.describe())),
+        );
+    }
+    while clock.now() < limit_ms * 1_000_000 && !interrupted() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let grace = Duration::from_millis(o.op_timeout_ms + o.wait_ms + 5_000);
+    for c in &clients {
+        let _ = env.resume(c);
+        env.wait_or_kill(c, grace);
+    }
+    if interrupted() {
+        bail!("interrupted");
+    }
+    if o.workload.starts_with("counter") {
+        let mut spec = client_spec(o, &layout, run_start, 0, "final-read");
+        spec.index = 9_000_000;
+        spec.history = out.join("hist").join("final.jsonl");
+        run_helper(
+            &mut env,
+            "final",
+            "c0",
+            "client",
+            &spec,
+            out,
+            Duration::from_secs(30),
+        )?;
+    }
+    env.teardown();
+    drop(env);
+
+    // Merge, check, report.
+    let mut parts = vec![];
+    for entry in std::fs::read_dir(out.join("hist"))? {
+        let p = entry?.path();
+        if p.extension().is_some_and(|e| e == "jsonl") {
+            parts.push(history::read(&p)?);
+        }
+    }
+    let events = history::merge(parts);
+    history::write_all(&out.join("history.jsonl"), &events)?;
+    let meta = json!({
+        "system": o.system,
+        "workload": o.workload,
+        "nemesis": o.nemeses,
+        "seed": o.seed,
+        "time_limit_s": o.time_limit_s,
+        "clients": o.clients,
+        "nodes": nodes.len(),
+        "ttl_ms": o.ttl_ms,
+        "net": format!("{:?}", o.net),
+        "nemesis_errors": errors,
+        "schedule": schedule,
+    });
+    let results = report::write(out, &events, &o.system, &o.workload, meta)?;
+    Ok(RunSummary {
+        out: out.clone(),
+        seed: o.seed,
+        results,
+    })
+}
