@@ -281,7 +281,6 @@ impl Client {
         let r = self
             .call(Duration::ZERO, |ch| {
                 let mut c = SessionClient::new(ch);
-                let req = req.clone();
                 async move { c.open(req).await }
             })
             .await?;
@@ -297,7 +296,6 @@ impl Client {
         let r = self
             .call(Duration::ZERO, |ch| {
                 let mut c = SessionClient::new(ch);
-                let req = req.clone();
                 async move { c.keep_alive(req).await }
             })
             .await?;
@@ -312,7 +310,6 @@ impl Client {
         let r = self
             .call(Duration::ZERO, |ch| {
                 let mut c = SessionClient::new(ch);
-                let req = req.clone();
                 async move { c.close(req).await }
             })
             .await?;
