@@ -69,8 +69,9 @@ fn opt_session(s: u64) -> Option<u64> {
 }
 
 impl Api {
+    /// Lease left until `deadline_ms`, for the answer to a proposal this node just made.
     fn remaining(&self, deadline_ms: u64) -> u64 {
-        deadline_ms.saturating_sub(self.node.local(|sm| sm.now()))
+        deadline_ms.saturating_sub(self.node.log_time())
     }
 
     fn granted(
@@ -292,7 +293,13 @@ impl Forward for Api {
             .map_err(|e| Status::invalid_argument(format!("malformed proposal: {e}")))?;
         let resp = self.node.propose_local(rid, cmd).await?;
         let data = bincode::serialize(&resp).map_err(|e| Status::internal(e.to_string()))?;
-        Ok(tonic::Response::new(ProposeReply { data }))
+        // The entry is applied here: tell the follower the log time it reached.
+        let log_time = self.node.local(|sm| sm.now());
+        let mut reply = tonic::Response::new(ProposeReply { data });
+        reply
+            .metadata_mut()
+            .insert(crate::node::LOG_TIME_HEADER, log_time.into());
+        Ok(reply)
     }
 
     async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Reply<ReadIndexReply> {

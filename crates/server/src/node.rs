@@ -2,6 +2,7 @@
 //! front end uses — [`Node::propose`] (writes) and [`Node::read`] (linearizable reads).
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,10 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the ticker looks for due deadlines at most.
 const TICK_MAX_SLEEP: Duration = Duration::from_millis(50);
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// Response metadata of a forwarded proposal: the leader's state machine log time (ms) after
+/// it applied the entry. Lets the follower that forwarded it count leases from a log time no
+/// older than that entry, although it may not have applied the entry itself yet.
+pub const LOG_TIME_HEADER: &str = "x-fenced-log-time";
 /// After a wait's deadline, how long to keep listening for the entry that ends it (the
 /// leader's tick and its commit) before asking the state machine directly.
 const WAIT_SLACK: Duration = Duration::from_secs(2);
@@ -46,6 +51,8 @@ struct Inner {
     hub: Hub,
     clock: LeaderClock,
     peers: Mutex<HashMap<String, ForwardClient<Channel>>>,
+    /// The largest log time a leader reported with a forwarded answer ([`LOG_TIME_HEADER`]).
+    leader_log_time: AtomicU64,
 }
 
 /// A started node with its background tasks.
@@ -122,6 +129,7 @@ impl Node {
                 hub,
                 clock: LeaderClock::new(),
                 peers: Mutex::new(HashMap::new()),
+                leader_log_time: AtomicU64::new(0),
             }),
         };
 
@@ -313,8 +321,18 @@ impl Node {
             .map_err(|e| NodeError::Invalid(format!("encoding: {e}")))?;
         let mut client = self.peer(addr).await?;
         match client.propose(ProposeRequest { data }).await {
-            Ok(reply) => bincode::deserialize(&reply.into_inner().data)
-                .map_err(|e| NodeError::Unknown(format!("bad reply from leader: {e}"))),
+            Ok(reply) => {
+                let log_time = reply
+                    .metadata()
+                    .get(LOG_TIME_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok());
+                if let Some(t) = log_time {
+                    self.inner.leader_log_time.fetch_max(t, Ordering::Relaxed);
+                }
+                bincode::deserialize(&reply.into_inner().data)
+                    .map_err(|e| NodeError::Unknown(format!("bad reply from leader: {e}")))
+            }
             Err(status) => Err(status_to_error(&status)),
         }
     }
@@ -382,6 +400,16 @@ impl Node {
     /// Local, possibly stale view of the state machine (no read barrier).
     pub fn local<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> T {
         self.inner.state.read(f)
+    }
+
+    /// The log time to count a just-answered proposal's lease from: the local state
+    /// machine's, or the leader's as reported with the last forwarded answer if that is
+    /// newer. A follower has often not applied the entry that answered its forwarded
+    /// proposal yet; its own clock alone can be any amount behind (0 before its first entry),
+    /// which would overstate the lease left.
+    pub fn log_time(&self) -> u64 {
+        let local = self.local(StateMachine::now);
+        local.max(self.inner.leader_log_time.load(Ordering::Relaxed))
     }
 
     /// While this node leads, propose a `Tick` whenever the earliest deadline of the state
