@@ -5,6 +5,13 @@
 //! then neither shorten nor lengthen a lease, and the time an election takes is not counted
 //! (leases stretch by the failover time: the safe direction). The very first leader of a new
 //! cluster anchors log time to Unix time, so log time reads as Unix milliseconds.
+//!
+//! **Test-only hook**: if the environment variable `FENCED_TEST_CLOCK_OFFSET_FILE` names a
+//! file holding a signed integer, this node's wall clock reads that many milliseconds off
+//! (re-read at every reading). The fault-injection harness (`jepsen/`, clock nemesis) steps
+//! it exactly like it steps Redis' clock. Since only the first leader of a new cluster reads
+//! the wall clock, a step changes nothing else — which is the point the harness checks.
+//! Never set it in production.
 
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -63,10 +70,23 @@ impl LeaderClock {
     }
 }
 
+/// Environment variable naming the test-only wall-clock offset file (see the module docs).
+pub const TEST_CLOCK_OFFSET_ENV: &str = "FENCED_TEST_CLOCK_OFFSET_FILE";
+
+/// The test-only wall-clock offset in ms: 0 unless [`TEST_CLOCK_OFFSET_ENV`] names a readable
+/// file holding a signed integer.
+fn test_offset_ms() -> i64 {
+    std::env::var_os(TEST_CLOCK_OFFSET_ENV)
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|s| s.trim().parse::<i64>().ok())
+        .unwrap_or(0)
+}
+
 fn unix_ms() -> u64 {
-    SystemTime::now()
+    let real = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| d.as_millis() as u64);
+    real.saturating_add_signed(test_offset_ms())
 }
 
 #[cfg(test)]
@@ -84,6 +104,29 @@ mod tests {
         // The same term does not re-read the applied time.
         let d = c.stamp(2, || panic!("re-read"));
         assert!(d >= b);
+    }
+
+    #[test]
+    fn test_offset_file_steps_the_wall_clock_only() {
+        let dir = std::env::temp_dir().join(format!("fenced-clock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let f = dir.join("offset");
+        std::fs::write(&f, "-86400000\n").expect("write");
+        // Set for this test only; other tests do not read the variable's file concurrently
+        // in a way that matters (a missing/unparsable file reads as 0).
+        std::env::set_var(TEST_CLOCK_OFFSET_ENV, &f);
+        let real = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let skewed = unix_ms();
+        std::env::remove_var(TEST_CLOCK_OFFSET_ENV);
+        assert!(real - skewed >= 86_399_000, "{real} {skewed}");
+        // A leader already in office keeps counting monotonic time, whatever the file says.
+        let c = LeaderClock::new();
+        let a = c.stamp(1, || 10_000);
+        std::fs::write(&f, "99999999").expect("write");
+        assert!(c.stamp(1, || 0) - a < 1_000);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
