@@ -44,6 +44,12 @@ impl LeaderClock {
         *last
     }
 
+    /// Whether the clock has anchored for `term` (stamped or peeked in it).
+    pub fn anchored(&self, term: u64) -> bool {
+        let guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        guard.0.as_ref().is_some_and(|o| o.term == term)
+    }
+
     /// The log time now, without recording it.
     pub fn peek(&self, term: u64, applied_now: impl FnOnce() -> u64) -> u64 {
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -104,6 +110,7 @@ mod tests {
         // The same term does not re-read the applied time.
         let d = c.stamp(2, || panic!("re-read"));
         assert!(d >= b);
+        assert!(c.anchored(2) && !c.anchored(3));
     }
 
     #[test]

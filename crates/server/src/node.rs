@@ -278,11 +278,23 @@ impl Node {
     }
 
     /// The current term if this node is the leader, else `NotLeader` with a hint.
+    ///
+    /// A leader serves (and reads or anchors its log clock) only once its state machine has
+    /// applied the whole log it took office with, its blank entry included. Its log clock
+    /// then continues from the last committed log time. Before that the state machine can be
+    /// behind — at log time 0 after a restart whose commit index was not yet on disk, which
+    /// the clock would take for a new cluster and anchor to the wall clock, counting the
+    /// downtime against every lease. Until then it answers `NotLeader` (no hint): callers
+    /// retry.
     fn leader_term(&self) -> Result<u64, NodeError> {
         let m = self.inner.raft.metrics();
         let m = m.borrow();
         if m.state == ServerState::Leader {
-            return Ok(m.current_term);
+            let caught_up = m.last_applied.map(|l| l.index) >= m.last_log_index;
+            if caught_up || self.inner.clock.anchored(m.current_term) {
+                return Ok(m.current_term);
+            }
+            return Err(NodeError::NotLeader { leader: None });
         }
         let leader = m.current_leader.and_then(|id| {
             m.membership_config
