@@ -204,10 +204,11 @@ pub enum Event {
     },
     /// A queued acquire gave up: its wait ran out or its session ended.
     WaiterGaveUp { request: RequestId, name: String },
-    /// A grant ended (for lock-loss notifications).
+    /// A grant ended (for lock-loss notifications). `session` is the grant's session.
     LockReleased {
         name: String,
         owner: String,
+        session: Option<SessionId>,
         token: Token,
         reason: ReleaseReason,
     },

@@ -894,6 +894,7 @@ impl StateMachine {
         events.push(Event::LockReleased {
             name: name.to_owned(),
             owner: key.0.clone(),
+            session: key.1,
             token: h.token,
             reason,
         });

@@ -285,6 +285,7 @@ fn run_and_check(ops: &[(Op, u64)]) -> Result<(), TestCaseError> {
                     owner,
                     token,
                     reason,
+                    ..
                 } => {
                     view.release(name, owner, *token)?;
                     if let Some(d) = delays.remove(&(name.clone(), owner.clone(), *token)) {
