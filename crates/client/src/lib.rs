@@ -2,18 +2,37 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), fenced_client::ClientError> {
-//! let client = fenced_client::Client::connect(["127.0.0.1:7380"])?;
-//! if let Some(guard) = client.lock("invoices", fenced_client::LockOptions::default()).await? {
-//!     // Hand guard.token() to the storage you write to; it rejects older tokens.
-//!     println!("token {}", guard.token());
+//! use fenced_client::{Client, LockOptions};
+//! let client = Client::connect(["127.0.0.1:7380", "127.0.0.2:7380", "127.0.0.3:7380"])?;
+//! if let Some(guard) = client.lock("invoices", LockOptions::default()).await? {
+//!     // Hand the token to the storage you write to; it rejects older tokens.
+//!     if let Some(token) = guard.token() {
+//!         println!("writing with token {token}");
+//!     }
 //!     guard.release().await?;
 //! }
 //! # Ok(()) }
 //! ```
 //!
+//! * [`Client::lock`], [`Client::read_lock`], [`Client::write_lock`], [`Client::semaphore`]
+//!   and [`Client::multi_lock`] return a [`LockGuard`] whose grant lives in the client's
+//!   session. One session per client is kept alive in the background (a watchdog renewing
+//!   every `session_ttl/3`, like Redisson's) and watched for lock-loss events pushed by the
+//!   server: when a grant ends without the guard releasing it (lease or session expired,
+//!   force-unlocked), the guard is *poisoned* — [`LockGuard::token`] returns `None` — and its
+//!   [`LockGuard::on_lost`] callback runs.
+//! * The lower-level calls ([`Client::acquire`], [`Client::release`], ...) map one to one to
+//!   the gRPC API.
+//!
 //! Every mutating call carries `(client_id, seq)`; the client retries a call on another
 //! endpoint with the same id when a node is unreachable or the outcome is unknown, and the
 //! cluster answers a repeat with the first outcome, so a retry never acts twice.
+
+mod guard;
+mod session;
+
+pub use fenced_proto::v1::{LockMode, SessionEvent};
+pub use guard::{LockGuard, LockOptions};
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -24,8 +43,6 @@ use fenced_proto::v1::cluster_client::ClusterClient;
 use fenced_proto::v1::lock_client::LockClient;
 use fenced_proto::v1::session_client::SessionClient;
 use rand::Rng;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
@@ -45,21 +62,21 @@ pub enum ClientError {
     Unavailable(String),
 }
 
-/// Options of [`Client::lock`].
+/// Options of a [`Client`].
 #[derive(Clone, Copy, Debug)]
-pub struct LockOptions {
-    /// Session TTL: how long the lock outlives a client that stops sending keep-alives.
-    /// Keep-alives are sent every `ttl/3` (like Redisson's watchdog).
-    pub ttl: Duration,
-    /// How long to wait in the lock's FIFO queue (zero: try once).
-    pub wait: Duration,
+pub struct ClientOptions {
+    /// TTL of the client's session: how long its locks outlive a client that stops sending
+    /// keep-alives (which it sends every `session_ttl/3`).
+    pub session_ttl: Duration,
+    /// How long one call keeps retrying across endpoints before giving up.
+    pub retry_for: Duration,
 }
 
-impl Default for LockOptions {
+impl Default for ClientOptions {
     fn default() -> Self {
-        LockOptions {
-            ttl: Duration::from_secs(30),
-            wait: Duration::ZERO,
+        ClientOptions {
+            session_ttl: Duration::from_secs(10),
+            retry_for: Duration::from_secs(15),
         }
     }
 }
@@ -80,13 +97,16 @@ pub struct Client {
 }
 
 struct Inner {
+    options: ClientOptions,
+    /// The session shared by this client's guards (opened on first use, reopened if lost).
+    session: tokio::sync::Mutex<Option<Arc<session::SharedSession>>>,
+    /// Owners of guards are unique per guard: `<client_id>-<n>`.
+    guards: AtomicU64,
     endpoints: Vec<String>,
     channels: Vec<Channel>,
     preferred: AtomicUsize,
     client_id: u64,
     seq: AtomicU64,
-    /// How long a call keeps retrying across endpoints.
-    retry_for: Duration,
 }
 
 fn is_retryable(s: &tonic::Status) -> bool {
@@ -100,6 +120,15 @@ impl Client {
     /// A client for the given `host:port` gRPC endpoints (any node of the cluster).
     /// Connections are made lazily.
     pub fn connect<I, S>(endpoints: I) -> Result<Client, ClientError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::connect_with(endpoints, ClientOptions::default())
+    }
+
+    /// [`Client::connect`] with options.
+    pub fn connect_with<I, S>(endpoints: I, options: ClientOptions) -> Result<Client, ClientError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
@@ -131,12 +160,14 @@ impl Client {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Client {
             inner: Arc::new(Inner {
+                options,
+                session: tokio::sync::Mutex::new(None),
+                guards: AtomicU64::new(0),
                 endpoints,
                 channels,
                 preferred: AtomicUsize::new(0),
                 client_id: rand::thread_rng().gen_range(1..u64::MAX),
                 seq: AtomicU64::new(0),
-                retry_for: Duration::from_secs(15),
             }),
         })
     }
@@ -160,7 +191,7 @@ impl Client {
         F: FnMut(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let give_up = Instant::now() + self.inner.retry_for + extra;
+        let give_up = Instant::now() + self.inner.options.retry_for + extra;
         let n = self.inner.channels.len();
         loop {
             let i = self.inner.preferred.load(Ordering::Relaxed) % n;
@@ -182,8 +213,9 @@ impl Client {
         }
     }
 
-    /// Take `name` for `owner`: once (`wait` zero) or waiting server-side in FIFO order.
-    /// `session` 0 gives the grant its own lease of `ttl`; otherwise it lives with the session.
+    /// Take `name` exclusively for `owner`: once (`wait` zero) or waiting server-side in FIFO
+    /// order. `session` 0 gives the grant its own lease of `ttl`; otherwise it lives with the
+    /// session.
     pub async fn acquire(
         &self,
         name: &str,
@@ -192,14 +224,25 @@ impl Client {
         wait: Duration,
         session: u64,
     ) -> Result<Option<Grant>, ClientError> {
-        let req = pb::AcquireRequest {
-            request: Some(self.next_request_id()),
+        self.acquire_with(pb::AcquireRequest {
             name: name.to_owned(),
             owner: owner.to_owned(),
             ttl_ms: ttl.as_millis() as u64,
             wait_ms: wait.as_millis() as u64,
             session,
-        };
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// The general acquire (read/write, semaphore permits, multi-locks, lock-delay): `req`
+    /// as in the gRPC API; its request id is filled in.
+    pub async fn acquire_with(
+        &self,
+        mut req: pb::AcquireRequest,
+    ) -> Result<Option<Grant>, ClientError> {
+        req.request = Some(self.next_request_id());
+        let wait = Duration::from_millis(req.wait_ms);
         let r = self
             .call(wait, |ch| {
                 let mut c = LockClient::new(ch);
@@ -217,11 +260,26 @@ impl Client {
 
     /// Drop one hold of grant `token`. `false`: not held by that owner with that token.
     pub async fn release(&self, name: &str, owner: &str, token: u64) -> Result<bool, ClientError> {
+        self.release_all(&[name], owner, token).await
+    }
+
+    /// Drop one hold of grant `token` on each of `names` (a multi-lock grant).
+    pub async fn release_all(
+        &self,
+        names: &[&str],
+        owner: &str,
+        token: u64,
+    ) -> Result<bool, ClientError> {
+        let (name, names) = match names {
+            [one] => (one.to_string(), Vec::new()),
+            many => (String::new(), many.iter().map(|n| n.to_string()).collect()),
+        };
         let req = pb::ReleaseRequest {
             request: Some(self.next_request_id()),
-            name: name.to_owned(),
+            name,
             owner: owner.to_owned(),
             token,
+            names,
         };
         let r = self
             .call(Duration::ZERO, |ch| {
@@ -258,7 +316,32 @@ impl Client {
         Ok(r.renewed)
     }
 
-    /// Linearizable read of a lock's holder. `None` if free.
+    /// Administrative: end every grant of `name` now. `false` if nobody held it.
+    pub async fn force_unlock(&self, name: &str) -> Result<bool, ClientError> {
+        let req = pb::ForceUnlockRequest {
+            request: Some(self.next_request_id()),
+            name: name.to_owned(),
+        };
+        let r = self
+            .call(Duration::ZERO, |ch| {
+                let mut c = LockClient::new(ch);
+                let req = req.clone();
+                async move { c.force_unlock(req).await }
+            })
+            .await?;
+        Ok(r.released)
+    }
+
+    /// The lock-loss events of `session`, pushed by the node first answering.
+    pub async fn watch(&self, session: u64) -> Result<tonic::Streaming<SessionEvent>, ClientError> {
+        self.call(Duration::ZERO, |ch| {
+            let mut c = SessionClient::new(ch);
+            async move { c.watch(pb::WatchRequest { session }).await }
+        })
+        .await
+    }
+
+    /// Linearizable read of a lock's holder(s). `None` if free.
     pub async fn info(&self, name: &str) -> Result<Option<LockInfo>, ClientError> {
         let req = pb::InfoRequest {
             name: name.to_owned(),
@@ -340,132 +423,5 @@ impl Client {
             );
         }
         out
-    }
-
-    /// Open a session, take `name` under it and keep the session alive in the background
-    /// until the guard is released or dropped. `None` if not granted within `opts.wait`.
-    pub async fn lock(
-        &self,
-        name: &str,
-        opts: LockOptions,
-    ) -> Result<Option<LockGuard>, ClientError> {
-        let session = self.open_session(opts.ttl).await?;
-        let owner = format!("{:016x}-{session}", self.inner.client_id);
-        let grant = match self
-            .acquire(name, &owner, opts.ttl, opts.wait, session)
-            .await
-        {
-            Ok(Some(g)) => g,
-            other => {
-                let _ = self.close_session(session).await;
-                return other.map(|_| None);
-            }
-        };
-        let (lost_tx, lost_rx) = watch::channel(false);
-        let keepalive = tokio::spawn(keep_alive_loop(self.clone(), session, opts.ttl, lost_tx));
-        Ok(Some(LockGuard {
-            client: self.clone(),
-            name: name.to_owned(),
-            owner,
-            token: grant.token,
-            session,
-            lost: lost_rx,
-            keepalive,
-            released: false,
-        }))
-    }
-}
-
-/// Renew the session every `ttl/3`. If the cluster says the session is gone, or no renewal
-/// succeeded for a whole `ttl`, the lock must be presumed lost.
-async fn keep_alive_loop(client: Client, session: u64, ttl: Duration, lost: watch::Sender<bool>) {
-    let period = (ttl / 3).max(Duration::from_millis(10));
-    let mut last_ok = Instant::now();
-    loop {
-        tokio::time::sleep(period).await;
-        let sent = Instant::now();
-        match client.keep_alive(session).await {
-            Ok(true) => last_ok = sent,
-            Ok(false) => {
-                tracing::warn!(session, "session expired: lock lost");
-                let _ = lost.send(true);
-                return;
-            }
-            Err(e) => tracing::warn!(session, "keep-alive failed: {e}"),
-        }
-        if last_ok.elapsed() >= ttl {
-            tracing::warn!(
-                session,
-                "no keep-alive succeeded for a whole ttl: lock presumed lost"
-            );
-            let _ = lost.send(true);
-            return;
-        }
-    }
-}
-
-/// A held lock. Present [`LockGuard::token`] with every write to the protected storage.
-pub struct LockGuard {
-    client: Client,
-    name: String,
-    owner: String,
-    token: u64,
-    session: u64,
-    lost: watch::Receiver<bool>,
-    keepalive: JoinHandle<()>,
-    released: bool,
-}
-
-impl LockGuard {
-    /// The fencing token of this grant.
-    pub fn token(&self) -> u64 {
-        self.token
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn session(&self) -> u64 {
-        self.session
-    }
-
-    /// True once the session (and with it the lock) is known or presumed lost.
-    pub fn is_lost(&self) -> bool {
-        *self.lost.borrow()
-    }
-
-    /// Resolves when the lock is lost (never, while it is kept alive).
-    pub async fn lost(&mut self) {
-        let _ = self.lost.wait_for(|l| *l).await;
-    }
-
-    /// Release the lock and close its session.
-    pub async fn release(mut self) -> Result<(), ClientError> {
-        self.released = true;
-        self.keepalive.abort();
-        let released = self
-            .client
-            .release(&self.name, &self.owner, self.token)
-            .await;
-        let closed = self.client.close_session(self.session).await;
-        released.and(closed).map(|_| ())
-    }
-}
-
-impl Drop for LockGuard {
-    /// Best effort: close the session (releasing the lock) in the background.
-    fn drop(&mut self) {
-        self.keepalive.abort();
-        if self.released {
-            return;
-        }
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let client = self.client.clone();
-            let session = self.session;
-            rt.spawn(async move {
-                let _ = client.close_session(session).await;
-            });
-        }
     }
 }

@@ -1,7 +1,12 @@
 //! The gRPC front end: `fenced.v1` (Lock, Session, Cluster) for clients and
 //! `fenced.raft.v1.Forward` for followers forwarding to the leader.
 
-use fenced_core::{Command, RequestId, Response};
+use std::pin::Pin;
+use std::time::Duration;
+
+use fenced_core::{
+    AcquireSpec, Command, Event, LockKind, Mode, ReleaseReason, RequestId, Response,
+};
 use fenced_proto::raft::forward_server::{Forward, ForwardServer};
 use fenced_proto::raft::{ProposeReply, ProposeRequest, ReadIndexReply, ReadIndexRequest};
 use fenced_proto::v1 as pb;
@@ -10,6 +15,7 @@ use fenced_proto::v1::lock_server::{Lock, LockServer};
 use fenced_proto::v1::session_server::{Session, SessionServer};
 use openraft::ServerState;
 use rand::Rng;
+use tokio_stream::Stream;
 use tonic::{Request, Status};
 
 use crate::error::NodeError;
@@ -103,12 +109,40 @@ impl Lock for Api {
         let r = req.into_inner();
         let rid = request_id(r.request)?;
         let session = opt_session(r.session);
-        let cmd = Command::Acquire {
-            name: r.name,
-            owner: r.owner,
-            ttl_ms: r.ttl_ms,
-            session,
-            wait_ms: r.wait_ms,
+        let mode = match pb::LockMode::try_from(r.mode) {
+            Ok(pb::LockMode::Exclusive) => Mode::Exclusive,
+            Ok(pb::LockMode::Read) => Mode::Read,
+            Ok(pb::LockMode::Write) => Mode::Write,
+            Ok(pb::LockMode::Permit) => Mode::Permit { permits: r.permits },
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown lock mode {}",
+                    r.mode
+                )))
+            }
+        };
+        let cmd = if mode == Mode::Exclusive && r.names.is_empty() && r.lock_delay_ms == 0 {
+            Command::Acquire {
+                name: r.name,
+                owner: r.owner,
+                ttl_ms: r.ttl_ms,
+                session,
+                wait_ms: r.wait_ms,
+            }
+        } else {
+            Command::AcquireWith(Box::new(AcquireSpec {
+                names: if r.names.is_empty() {
+                    vec![r.name]
+                } else {
+                    r.names
+                },
+                owner: r.owner,
+                mode,
+                ttl_ms: r.ttl_ms,
+                session,
+                wait_ms: r.wait_ms,
+                lock_delay_ms: r.lock_delay_ms,
+            }))
         };
         let not_granted = pb::AcquireResponse::default();
         let resolved = self.node.acquire(rid, cmd, r.wait_ms).await?;
@@ -130,10 +164,18 @@ impl Lock for Api {
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
         let r = req.into_inner();
         let rid = request_id(r.request)?;
-        let cmd = Command::Release {
-            name: r.name,
-            owner: r.owner,
-            token: r.token,
+        let cmd = if r.names.is_empty() {
+            Command::Release {
+                name: r.name,
+                owner: r.owner,
+                token: r.token,
+            }
+        } else {
+            Command::ReleaseAll {
+                names: r.names,
+                owner: r.owner,
+                token: r.token,
+            }
         };
         let out = match self.node.propose(Some(rid), cmd).await? {
             Response::Released { holds } => pb::ReleaseResponse {
@@ -168,28 +210,153 @@ impl Lock for Api {
 
     async fn info(&self, req: Request<pb::InfoRequest>) -> Reply<pb::InfoResponse> {
         let name = req.into_inner().name;
-        let info = self
+        let (info, waiters, now) = self
             .node
-            .read(|sm| sm.lock_info(&name).map(|i| (i, sm.now())))
+            .read(|sm| (sm.lock_info(&name), sm.waiter_count(&name), sm.now()))
             .await?;
-        let out = match info {
-            None => pb::InfoResponse::default(),
-            Some((i, now)) => pb::InfoResponse {
-                held: true,
-                owner: i.owner,
-                token: i.token,
-                holds: i.holds,
-                ttl_ms: i.deadline_ms.saturating_sub(now),
-                session: i.session.unwrap_or(0),
-                waiters: i.waiters as u32,
-            },
+        let Some(i) = info else {
+            return Ok(tonic::Response::new(pb::InfoResponse {
+                waiters: waiters as u32,
+                ..Default::default()
+            }));
         };
-        Ok(tonic::Response::new(out))
+        let (kind, permits) = match i.kind {
+            LockKind::Exclusive => ("exclusive", 0),
+            LockKind::ReadWrite => ("read-write", 0),
+            LockKind::Semaphore { permits } => ("semaphore", permits),
+        };
+        let holders = i
+            .holders
+            .iter()
+            .map(|h| pb::Holder {
+                owner: h.owner.clone(),
+                token: h.token,
+                holds: h.holds,
+                ttl_ms: h.deadline_ms.saturating_sub(now),
+                session: h.session.unwrap_or(0),
+                mode: proto_mode(h.mode) as i32,
+            })
+            .collect();
+        Ok(tonic::Response::new(pb::InfoResponse {
+            held: true,
+            owner: i.owner,
+            token: i.token,
+            holds: i.holds,
+            ttl_ms: i.deadline_ms.saturating_sub(now),
+            session: i.session.unwrap_or(0),
+            waiters: i.waiters as u32,
+            kind: kind.into(),
+            permits,
+            holders,
+        }))
+    }
+
+    async fn force_unlock(
+        &self,
+        req: Request<pb::ForceUnlockRequest>,
+    ) -> Reply<pb::ForceUnlockResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        let released = match self
+            .node
+            .propose(Some(rid), Command::ForceUnlock { name: r.name })
+            .await?
+        {
+            Response::Released { .. } => true,
+            Response::NotHeld => false,
+            other => return Err(unexpected(other)),
+        };
+        Ok(tonic::Response::new(pb::ForceUnlockResponse { released }))
     }
 }
 
+fn proto_mode(m: Mode) -> pb::LockMode {
+    match m {
+        Mode::Exclusive => pb::LockMode::Exclusive,
+        Mode::Read => pb::LockMode::Read,
+        Mode::Write => pb::LockMode::Write,
+        Mode::Permit { .. } => pb::LockMode::Permit,
+    }
+}
+
+fn reason_name(r: ReleaseReason) -> &'static str {
+    match r {
+        ReleaseReason::Released => "released",
+        ReleaseReason::Expired => "expired",
+        ReleaseReason::SessionExpired => "session_expired",
+        ReleaseReason::SessionClosed => "session_closed",
+        ReleaseReason::ForceUnlocked => "force_unlocked",
+    }
+}
+
+/// How often a lock-loss watch checks that its session still exists (it may end without an
+/// event reaching this node, e.g. when the node catches up by snapshot).
+const WATCH_CHECK: Duration = Duration::from_millis(500);
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl Session for Api {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
+        let session = req.into_inner().session;
+        let node = self.node.clone();
+        let mut released = node.hub().watch_released();
+        // The session must exist now (linearizable), or the watch ends at once.
+        let exists = node.read(|sm| sm.session_info(session).is_some()).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let gone = pb::SessionEvent {
+                reason: "session_gone".into(),
+                ..Default::default()
+            };
+            if !exists {
+                let _ = tx.send(Ok(gone)).await;
+                return;
+            }
+            let mut check = tokio::time::interval(WATCH_CHECK);
+            loop {
+                let event = tokio::select! {
+                    e = released.recv() => e,
+                    _ = check.tick() => {
+                        if node.local(|sm| sm.session_info(session).is_none()) {
+                            let _ = tx.send(Ok(gone)).await;
+                            return;
+                        }
+                        continue;
+                    }
+                    () = tx.closed() => return,
+                };
+                let msg = match event {
+                    Ok(Event::LockReleased {
+                        name,
+                        owner,
+                        session: Some(s),
+                        token,
+                        reason,
+                    }) if s == session => pb::SessionEvent {
+                        name,
+                        token,
+                        owner,
+                        reason: reason_name(reason).into(),
+                    },
+                    Ok(_) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => pb::SessionEvent {
+                        reason: "lagged".into(),
+                        ..Default::default()
+                    },
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                if tx.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let stream: WatchStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+        Ok(tonic::Response::new(stream))
+    }
+
     async fn open(&self, req: Request<pb::OpenSessionRequest>) -> Reply<pb::OpenSessionResponse> {
         let r = req.into_inner();
         let rid = request_id(r.request)?;
@@ -304,6 +471,7 @@ impl Forward for Api {
 
     async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Reply<ReadIndexReply> {
         let index = self.node.read_index_local().await?;
-        Ok(tonic::Response::new(ReadIndexReply { index }))
+        let time_ms = self.node.leader_time_now();
+        Ok(tonic::Response::new(ReadIndexReply { index, time_ms }))
     }
 }

@@ -7,11 +7,25 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use fenced_core::{Event, RequestId};
-use tokio::sync::oneshot;
+use tokio::sync::{broadcast, oneshot};
 
-#[derive(Default, Clone)]
+/// Ended grants buffered per lock-loss watcher before it counts as lagging.
+const RELEASED_BUFFER: usize = 4096;
+
+#[derive(Clone)]
 pub struct Hub {
     waiters: Arc<Mutex<HashMap<RequestId, oneshot::Sender<Event>>>>,
+    /// Ended grants (`Event::LockReleased`), for lock-loss watchers.
+    released: broadcast::Sender<Event>,
+}
+
+impl Default for Hub {
+    fn default() -> Self {
+        Hub {
+            waiters: Arc::default(),
+            released: broadcast::channel(RELEASED_BUFFER).0,
+        }
+    }
 }
 
 /// Receives the resolution of one queued acquire; unregisters on drop.
@@ -43,6 +57,11 @@ impl Hub {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Every `Event::LockReleased` applied on this node from now on.
+    pub fn watch_released(&self) -> broadcast::Receiver<Event> {
+        self.released.subscribe()
+    }
+
     pub fn register(&self, rid: RequestId) -> Registration {
         let (tx, rx) = oneshot::channel();
         self.lock().insert(rid, tx);
@@ -60,7 +79,11 @@ impl Hub {
                 Event::WaiterGranted { request, .. } | Event::WaiterGaveUp { request, .. } => {
                     request
                 }
-                Event::LockReleased { .. } => continue,
+                Event::LockReleased { .. } => {
+                    // No watcher is fine.
+                    let _ = self.released.send(e.clone());
+                    continue;
+                }
             };
             let tx = self.lock().remove(rid);
             if let Some(tx) = tx {

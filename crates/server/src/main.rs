@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
-use fenced_client::{Client, LockOptions};
+use fenced_client::{Client, ClientOptions, LockOptions};
 use fenced_server::config::parse_cluster;
 use fenced_server::{Node, NodeConfig};
 
@@ -137,26 +137,32 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(&a.endpoints)?;
-    let opts = LockOptions {
-        ttl: Duration::from_millis(a.ttl_ms),
-        wait: Duration::from_millis(a.wait_ms),
-    };
+    let client = Client::connect_with(
+        &a.endpoints,
+        ClientOptions {
+            session_ttl: Duration::from_millis(a.ttl_ms),
+            ..ClientOptions::default()
+        },
+    )?;
+    let opts = LockOptions::wait(Duration::from_millis(a.wait_ms));
     let Some(mut guard) = client.lock(&a.name, opts).await? else {
         eprintln!("fenced: lock {} not acquired", a.name);
         return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
     };
+    let token = guard
+        .token()
+        .context("the lock was lost right after it was granted")?;
     let (program, args) = a.cmd.split_first().context("no command given after --")?;
     let mut child = tokio::process::Command::new(program)
         .args(args)
-        .env("FENCED_TOKEN", guard.token().to_string())
+        .env("FENCED_TOKEN", token.to_string())
         .env("FENCED_LOCK", &a.name)
         .spawn()
         .with_context(|| format!("starting {program}"))?;
     let status = tokio::select! {
         status = child.wait() => status?,
         () = guard.lost() => {
-            eprintln!("fenced: lock {} lost (session expired); stopping the command", a.name);
+            eprintln!("fenced: lock {} lost; stopping the command", a.name);
             if let Some(pid) = child.id() {
                 // SAFETY: plain kill(2) on our own child's pid.
                 unsafe { libc::kill(pid as i32, libc::SIGTERM) };
@@ -164,7 +170,8 @@ async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
             child.wait().await?
         }
     };
-    if let Err(e) = guard.release().await {
+    let released = guard.release().await;
+    if let Err(e) = released.and(client.close().await) {
         eprintln!("fenced: releasing {}: {e} (the lease will expire)", a.name);
     }
     Ok(match status.code() {
