@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use fenced_client::{Client, ClientError};
+use fenced_client::{Client, ClientError, ClientOptions};
 
 use crate::{random_id, DistLock, Grant, LockError};
 
@@ -17,18 +17,30 @@ pub struct FencedGrpc {
 }
 
 impl FencedGrpc {
-    /// `endpoints`: gRPC `host:port` of any nodes of the cluster. Connects lazily.
+    /// `endpoints`: gRPC `host:port` of any nodes of the cluster; the first is preferred.
+    /// Connects lazily. The client's own retries are off (`retry_for` zero): one call is one
+    /// attempt, and an unreachable node is an [`LockError::Unavailable`], like the other
+    /// backends. Use [`FencedGrpc::with_client`] for a client that fails over by itself.
     pub fn connect<I, S>(endpoints: I) -> Result<FencedGrpc, LockError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let client = Client::connect(endpoints).map_err(map_err)?;
-        Ok(FencedGrpc {
+        let options = ClientOptions {
+            retry_for: Duration::ZERO,
+            ..ClientOptions::default()
+        };
+        let client = Client::connect_with(endpoints, options).map_err(map_err)?;
+        Ok(FencedGrpc::with_client(client))
+    }
+
+    /// Wrap an existing client (its retry settings apply).
+    pub fn with_client(client: Client) -> FencedGrpc {
+        FencedGrpc {
             owner: format!("dlock-{}", random_id(8)),
             client,
             failed: AtomicU64::new(0),
-        })
+        }
     }
 
     /// The underlying client (status, sessions, ...).

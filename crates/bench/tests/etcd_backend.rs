@@ -1,0 +1,127 @@
+//! The etcd backend against a real single-node etcd on loopback (started and always killed by
+//! this test). Skips, saying so, when `etcd` is not installed (Debian: etcd-server).
+
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fenced_bench::etcd::EtcdLock;
+use fenced_dlock::DistLock;
+
+struct Etcd {
+    child: Child,
+    client: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+fn start_etcd() -> Option<Etcd> {
+    if Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| !s.success())
+        .unwrap_or(true)
+    {
+        eprintln!("SKIP: etcd is not installed (apt-get install etcd-server)");
+        return None;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cp, pp) = (free_port(), free_port());
+    let client = format!("127.0.0.1:{cp}");
+    let peer = format!("http://127.0.0.1:{pp}");
+    let mut cmd = Command::new("etcd");
+    cmd.arg("--name")
+        .arg("t1")
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--listen-client-urls")
+        .arg(format!("http://{client}"))
+        .arg("--advertise-client-urls")
+        .arg(format!("http://{client}"))
+        .arg("--listen-peer-urls")
+        .arg(&peer)
+        .arg("--initial-advertise-peer-urls")
+        .arg(&peer)
+        .arg("--initial-cluster")
+        .arg(format!("t1={peer}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    // SAFETY: prctl is async-signal-safe; etcd dies with this test process.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().expect("spawn etcd");
+    Some(Etcd {
+        child,
+        client,
+        _dir: dir,
+    })
+}
+
+#[tokio::test]
+async fn etcd_session_lock() {
+    let Some(etcd) = start_etcd() else {
+        return;
+    };
+    let a = EtcdLock::connect(&etcd.client).unwrap();
+    let b = EtcdLock::connect(&etcd.client).unwrap();
+    let ttl = Duration::from_secs(5);
+    // Wait (bounded) for etcd to serve.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let g = loop {
+        match a.acquire("L", ttl, Duration::ZERO).await {
+            Ok(g) => break g.expect("free lock"),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("etcd not serving: {e}"),
+        }
+    };
+    let t1 = g.token().expect("etcd issues tokens");
+
+    // Try-lock fails, and withdraws from the queue.
+    assert!(b.acquire("L", ttl, Duration::ZERO).await.unwrap().is_none());
+    assert_eq!(b.failed_attempts(), 1);
+    // A bounded wait times out.
+    assert!(b
+        .acquire("L", ttl, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_none());
+
+    assert!(a.extend(&g, ttl).await.unwrap());
+    // A waiter is woken by the release (watch), and gets a larger token.
+    let waiter = tokio::spawn(async move {
+        let g = b.acquire("L", ttl, Duration::from_secs(5)).await;
+        (b, g)
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(a.release(&g).await.unwrap());
+    let (b, g2) = waiter.await.unwrap();
+    let g2 = g2.unwrap().expect("handed over");
+    assert!(g2.token().unwrap() > t1);
+    assert!(!a.release(&g).await.unwrap(), "old grant is gone");
+    assert!(b.release(&g2).await.unwrap());
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+}
