@@ -1,1 +1,261 @@
-//! placeholder
+//! The RESP front end of fenced (design.md §4.2): unchanged Redis clients on the replicated,
+//! linearizable keyspace and lock table.
+//!
+//! Shape (after tokio-rs/mini-redis): [`frame`] parses and encodes RESP2/RESP3, [`conn`]
+//! runs one connection (pipelining, MULTI/WATCH, pub/sub, blocking pops, auth), and
+//! [`serve`] accepts connections with a limit and shuts down gracefully. The cluster is
+//! reached through the [`Cluster`] trait, which `fenced-server` implements for its node, so
+//! this crate does not depend on Raft.
+
+pub mod conn;
+pub mod frame;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fenced_core::kv::{KvCommand, KvEvent, KvResponse, Reply};
+use fenced_core::{Millis, RequestId, StateMachine};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, watch, Semaphore};
+
+pub use frame::{Limits, Proto};
+
+/// Why the cluster could not answer.
+#[derive(thiserror::Error, Debug, Clone)]
+pub enum ClusterError {
+    /// No leader reachable / no quorum: certainly or possibly not applied.
+    #[error("cluster unavailable: {0}")]
+    Unavailable(String),
+    /// The outcome is unknown (timeout while the entry may commit).
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+    /// The state machine refused the request.
+    #[error("{0}")]
+    Rejected(String),
+}
+
+/// A lock as `LOCK.INFO` shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockView {
+    pub owner: String,
+    pub token: u64,
+    pub holds: u32,
+    /// Lease left, in ms of log time.
+    pub ttl_ms: u64,
+}
+
+/// A read-only view evaluated on the state machine at a linearizable point; gets the
+/// state machine and its log time.
+pub type ReadFn = Box<dyn FnOnce(&StateMachine, Millis) -> Vec<Reply> + Send>;
+
+/// What the RESP front end needs from the cluster. Implemented by `fenced-server` for its
+/// node; every method may be called on any node (writes are forwarded to the leader).
+#[async_trait]
+pub trait Cluster: Send + Sync + 'static {
+    /// Replicate a keyspace command through the log. `rid` makes internal retries safe.
+    async fn write(&self, rid: RequestId, cmd: KvCommand) -> Result<KvResponse, ClusterError>;
+    /// Evaluate `f` linearizably: after a read-index barrier, with every expiry that was due
+    /// on the leader's log clock already applied.
+    async fn read(&self, f: ReadFn) -> Result<Vec<Reply>, ClusterError>;
+    /// `LOCK.ACQUIRE`: the token, or `None` if not granted within `wait_ms`.
+    async fn lock_acquire(
+        &self,
+        rid: RequestId,
+        name: String,
+        owner: String,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Result<Option<u64>, ClusterError>;
+    /// `LOCK.RELEASE`: whether a hold of `token` was dropped.
+    async fn lock_release(
+        &self,
+        rid: RequestId,
+        name: String,
+        owner: String,
+        token: u64,
+    ) -> Result<bool, ClusterError>;
+    /// `LOCK.RENEW`: whether the lease of `token` was extended.
+    async fn lock_renew(
+        &self,
+        rid: RequestId,
+        name: String,
+        owner: String,
+        token: u64,
+        ttl_ms: u64,
+    ) -> Result<bool, ClusterError>;
+    /// `LOCK.INFO`, linearizable.
+    async fn lock_info(&self, name: String) -> Result<Option<LockView>, ClusterError>;
+    /// Keyspace events applied on this node (pub/sub messages, list pushes).
+    fn events(&self) -> broadcast::Receiver<KvEvent>;
+    /// Lines for `INFO` (`key:value`), e.g. node id, role, leader.
+    fn info(&self) -> Vec<(String, String)>;
+}
+
+/// RESP server settings.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub addr: String,
+    /// `requirepass`: clients must `AUTH` (or `HELLO … AUTH`) first.
+    pub requirepass: Option<String>,
+    pub max_connections: usize,
+    /// Close connections idle for this long (0: never, like Redis's default). Subscribed
+    /// connections and blocked pops do not count as idle.
+    pub idle_timeout: Duration,
+    pub limits: Limits,
+}
+
+impl Config {
+    pub fn new(addr: impl Into<String>) -> Self {
+        Config {
+            addr: addr.into(),
+            requirepass: None,
+            max_connections: 10_000,
+            idle_timeout: Duration::ZERO,
+            limits: Limits::default(),
+        }
+    }
+}
+
+#[derive(thiserror::Error, Debug)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+/// Local subscriptions, for `PUBLISH`'s receiver count (the count on the node that took the
+/// `PUBLISH`, like Redis Cluster).
+#[derive(Default)]
+pub(crate) struct Subscriptions {
+    channels: Mutex<BTreeMap<Vec<u8>, usize>>,
+    patterns: Mutex<BTreeMap<Vec<u8>, usize>>,
+}
+
+impl Subscriptions {
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    pub(crate) fn add(&self, pattern: bool, name: &[u8]) {
+        let m = if pattern {
+            &self.patterns
+        } else {
+            &self.channels
+        };
+        *Self::lock(m).entry(name.to_vec()).or_default() += 1;
+    }
+    pub(crate) fn remove(&self, pattern: bool, name: &[u8]) {
+        let m = if pattern {
+            &self.patterns
+        } else {
+            &self.channels
+        };
+        let mut g = Self::lock(m);
+        if let Some(n) = g.get_mut(name) {
+            *n -= 1;
+            if *n == 0 {
+                g.remove(name);
+            }
+        }
+    }
+    pub(crate) fn receivers(&self, channel: &[u8]) -> i64 {
+        let direct = Self::lock(&self.channels)
+            .get(channel)
+            .copied()
+            .unwrap_or(0);
+        let by_pattern: usize = Self::lock(&self.patterns)
+            .iter()
+            .filter(|(p, _)| fenced_core::kv::glob_match(p, channel))
+            .map(|(_, n)| *n)
+            .sum();
+        (direct + by_pattern) as i64
+    }
+}
+
+pub(crate) struct Shared {
+    pub cluster: Arc<dyn Cluster>,
+    pub config: Config,
+    pub subs: Subscriptions,
+    pub next_id: std::sync::atomic::AtomicU64,
+    pub live: std::sync::atomic::AtomicUsize,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// Bind `config.addr`; then [`serve`] on the listener. Separate so that a bind failure is
+/// reported before the node claims to be up.
+pub async fn bind(config: &Config) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(&config.addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.addr.clone(),
+            source,
+        })
+}
+
+/// Accept connections until `shutdown` turns true, then stop accepting, let every
+/// connection finish the requests it is running, and return.
+pub async fn serve(
+    listener: TcpListener,
+    cluster: Arc<dyn Cluster>,
+    config: Config,
+    shutdown: watch::Receiver<bool>,
+) {
+    let limit = Arc::new(Semaphore::new(config.max_connections));
+    let shared = Arc::new(Shared {
+        cluster,
+        config,
+        subs: Subscriptions::default(),
+        next_id: std::sync::atomic::AtomicU64::new(1),
+        live: std::sync::atomic::AtomicUsize::new(0),
+        shutdown: shutdown.clone(),
+    });
+    let mut stop = shutdown;
+    let mut conns = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.wait_for(|s| *s) => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+        };
+        let (socket, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!("RESP accept: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = socket.set_nodelay(true);
+        match limit.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let shared = shared.clone();
+                conns.spawn(async move {
+                    conn::Connection::new(shared, socket, peer).run().await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                conns.spawn(async move {
+                    use tokio::io::AsyncWriteExt;
+                    let mut socket = socket;
+                    let _ = socket
+                        .write_all(b"-ERR max number of clients reached\r\n")
+                        .await;
+                });
+            }
+        }
+    }
+    drop(listener);
+    // Connections see the same shutdown signal and close after their current requests.
+    let drain = async { while conns.join_next().await.is_some() {} };
+    if tokio::time::timeout(Duration::from_secs(10), drain)
+        .await
+        .is_err()
+    {
+        conns.abort_all();
+    }
+}

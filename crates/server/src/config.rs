@@ -11,6 +11,8 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     pub grpc_addr: String,
     pub resp_addr: String,
+    /// RESP `requirepass`: clients must authenticate first (`AUTH`, or `HELLO … AUTH`).
+    pub requirepass: Option<String>,
     /// Every member's id and gRPC address. Empty: a single-node cluster of this node.
     pub initial_cluster: BTreeMap<u64, String>,
     /// Build a snapshot after this many log entries (and then purge the log before it).
@@ -28,6 +30,7 @@ impl NodeConfig {
             data_dir,
             grpc_addr,
             resp_addr,
+            requirepass: None,
             initial_cluster: BTreeMap::new(),
             snapshot_logs: 5_000,
             keep_logs: 1_000,

@@ -6,15 +6,18 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use fenced_core::kv::KvEvent;
 use fenced_core::{Event, RequestId};
 use tokio::sync::{broadcast, oneshot};
 
-/// Ended grants buffered per lock-loss watcher before it counts as lagging.
-const RELEASED_BUFFER: usize = 4096;
+/// Keyspace events buffered per subscriber before it counts as lagging (and loses some).
+const KV_EVENT_BUFFER: usize = 4096;
 
 #[derive(Clone)]
 pub struct Hub {
     waiters: Arc<Mutex<HashMap<RequestId, oneshot::Sender<Event>>>>,
+    /// Keyspace events (pub/sub messages, list pushes) for the RESP front end of this node.
+    kv: broadcast::Sender<KvEvent>,
     /// Ended grants (`Event::LockReleased`), for lock-loss watchers.
     released: broadcast::Sender<Event>,
 }
@@ -23,7 +26,8 @@ impl Default for Hub {
     fn default() -> Self {
         Hub {
             waiters: Arc::default(),
-            released: broadcast::channel(RELEASED_BUFFER).0,
+            kv: broadcast::channel(KV_EVENT_BUFFER).0,
+            released: broadcast::channel(KV_EVENT_BUFFER).0,
         }
     }
 }
@@ -57,6 +61,11 @@ impl Hub {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Keyspace events applied on this node from now on.
+    pub fn kv_events(&self) -> broadcast::Receiver<KvEvent> {
+        self.kv.subscribe()
+    }
+
     /// Every `Event::LockReleased` applied on this node from now on.
     pub fn watch_released(&self) -> broadcast::Receiver<Event> {
         self.released.subscribe()
@@ -78,6 +87,11 @@ impl Hub {
             let rid = match e {
                 Event::WaiterGranted { request, .. } | Event::WaiterGaveUp { request, .. } => {
                     request
+                }
+                Event::Kv(kv) => {
+                    // No receiver is fine: nobody subscribed or blocked on this node.
+                    let _ = self.kv.send(kv.clone());
+                    continue;
                 }
                 Event::LockReleased { .. } => {
                     // No watcher is fine.

@@ -7,6 +7,7 @@ pub mod error;
 pub mod grpc;
 pub mod hub;
 pub mod node;
+pub mod resp;
 
 pub use config::NodeConfig;
 pub use error::{NodeError, StartError};

@@ -41,6 +41,9 @@ struct ServeArgs {
     /// RESP (Redis protocol) listen address.
     #[arg(long, default_value = "127.0.0.1:7379")]
     resp_addr: String,
+    /// Require this password from RESP clients (`AUTH`); also read from FENCED_REQUIREPASS.
+    #[arg(long, env = "FENCED_REQUIREPASS", hide_env_values = true)]
+    requirepass: Option<String>,
     /// gRPC listen address: client API and node-to-node Raft.
     #[arg(long, default_value = "127.0.0.1:7380")]
     grpc_addr: String,
@@ -117,6 +120,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.initial_cluster = a.initial_cluster.unwrap_or_default();
     cfg.snapshot_logs = a.snapshot_logs;
     cfg.keep_logs = a.keep_logs;
+    cfg.requirepass = a.requirepass;
     let running = Node::start(cfg.clone())
         .await
         .context("starting the node")?;

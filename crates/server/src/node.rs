@@ -171,6 +171,7 @@ impl Node {
             }
         }
 
+        tasks.push(crate::resp::start(node.clone(), &cfg, shutdown_rx.clone()).await?);
         tasks.push(tokio::spawn(node.clone().ticker(shutdown_rx)));
         Ok(Running {
             node,
@@ -352,16 +353,24 @@ impl Node {
     /// Wait until a read on this node's state machine is linearizable: the leader confirms
     /// its leadership with a quorum (read-index) and this node has applied up to that index.
     pub async fn read_barrier(&self) -> Result<(), NodeError> {
+        self.read_barrier_time().await.map(|_| ())
+    }
+
+    /// [`Node::read_barrier`], returning the leader's log clock at the read-index check:
+    /// a state machine whose next deadline is at or before it has expiries due that are not
+    /// applied yet (the RESP front end ticks before reading then).
+    pub async fn read_barrier_time(&self) -> Result<u64, NodeError> {
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
         loop {
             let attempt = match self.read_index_local().await {
+                Ok(index) => Ok((index, self.leader_time_now())),
                 Err(NodeError::NotLeader { leader: Some(addr) }) => {
                     self.forward_read_index(&addr).await
                 }
-                other => other,
+                Err(e) => Err(e),
             };
             match attempt {
-                Ok(index) => {
+                Ok((index, time)) => {
                     let left = give_up.saturating_duration_since(Instant::now());
                     return self
                         .inner
@@ -369,7 +378,7 @@ impl Node {
                         .wait(Some(left.max(Duration::from_millis(100))))
                         .applied_index_at_least(Some(index), "read barrier")
                         .await
-                        .map(|_| ())
+                        .map(|_| time)
                         .map_err(|e| NodeError::Unknown(format!("catching up: {e}")));
                 }
                 Err(NodeError::NotLeader { .. } | NodeError::Unknown(_))
@@ -401,10 +410,22 @@ impl Node {
         }
     }
 
-    async fn forward_read_index(&self, addr: &str) -> Result<u64, NodeError> {
+    /// The log time now: the leader's log clock on the leader, else the applied log time.
+    pub fn leader_time_now(&self) -> u64 {
+        let applied = self.inner.state.read(StateMachine::now);
+        match self.leader_term() {
+            Ok(term) => self.inner.clock.peek(term, || applied).max(applied),
+            Err(_) => applied,
+        }
+    }
+
+    async fn forward_read_index(&self, addr: &str) -> Result<(u64, u64), NodeError> {
         let mut client = self.peer(addr).await?;
         match client.read_index(ReadIndexRequest {}).await {
-            Ok(r) => Ok(r.into_inner().index),
+            Ok(r) => {
+                let r = r.into_inner();
+                Ok((r.index, r.time_ms))
+            }
             Err(status) => Err(status_to_error(&status)),
         }
     }
