@@ -132,9 +132,16 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    let node = running.node.clone();
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupt: shutting down"),
+        e = node.fatal() => {
+            // E.g. a failed disk write: stop loudly rather than acknowledge anything more.
+            tracing::error!("fatal: {e}; stopping");
+            running.shutdown().await;
+            bail!("raft stopped on a fatal error: {e}");
+        }
     }
     running.shutdown().await;
     Ok(())

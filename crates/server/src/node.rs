@@ -431,6 +431,20 @@ impl Node {
     }
 
     /// Local, possibly stale view of the state machine (no read barrier).
+    /// Resolves when Raft stopped on a fatal error (a storage write failed, a panic): the node
+    /// must not go on serving. Never resolves while the node is healthy.
+    pub async fn fatal(&self) -> String {
+        let mut metrics = self.inner.raft.metrics();
+        loop {
+            if let Err(e) = &metrics.borrow().running_state {
+                return e.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "raft stopped".into();
+            }
+        }
+    }
+
     pub fn local<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> T {
         self.inner.state.read(f)
     }
