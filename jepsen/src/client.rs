@@ -257,6 +257,8 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
             break;
         }
         if rec.retired {
+            // Back off a little: a down server must not turn into a storm of info ops.
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(100..300))).await;
             incarnation += 1;
             rec.process = spec.index + incarnation * spec.stride;
             rec.retired = false;

@@ -80,12 +80,12 @@ struct TestArgs {
     /// fenced cluster size (3 or 5). Redis is 1 node, Redlock 5 masters.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
-    #[arg(long, default_value_t = 2_000)]
+    #[arg(long, default_value_t = 3_000)]
     ttl_ms: u64,
     #[arg(long, default_value_t = 1_000)]
     wait_ms: u64,
     /// Longest in-client pause while holding the lock.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 1_000)]
     hold_ms: u64,
     #[arg(long, default_value_t = 3_000)]
     op_timeout_ms: u64,

@@ -61,16 +61,21 @@ const RESP_PORT: u16 = 7379;
 const REDIS_PORT: u16 = 6379;
 const GUARD_PORT: u16 = 7390;
 
-fn faketime_lib() -> Option<PathBuf> {
-    [
-        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
-        "/usr/lib/faketime/libfaketimeMT.so.1",
-        "/usr/local/lib/faketime/libfaketimeMT.so.1",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.exists())
+/// The wall-clock shim for redis-server (see `shim/clockshim.c` for why not libfaketime),
+/// compiled with the system C compiler into `out`. `None` if there is no compiler.
+fn clock_shim(out: &Path) -> Option<PathBuf> {
+    let src = out.join("clockshim.c");
+    let lib = out.join("clockshim.so");
+    std::fs::write(&src, include_str!("shim/clockshim.c")).ok()?;
+    let ok = std::process::Command::new("cc")
+        .args(["-O2", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    ok.then_some(lib)
 }
 
 fn find_program(name: &str, bin_dir: &Path) -> anyhow::Result<PathBuf> {
@@ -99,6 +104,7 @@ struct Layout {
     guard: String,
     clock_dir: PathBuf,
     data_dir: PathBuf,
+    shim: Option<PathBuf>,
 }
 
 /// The result of one run, for summaries.
@@ -109,13 +115,9 @@ pub struct RunSummary {
     pub results: serde_json::Value,
 }
 
-fn write_clock(dir: &Path, node: &str, system: &str, offset_ms: i64) -> anyhow::Result<()> {
-    let text = if system == "fenced" {
-        format!("{offset_ms}\n")
-    } else {
-        // libfaketime's relative offset, whole seconds.
-        format!("{:+}s\n", offset_ms / 1000)
-    };
+/// Both fenced's test hook and the Redis shim read a signed integer of milliseconds.
+fn write_clock(dir: &Path, node: &str, offset_ms: i64) -> anyhow::Result<()> {
+    let text = format!("{offset_ms}\n");
     let p = dir.join(node);
     std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
 }
@@ -156,12 +158,10 @@ fn node_spec(o: &TestOpts, l: &Layout, env: &Env, i: usize) -> anyhow::Result<Sp
         }
         _ => {
             let mut env_vars = vec![];
-            if let Some(lib) = faketime_lib() {
+            if let Some(lib) = &l.shim {
                 env_vars = vec![
                     ("LD_PRELOAD".into(), lib.display().to_string()),
-                    ("FAKETIME_TIMESTAMP_FILE".into(), clock),
-                    ("FAKETIME_NO_CACHE".into(), "1".into()),
-                    ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+                    ("JEPSEN_CLOCK_FILE".into(), clock),
                 ];
             }
             let dir = l.data_dir.join(name);
@@ -245,7 +245,7 @@ fn run_helper(
     Ok(false)
 }
 
-fn apply(env: &mut Env, o: &TestOpts, l: &Layout, f: &Fault, start: bool) -> anyhow::Result<()> {
+fn apply(env: &mut Env, l: &Layout, f: &Fault, start: bool) -> anyhow::Result<()> {
     match f {
         Fault::Partition { grudge, .. } => {
             if start {
@@ -284,13 +284,36 @@ fn apply(env: &mut Env, o: &TestOpts, l: &Layout, f: &Fault, start: bool) -> any
         }
         Fault::Clock { targets, offset_ms } => {
             for t in targets {
-                write_clock(
-                    &l.clock_dir,
-                    t,
-                    &o.system,
-                    if start { *offset_ms } else { 0 },
-                )?;
+                write_clock(&l.clock_dir, t, if start { *offset_ms } else { 0 })?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// A server process that exited without the nemesis killing it (a crash — or something
+/// outside the harness killing it) is logged in the history and restarted.
+fn watchdog(
+    env: &mut Env,
+    nodes: &[String],
+    nem: &mut HistoryWriter,
+    clock: &RunClock,
+    unexpected: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    for n in nodes {
+        if let Some(st) = env.exited(n) {
+            let what = format!("{n} exited unexpectedly ({st}); restarted");
+            nem.write(
+                &Event::new(
+                    Process::nemesis(),
+                    Kind::Info,
+                    "unexpected-exit",
+                    clock.now(),
+                )
+                .value(json!(what)),
+            )?;
+            unexpected.push(format!("{:.1} s: {what}", clock.now() as f64 / 1e9));
+            env.start(n)?;
         }
     }
     Ok(())
@@ -309,12 +332,30 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     for entry in std::fs::read_dir(out.join("hist"))? {
         let _ = std::fs::remove_file(entry?.path());
     }
-    if o.system != "fenced" && o.nemeses.iter().any(|n| n == "clock") && faketime_lib().is_none() {
-        bail!("the clock nemesis on Redis needs libfaketime (apt-get install faketime)");
+    let shim = if o.system == "fenced" {
+        None
+    } else {
+        clock_shim(out)
+    };
+    if shim.is_none() && o.system != "fenced" && o.nemeses.iter().any(|n| n == "clock") {
+        bail!("the clock nemesis on Redis needs a C compiler (cc) to build its clock shim");
     }
     if o.net == NetMode::Loopback && o.nemeses.iter().any(|n| n == "partition") {
         bail!("partitions need network namespaces (root, --net netns)");
     }
+    // Private copies of the binaries: a rebuild of the tree during the run must not change
+    // what a restarted node runs.
+    let bin = out.join("bin");
+    std::fs::create_dir_all(&bin)?;
+    let mut o = o.clone();
+    for name in ["fenced", "fenced-guard"] {
+        if let Ok(src) = find_program(name, &o.bin_dir) {
+            std::fs::copy(&src, bin.join(name))
+                .with_context(|| format!("copying {}", src.display()))?;
+        }
+    }
+    o.bin_dir = bin;
+    let o = &o;
     let subnet = 100 + (std::process::id() % 100) as u8;
     let mut env = Env::new(o.net, &o.prefix, &out.join("logs"), subnet)?;
     let n_nodes = match o.system.as_str() {
@@ -356,13 +397,14 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         resp_endpoints,
         clock_dir: l_clock.clone(),
         data_dir: l_data.clone(),
+        shim,
     };
     for n in &nodes {
-        write_clock(&l_clock, n, &o.system, 0)?;
+        write_clock(&l_clock, n, 0)?;
     }
-    for i in 0..nodes.len() {
+    for (i, name) in nodes.iter().enumerate() {
         let spec = node_spec(o, &layout, &env, i)?;
-        env.spawn(&nodes[i], spec)?;
+        env.spawn(name, spec)?;
     }
     if o.workload.starts_with("counter") {
         let guard_ip = env.host("g")?.ip.clone();
@@ -451,9 +493,11 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         .collect();
     steps.sort_by_key(|(t, start, _)| (*t, *start));
     let mut active: Vec<&Scheduled> = vec![];
+    let mut unexpected: Vec<String> = vec![];
     let mut errors = Vec::new();
     for (at, start, s) in steps {
         while clock.now() < at * 1_000_000 && !interrupted() {
+            watchdog(&mut env, &nodes, &mut nem, &clock, &mut unexpected)?;
             std::thread::sleep(Duration::from_millis(20));
         }
         if interrupted() {
@@ -467,7 +511,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
             clock.now(),
         )
         .value(json!(s.fault.describe()));
-        if let Err(e) = apply(&mut env, o, &layout, &s.fault, start) {
+        if let Err(e) = apply(&mut env, &layout, &s.fault, start) {
             errors.push(format!("{}: {e:#}", s.fault.describe()));
         }
         nem.write(&ev)?;
@@ -479,7 +523,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     }
     // Undo whatever is still active (interrupted runs), then let the clients finish.
     for s in active {
-        let _ = apply(&mut env, o, &layout, &s.fault, false);
+        let _ = apply(&mut env, &layout, &s.fault, false);
         let _ = nem.write(
             &Event::new(
                 Process::nemesis(),
@@ -491,6 +535,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         );
     }
     while clock.now() < limit_ms * 1_000_000 && !interrupted() {
+        watchdog(&mut env, &nodes, &mut nem, &clock, &mut unexpected)?;
         std::thread::sleep(Duration::from_millis(50));
     }
     let grace = Duration::from_millis(o.op_timeout_ms + o.wait_ms + 5_000);
@@ -539,6 +584,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         "ttl_ms": o.ttl_ms,
         "net": format!("{:?}", o.net),
         "nemesis_errors": errors,
+        "unexpected_exits": unexpected,
         "schedule": schedule,
     });
     let results = report::write(out, &events, &o.system, &o.workload, meta)?;

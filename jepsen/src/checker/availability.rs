@@ -1,5 +1,7 @@
 //! Availability: the fraction of ops that completed `ok`, overall and per nemesis window
-//! (an op belongs to the window its invoke falls in; time outside every fault is `quiet`).
+//! (an op belongs to the window its invoke falls in; time outside every fault is `quiet`),
+//! and the fraction that got a definite answer (`ok` or `fail`, e.g. "lock busy") rather
+//! than none (`info`: timeout, unreachable).
 //! A measurement, not a safety property: it never counts anomalies.
 
 use std::collections::BTreeMap;
@@ -82,7 +84,13 @@ impl Tally {
         } else {
             json!((self.ok as f64 / total as f64 * 1000.0).round() / 1000.0)
         };
-        json!({ "ok": self.ok, "fail": self.fail, "info": self.info, "ok_fraction": frac })
+        let answered = if total == 0 {
+            serde_json::Value::Null
+        } else {
+            json!(((self.ok + self.fail) as f64 / total as f64 * 1000.0).round() / 1000.0)
+        };
+        json!({ "ok": self.ok, "fail": self.fail, "info": self.info, "ok_fraction": frac,
+                "answered_fraction": answered })
     }
 }
 

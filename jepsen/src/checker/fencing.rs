@@ -30,7 +30,7 @@ fn max_completed_before(items: &[(u64, u64, u64)]) -> Vec<Option<(u64, u64)>> {
         let inv = items[i].0;
         while j < by_complete.len() && by_complete[j].0 < inv {
             let (c, t) = by_complete[j];
-            if best.map_or(true, |(bt, _)| t > bt) {
+            if best.is_none_or(|(bt, _)| t > bt) {
                 best = Some((t, c));
             }
             j += 1;

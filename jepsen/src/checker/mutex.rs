@@ -101,7 +101,7 @@ pub fn check(ops: &[Op]) -> Verdict {
                     }
                 }
             }
-            if furthest.map_or(true, |f| w.end > f.end) {
+            if furthest.is_none_or(|f| w.end > f.end) {
                 furthest = Some(w);
             }
         }
