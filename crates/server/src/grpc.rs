@@ -210,10 +210,13 @@ impl Lock for Api {
 
     async fn info(&self, req: Request<pb::InfoRequest>) -> Reply<pb::InfoResponse> {
         let name = req.into_inner().name;
-        let (info, waiters, now) = self
+        let read_time = self.node.read_barrier_time().await?;
+        let (info, waiters, applied) = self
             .node
-            .read(|sm| (sm.lock_info(&name), sm.waiter_count(&name), sm.now()))
-            .await?;
+            .local(|sm| (sm.lock_info(&name), sm.waiter_count(&name), sm.now()));
+        // Count the lease left from the leader's log clock at the read: the last applied
+        // entry can be up to a lease old on an idle cluster, which would overstate it.
+        let now = applied.max(read_time);
         let Some(i) = info else {
             return Ok(tonic::Response::new(pb::InfoResponse {
                 waiters: waiters as u32,
