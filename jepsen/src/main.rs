@@ -269,7 +269,16 @@ fn main() -> ExitCode {
         } => (|| {
             let events = history::read(&h)?;
             let dir = h.parent().map(PathBuf::from).unwrap_or_else(|| ".".into());
-            let meta = serde_json::json!({"system": system, "workload": workload, "clients": clients, "nemesis": "?", "seed": null});
+            // Keep the run's metadata when re-checking a run folder.
+            let meta = std::fs::read(dir.join("results.json"))
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .map(|r| r["meta"].clone())
+                .filter(|m| m.is_object())
+                .unwrap_or_else(|| {
+                    serde_json::json!({"system": system, "workload": workload,
+                        "clients": clients, "nemesis": "?", "seed": null})
+                });
             let r = report::write(&dir, &events, &system, &workload, meta)?;
             println!("{}", serde_json::to_string_pretty(&r["anomalies"])?);
             Ok(r["valid"].as_bool() == Some(true))

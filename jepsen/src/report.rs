@@ -127,7 +127,7 @@ pub fn html(events: &[Event], ops: &[Op], res: &Value) -> String {
             esc(&win.fault),
             esc(&win.detail),
             a + 2.0,
-            esc(&win.fault)
+            esc(&win.detail.chars().take(32).collect::<String>())
         );
     }
     // Time axis.
