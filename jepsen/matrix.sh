@@ -10,9 +10,11 @@ OUT=${OUT:-jepsen/store/matrix}
 LANES=${LANES:-2}
 RUNS=${RUNS:-5}
 TIME=${TIME:-30}
-BIN=target/debug/fenced-jepsen
 cargo build -q -p fenced-server -p fenced-guard -p fenced-jepsen
-mkdir -p "$OUT"
+mkdir -p "$OUT/bin"
+# Private copies: rebuilding the tree during the matrix must not change what runs.
+cp target/debug/fenced target/debug/fenced-guard target/debug/fenced-jepsen "$OUT/bin/"
+BIN=$OUT/bin/fenced-jepsen
 trap '"$BIN" cleanup --prefix fjm >/dev/null 2>&1 || true' EXIT
 
 jobs_list() {
@@ -32,7 +34,8 @@ lane() { # lane number
         local dir="$OUT/$sys-$wl-$nem"
         [ -f "$dir/summary.json" ] && continue
         "$BIN" test --system "$sys" --workload "$wl" --nemesis "$nem" --time-limit "$TIME" \
-            --seed 1 --runs "$RUNS" --prefix "fjm$1" --out "$dir" >"$dir.log" 2>&1 || true
+            --seed 1 --runs "$RUNS" --prefix "fjm$1" --bin-dir "$OUT/bin" --out "$dir" \
+            >"$dir.log" 2>&1 || true
         echo "done $sys $wl $nem: $(tr -d '\n ' <"$dir/summary.json" 2>/dev/null | head -c 300)"
     done
 }

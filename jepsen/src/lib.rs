@@ -8,5 +8,6 @@ pub mod client;
 pub mod env;
 pub mod history;
 pub mod nemesis;
+pub mod proxy;
 pub mod report;
 pub mod run;

@@ -137,6 +137,7 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
     });
     let mut summaries = vec![];
     let mut all_valid = true;
+    let mut errors = 0;
     for i in 0..a.runs.max(1) {
         let out = if a.runs > 1 {
             base.join(format!("run-{i}"))
@@ -170,7 +171,21 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
             opts.seed,
             out.display()
         );
-        let s = run::run_test(&opts)?;
+        let s = match run::run_test(&opts) {
+            Ok(s) => s,
+            Err(e) if a.runs > 1 && !run::INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) => {
+                // Keep going: one run that could not start must not lose the others.
+                eprintln!("  run failed: {e:#}");
+                errors += 1;
+                summaries.push(run::RunSummary {
+                    out: out.clone(),
+                    seed: opts.seed,
+                    results: serde_json::json!({ "valid": null, "error": format!("{e:#}") }),
+                });
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let r = &s.results;
         eprintln!(
             "  valid={} anomalies={} ops={}",
@@ -183,7 +198,8 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
         }
     }
     if a.runs > 1 {
-        let summary = summarize(&summaries);
+        let mut summary = summarize(&summaries);
+        summary["failed_to_run"] = serde_json::json!(errors);
         std::fs::create_dir_all(&base)?;
         std::fs::write(
             base.join("summary.json"),
@@ -192,6 +208,9 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else if let Some(s) = summaries.first() {
         println!("{}", serde_json::to_string(&s.results["anomalies"])?);
+    }
+    if errors > 0 {
+        bail!("{errors} of {} runs failed to run", a.runs);
     }
     Ok(all_valid)
 }
@@ -202,7 +221,7 @@ fn summarize(runs: &[run::RunSummary]) -> serde_json::Value {
     let mut invalid = 0;
     let mut avail = vec![];
     for s in runs {
-        if s.results["valid"].as_bool() != Some(true) {
+        if s.results["valid"].as_bool() == Some(false) {
             invalid += 1;
         }
         if let Some(m) = s.results["anomalies"].as_object() {

@@ -98,6 +98,8 @@ pub struct Topology {
     /// Client names (c1..cC).
     pub clients: Vec<String>,
     pub ttl_ms: u64,
+    /// Partitions cut clients from servers only (loopback mode: links are proxies).
+    pub client_partitions: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,7 +164,7 @@ fn cut(components: &[Vec<String>]) -> BTreeMap<String, Vec<String>> {
 
 fn partition(rng: &mut StdRng, t: &Topology) -> Fault {
     let n = t.nodes.len();
-    if t.system == "fenced" {
+    if t.system == "fenced" && !t.client_partitions {
         let mut variants = vec!["isolate", "majority-minority", "bridge"];
         if n >= 5 {
             variants.push("ring");
@@ -332,6 +334,7 @@ mod tests {
             nodes: (1..=n).map(|i| format!("n{i}")).collect(),
             clients: (1..=4).map(|i| format!("c{i}")).collect(),
             ttl_ms: 2_000,
+            client_partitions: false,
         }
     }
 

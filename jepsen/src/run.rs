@@ -15,6 +15,7 @@ use crate::client::ClientSpec;
 use crate::env::{Env, NetMode, Spec};
 use crate::history::{self, monotonic_ns, Event, HistoryWriter, Kind, Process, RunClock};
 use crate::nemesis::{self, Fault, Scheduled, Topology};
+use crate::proxy::Proxies;
 use crate::report;
 
 /// Set by SIGINT/SIGTERM: the run stops at the next check and cleans up.
@@ -213,6 +214,11 @@ fn client_spec(o: &TestOpts, l: &Layout, run_start: u64, k: u64, workload: &str)
     }
 }
 
+/// This run's private copy of the harness binary.
+fn o_bin(out: &Path) -> PathBuf {
+    out.join("bin").join("fenced-jepsen")
+}
+
 /// Run `fenced-jepsen <sub> --spec FILE` on host `host` and wait (bounded) for it to exit.
 fn run_helper(
     env: &mut Env,
@@ -229,7 +235,7 @@ fn run_helper(
         name,
         Spec {
             host: host.to_owned(),
-            program: std::env::current_exe()?,
+            program: o_bin(out),
             args: vec![sub.into(), "--spec".into(), path.display().to_string()],
             env: vec![],
         },
@@ -245,17 +251,36 @@ fn run_helper(
     Ok(false)
 }
 
-fn apply(env: &mut Env, l: &Layout, f: &Fault, start: bool) -> anyhow::Result<()> {
+fn apply(
+    env: &mut Env,
+    proxies: Option<&Proxies>,
+    l: &Layout,
+    f: &Fault,
+    start: bool,
+) -> anyhow::Result<()> {
     match f {
-        Fault::Partition { grudge, .. } => {
-            if start {
-                for (victim, from) in grudge {
-                    env.drop_from(victim, from)?;
+        Fault::Partition { grudge, .. } => match proxies {
+            Some(p) => {
+                if start {
+                    for (victim, from) in grudge {
+                        for f in from {
+                            p.set_cut(victim, f, true);
+                        }
+                    }
+                } else {
+                    p.heal_all();
                 }
-            } else {
-                env.heal()?;
             }
-        }
+            None => {
+                if start {
+                    for (victim, from) in grudge {
+                        env.drop_from(victim, from)?;
+                    }
+                } else {
+                    env.heal()?;
+                }
+            }
+        },
         Fault::Kill { targets } | Fault::RestartEmpty { targets, .. } => {
             for t in targets {
                 if start {
@@ -340,9 +365,6 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     if shim.is_none() && o.system != "fenced" && o.nemeses.iter().any(|n| n == "clock") {
         bail!("the clock nemesis on Redis needs a C compiler (cc) to build its clock shim");
     }
-    if o.net == NetMode::Loopback && o.nemeses.iter().any(|n| n == "partition") {
-        bail!("partitions need network namespaces (root, --net netns)");
-    }
     // Private copies of the binaries: a rebuild of the tree during the run must not change
     // what a restarted node runs.
     let bin = out.join("bin");
@@ -354,6 +376,12 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
                 .with_context(|| format!("copying {}", src.display()))?;
         }
     }
+    // The harness itself too (via /proc/self/exe, which works even if cargo has replaced
+    // the file since): client and probe processes run this copy.
+    let me = bin.join("fenced-jepsen");
+    std::fs::copy("/proc/self/exe", &me)
+        .or_else(|_| std::fs::copy(std::env::current_exe()?, &me))
+        .context("copying the harness binary")?;
     o.bin_dir = bin;
     let o = &o;
     let subnet = 100 + (std::process::id() % 100) as u8;
@@ -460,6 +488,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         nodes: nodes.clone(),
         clients: clients.clone(),
         ttl_ms: o.ttl_ms,
+        client_partitions: o.net == NetMode::Loopback,
     };
     let limit_ms = o.time_limit_s * 1000;
     let schedule = nemesis::generate(o.seed, &o.nemeses, &topo, limit_ms);
@@ -468,18 +497,42 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         serde_json::to_vec_pretty(&schedule)?,
     )?;
 
+    // Loopback mode: clients reach servers through cuttable proxies.
+    let proxies = match o.net {
+        NetMode::Loopback => Some(Proxies::new()?),
+        NetMode::Namespaces => None,
+    };
+
     // Go.
     let run_start = monotonic_ns();
     let clock = RunClock { start: run_start };
     for k in 0..o.clients {
-        let spec = client_spec(o, &layout, run_start, k, &o.workload);
+        let mut spec = client_spec(o, &layout, run_start, k, &o.workload);
+        if let Some(p) = &proxies {
+            // Client k reaches server j through its own proxies on its own address.
+            let me = env.host(&format!("c{k}"))?.ip.clone();
+            let mut lock_eps = vec![];
+            let mut resp_eps = vec![];
+            for (j, n) in nodes.iter().enumerate() {
+                let a = format!("{me}:{}", 21_000 + j);
+                p.add(&format!("c{k}"), n, &a, &layout.lock_endpoints[j])?;
+                lock_eps.push(a);
+                if let Some(up) = layout.resp_endpoints.get(j) {
+                    let a = format!("{me}:{}", 22_000 + j);
+                    p.add(&format!("c{k}"), n, &a, up)?;
+                    resp_eps.push(a);
+                }
+            }
+            spec.lock_endpoints = lock_eps;
+            spec.resp_endpoints = resp_eps;
+        }
         let path = out.join(format!("c{k}.spec.json"));
         std::fs::write(&path, serde_json::to_vec_pretty(&spec)?)?;
         env.spawn(
             &format!("c{k}"),
             Spec {
                 host: format!("c{k}"),
-                program: std::env::current_exe()?,
+                program: o_bin(out),
                 args: vec!["client".into(), "--spec".into(), path.display().to_string()],
                 env: vec![],
             },
@@ -511,7 +564,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
             clock.now(),
         )
         .value(json!(s.fault.describe()));
-        if let Err(e) = apply(&mut env, &layout, &s.fault, start) {
+        if let Err(e) = apply(&mut env, proxies.as_ref(), &layout, &s.fault, start) {
             errors.push(format!("{}: {e:#}", s.fault.describe()));
         }
         nem.write(&ev)?;
@@ -523,7 +576,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     }
     // Undo whatever is still active (interrupted runs), then let the clients finish.
     for s in active {
-        let _ = apply(&mut env, &layout, &s.fault, false);
+        let _ = apply(&mut env, proxies.as_ref(), &layout, &s.fault, false);
         let _ = nem.write(
             &Event::new(
                 Process::nemesis(),
@@ -538,10 +591,16 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         watchdog(&mut env, &nodes, &mut nem, &clock, &mut unexpected)?;
         std::thread::sleep(Duration::from_millis(50));
     }
-    let grace = Duration::from_millis(o.op_timeout_ms + o.wait_ms + 5_000);
+    // One shared grace period for the clients to finish their last op (none if interrupted).
+    let grace = if interrupted() {
+        Duration::ZERO
+    } else {
+        Duration::from_millis(o.op_timeout_ms + o.wait_ms + 5_000)
+    };
+    let until = Instant::now() + grace;
     for c in &clients {
         let _ = env.resume(c);
-        env.wait_or_kill(c, grace);
+        env.wait_or_kill(c, until.saturating_duration_since(Instant::now()));
     }
     if interrupted() {
         bail!("interrupted");
