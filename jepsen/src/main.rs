@@ -37,6 +37,9 @@ enum Cmd {
         #[arg(long, default_value_t = 5)]
         clients: u64,
     },
+    /// Print a Markdown table (system × workload × nemesis) over the `--runs` folders under
+    /// DIR (each with run-*/results.json), e.g. the output of jepsen/matrix.sh.
+    Table { dir: PathBuf },
     /// Delete namespaces (and kill the processes in them) left by runs with this prefix.
     Cleanup {
         #[arg(long, default_value = "fj")]
@@ -254,6 +257,110 @@ fn summarize(runs: &[run::RunSummary]) -> serde_json::Value {
     })
 }
 
+/// One row per test folder: anomalies summed over its runs, availability averaged.
+fn table(dir: &std::path::Path) -> anyhow::Result<String> {
+    let mut folders: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir() && p.join("run-0").exists())
+        .collect();
+    folders.sort();
+    let order = |s: &str| match s {
+        "fenced" => 0,
+        "redis" => 1,
+        _ => 2,
+    };
+    let mut rows = vec![];
+    for f in folders {
+        let mut runs = 0;
+        let mut errors = 0;
+        let mut invalid = 0;
+        let mut sums = std::collections::BTreeMap::<String, u64>::new();
+        let (mut ok, mut answered, mut n_av) = (0.0, 0.0, 0);
+        let mut meta = serde_json::Value::Null;
+        for i in 0..100 {
+            let p = f.join(format!("run-{i}"));
+            if !p.exists() {
+                break;
+            }
+            let Ok(b) = std::fs::read(p.join("results.json")) else {
+                errors += 1;
+                continue;
+            };
+            let r: serde_json::Value = serde_json::from_slice(&b)?;
+            runs += 1;
+            if r["valid"] == false {
+                invalid += 1;
+            }
+            if let Some(m) = r["anomalies"].as_object() {
+                for (k, v) in m {
+                    *sums.entry(k.clone()).or_default() += v.as_u64().unwrap_or(0);
+                }
+            }
+            for c in r["checkers"].as_array().into_iter().flatten() {
+                if c["checker"] == "availability" {
+                    if let (Some(a), Some(b)) = (
+                        c["stats"]["overall"]["ok_fraction"].as_f64(),
+                        c["stats"]["overall"]["answered_fraction"].as_f64(),
+                    ) {
+                        ok += a;
+                        answered += b;
+                        n_av += 1;
+                    }
+                }
+            }
+            meta = r["meta"].clone();
+        }
+        if runs == 0 {
+            continue;
+        }
+        let nem = meta["nemesis"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|v| v.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "none".into());
+        let cell = |k: &str| sums.get(k).map_or("–".to_owned(), |v| v.to_string());
+        let pct = |x: f64| {
+            if n_av == 0 {
+                "–".to_owned()
+            } else {
+                format!("{:.0}%", x / n_av as f64 * 100.0)
+            }
+        };
+        let system = meta["system"].as_str().unwrap_or("?").to_owned();
+        let workload = meta["workload"].as_str().unwrap_or("?").to_owned();
+        rows.push((
+            order(&system),
+            workload.clone(),
+            format!(
+                "| {system} | {workload} | {nem} | {runs}{} | {invalid} | {} | {} | {} | {} | {} | {} / {} |\n",
+                if errors > 0 { format!(" (+{errors} failed)") } else { String::new() },
+                cell("mutual-exclusion"),
+                cell("stale-writes"),
+                cell("lost-updates"),
+                cell("fencing"),
+                cell("linearizability"),
+                pct(ok),
+                pct(answered),
+            ),
+        ));
+    }
+    rows.sort_by_key(|r| (r.1.clone(), r.0));
+    let mut out = String::from(
+        "| system | workload | nemesis | runs | invalid runs | mutual-exclusion violations | \
+         stale writes accepted | lost updates | fencing violations | non-linearizable keys | \
+         acquires ok / answered |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in rows {
+        out.push_str(&r.2);
+    }
+    Ok(out)
+}
+
 fn read_spec(p: &PathBuf) -> anyhow::Result<ClientSpec> {
     let b = std::fs::read(p).with_context(|| format!("reading {}", p.display()))?;
     Ok(serde_json::from_slice(&b)?)
@@ -302,6 +409,10 @@ fn main() -> ExitCode {
             println!("{}", serde_json::to_string_pretty(&r["anomalies"])?);
             Ok(r["valid"].as_bool() == Some(true))
         })(),
+        Cmd::Table { dir } => table(&dir).map(|t| {
+            print!("{t}");
+            true
+        }),
         Cmd::Cleanup { prefix } => {
             let n = env::cleanup_prefix(&prefix);
             eprintln!("removed {n} namespaces with prefix {prefix}");
