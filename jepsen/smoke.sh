@@ -27,9 +27,16 @@ trap 'exit 130' INT TERM
 
 cargo build -q -p fenced-server -p fenced-guard -p fenced-jepsen
 
+# Network namespaces when this machine allows them (root with CAP_SYS_ADMIN), else loopback.
+NET=loopback
+if [ "$(id -u)" = 0 ] && ip netns add "$PREFIX-check" 2>/dev/null; then
+    ip netns del "$PREFIX-check" 2>/dev/null || true
+    NET=netns
+fi
+
 run() { # system seed
     "$BIN" test --system "$1" --workload counter --nemesis pause --time-limit 30 \
-        --seed "$2" --clients 4 --prefix "$PREFIX" --out "$OUT/$1"
+        --seed "$2" --clients 4 --net "$NET" --prefix "$PREFIX" --out "$OUT/$1"
 }
 
 run fenced 2
