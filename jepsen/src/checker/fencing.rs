@@ -116,15 +116,20 @@ pub fn check(ops: &[Op], issues_tokens: bool) -> Verdict {
 }
 
 /// Stale writes accepted: an increment (`fenced-write` or `write`) that storage acknowledged,
-/// invoked after *another* process's grant of the same lock had been acknowledged following
-/// the writer's own grant. The writer's grant was superseded (expired, or mutual exclusion
-/// broke) before it wrote, yet storage took the write.
+/// invoked after *another* process's grant of the same lock had been acknowledged, where that
+/// other grant was *invoked after the writer's grant was acknowledged* — so it was certainly
+/// granted later and superseded the writer's (whose lease had expired, or mutual exclusion
+/// broke), yet storage took the write. (An older grant acknowledged late — its reply waited in
+/// a paused client — supersedes nothing.)
 pub fn stale_writes(ops: &[Op]) -> Verdict {
-    // Acknowledged grants per lock, by completion time.
-    let mut grants: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new(); // lock -> (ok time, process)
+    // Acknowledged grants per lock: (ok time, process, invoke time), by ok time.
+    let mut grants: BTreeMap<&str, Vec<(u64, u64, u64)>> = BTreeMap::new();
     for op in ops.iter().filter(|o| o.f == "acquire" && o.is_ok()) {
         if let (Some(k), Some(c)) = (op.key.as_deref(), op.complete) {
-            grants.entry(k).or_default().push((c, op.process));
+            grants
+                .entry(k)
+                .or_default()
+                .push((c, op.process, op.invoke));
         }
     }
     for g in grants.values_mut() {
@@ -161,9 +166,12 @@ pub fn stale_writes(ops: &[Op]) -> Verdict {
                 continue;
             };
             let Some(gs) = grants.get(lock) else { continue };
-            let lo = gs.partition_point(|(c, _)| *c <= since);
-            let hi = gs.partition_point(|(c, _)| *c < op.invoke);
-            if let Some((c, p)) = gs[lo..hi.max(lo)].iter().find(|(_, p)| *p != op.process) {
+            let lo = gs.partition_point(|(c, _, _)| *c <= since);
+            let hi = gs.partition_point(|(c, _, _)| *c < op.invoke);
+            if let Some((c, p, _)) = gs[lo..hi.max(lo)]
+                .iter()
+                .find(|(_, p, inv)| *p != op.process && *inv > since)
+            {
                 anomalies += 1;
                 if examples.len() < MAX_EXAMPLES {
                     examples.push(format!(
@@ -218,6 +226,18 @@ mod tests {
         let s = stale_writes(&ops);
         assert_eq!(s.valid, Some(true), "{s:?}");
         assert_eq!(s.stats["writes_rejected"], 1);
+    }
+
+    #[test]
+    fn an_old_grant_acknowledged_late_supersedes_nothing() {
+        let mut h = H::new();
+        // p2 asked first (token 3) but was paused; its reply is read after p1's grant.
+        h.ev(2, Kind::Invoke, "acquire", "L", 0).ttl_ms = Some(100);
+        acquire(&mut h, 1, "L", 150, 160, Some(7), 100);
+        h.ev(2, Kind::Ok, "acquire", "L", 165).token = Some(3);
+        write(&mut h, 1, "fenced-write", 170, 171, Kind::Ok, Some(7));
+        let v = stale_writes(&pair(&h.sorted()));
+        assert_eq!(v.valid, Some(true), "{v:?}");
     }
 
     #[test]

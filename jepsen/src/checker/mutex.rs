@@ -6,7 +6,8 @@
 //! server may hand the lock to someone else: the lease runs from when the server granted it,
 //! which is after the client sent the request. So if another grant is acknowledged (its `ok`
 //! returned) before that end, the server must have granted it while P's lease was still
-//! running — a violation, whatever the network or the clocks did.
+//! running — a violation, whatever the network or the clocks did. A grant whose `ok` arrives
+//! after that end (the reply waited in a paused client) has an empty window and holds nothing.
 
 use std::collections::BTreeMap;
 
@@ -56,6 +57,11 @@ pub fn windows(ops: &[Op]) -> BTreeMap<String, Vec<Window>> {
                     "acquire" => break,
                     _ => {}
                 }
+            }
+            // A grant acknowledged only after its lease had run out (its reply sat in a
+            // paused client's socket) was never valid from the client's point of view.
+            if end <= start {
+                continue;
             }
             out.entry(key.clone()).or_default().push(Window {
                 process: p,
@@ -158,6 +164,16 @@ mod tests {
         h.ev(4, Kind::Info, "acquire", "L", 157);
         // Other locks are independent.
         acquire(&mut h, 5, "M", 0, 12, Some(4), 1000);
+        let v = check(&pair(&h.sorted()));
+        assert_eq!(v.valid, Some(true), "{v:?}");
+    }
+
+    #[test]
+    fn a_grant_acknowledged_after_its_lease_ran_out_holds_nothing() {
+        let mut h = H::new();
+        // p1's reply arrives at 5000, after invoke + ttl = 3000 (the client was paused).
+        acquire(&mut h, 1, "L", 0, 5000, Some(1), 3000);
+        acquire(&mut h, 2, "L", 4000, 4990, Some(2), 3000);
         let v = check(&pair(&h.sorted()));
         assert_eq!(v.valid, Some(true), "{v:?}");
     }
