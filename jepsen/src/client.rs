@@ -109,9 +109,19 @@ impl Recorder {
     }
 }
 
+/// "Connection refused": the request never left the client, so it certainly had no effect.
+fn refused(message: &str) -> bool {
+    message.contains("Connection refused") || message.contains("connection refused")
+}
+
 fn lock_res<T>(r: Result<Result<T, LockError>, tokio::time::error::Elapsed>) -> Result<T, Res> {
     match r {
         Err(_) => Err(Res::Info("timeout".into())),
+        Ok(Err(LockError::Unavailable { backend, message }))
+            if backend != "fenced" && refused(&message) =>
+        {
+            Err(Res::Fail(message))
+        }
         Ok(Err(LockError::Unavailable { message, .. })) => Err(Res::Info(message)),
         Ok(Err(e)) => Err(Res::Fail(e.to_string())),
         Ok(Ok(v)) => Ok(v),
@@ -322,6 +332,10 @@ async fn lock_cycle(
         }
         Err(res) => {
             rec.complete(&inv, &res)?;
+            if matches!(res, Res::Fail(_)) {
+                // Refused: the server is down; do not spin.
+                tokio::time::sleep(Duration::from_millis(rng.gen_range(100..300))).await;
+            }
             return Ok(());
         }
     };
@@ -394,12 +408,8 @@ fn redis_res<T>(
 ) -> Result<T, Res> {
     match r {
         Err(_) => Err(Res::Info("timeout".into())),
-        Ok(Err(e))
-            if e.is_timeout()
-                || e.is_io_error()
-                || e.is_connection_dropped()
-                || e.is_connection_refusal() =>
-        {
+        Ok(Err(e)) if e.is_connection_refusal() => Err(Res::Fail(e.to_string())),
+        Ok(Err(e)) if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() => {
             Err(Res::Info(e.to_string()))
         }
         Ok(Err(e)) => Err(Res::Fail(e.to_string())),
