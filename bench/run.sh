@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Side-by-side lock benchmark on loopback: fenced (3 nodes, fsync on) vs Redis (no
+# Side-by-side lock benchmark on loopback: fenced (3 nodes, fsync on; over gRPC, over RESP
+# with LOCK.*, and over RESP with plain SET NX + Lua + FENCE.TOKEN) vs Redis (no
 # persistence), Redis (appendonly yes + appendfsync always), Redlock over 5 Redis, and etcd
 # (3 nodes). Installs missing Debian packages, builds with --release, starts everything on
 # 127.0.0.1, runs the matrix clients 1/16/64 × contended (K=1) / uncontended (K=C), prints one
@@ -21,7 +22,7 @@ DURATION=${DURATION:-5}
 ROUNDS=${ROUNDS:-2}
 CLIENTS=${CLIENTS:-1,16,64}
 KEYS=${KEYS:-1,c}
-BACKENDS=${BACKENDS:-fenced,redis,redis-aof,redlock,etcd}
+BACKENDS=${BACKENDS:-fenced,fenced-resp,fenced-setnx,redis,redis-aof,redlock,etcd}
 TTL_MS=${TTL_MS:-10000}
 WORK_US=${WORK_US:-0}
 if [ -n "${FENCED_ONLY:-}" ]; then
@@ -116,6 +117,7 @@ if need fenced; then
     wait_for "a fenced leader" 300 sh -c \
         "'$FENCED' status --endpoints 127.0.0.1:27481 | grep -q '\"leader\":[1-9]'"
     ARGS+=(--fenced 127.0.0.1:27481,127.0.0.1:27482,127.0.0.1:27483)
+    ARGS+=(--fenced-resp 127.0.0.1:27471,127.0.0.1:27472,127.0.0.1:27473)
 fi
 
 start_redis() { # port, extra args...

@@ -19,10 +19,18 @@ use clap::Parser;
 use fenced_bench::etcd::EtcdLock;
 use fenced_bench::load::{run, Measured, Summary, Workload};
 use fenced_dlock::{random_id, DistLock, FencedGrpc, RetryPolicy};
-use fenced_redlock::{RedisConfig, RedisLock, Redlock, RedlockConfig};
+use fenced_redlock::{FencedResp, RedisConfig, RedisLock, Redlock, RedlockConfig};
 use serde::Serialize;
 
-const BACKENDS: [&str; 5] = ["fenced", "redis", "redis-aof", "redlock", "etcd"];
+const BACKENDS: [&str; 7] = [
+    "fenced",
+    "fenced-resp",
+    "fenced-setnx",
+    "redis",
+    "redis-aof",
+    "redlock",
+    "etcd",
+];
 
 #[derive(Parser, Debug)]
 #[command(
@@ -31,7 +39,8 @@ const BACKENDS: [&str; 5] = ["fenced", "redis", "redis-aof", "redlock", "etcd"];
     about = "Side-by-side lock load generator"
 )]
 struct Cli {
-    /// One backend: fenced | redis | redis-aof | redlock | etcd.
+    /// One backend: fenced (gRPC) | fenced-resp (RESP LOCK.*) | fenced-setnx (RESP SET NX +
+    /// Lua + FENCE.TOKEN) | redis | redis-aof | redlock | etcd.
     #[arg(long, conflicts_with = "compare")]
     backend: Option<String>,
     /// Several backends, run in interleaved rounds; ratios are to the first.
@@ -61,6 +70,9 @@ struct Cli {
     /// fenced gRPC endpoints (client i prefers the i-th, round robin).
     #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:7380")]
     fenced: Vec<String>,
+    /// fenced RESP endpoints (client i uses the i-th, round robin).
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:7379")]
+    fenced_resp: Vec<String>,
     #[arg(long, default_value = "127.0.0.1:6379")]
     redis: String,
     #[arg(long, default_value = "127.0.0.1:6380")]
@@ -99,6 +111,12 @@ fn rotate(v: &[String], i: usize) -> Vec<String> {
     (0..v.len()).map(|k| v[(i + k) % n].clone()).collect()
 }
 
+fn pick(v: &[String], i: usize) -> anyhow::Result<&str> {
+    v.get(i % v.len().max(1))
+        .map(String::as_str)
+        .context("no endpoints given for this backend")
+}
+
 fn make(cli: &Cli, backend: &str, i: usize) -> anyhow::Result<Box<dyn DistLock>> {
     let retry = RetryPolicy {
         delay: Duration::from_micros(cli.retry_delay_us),
@@ -110,6 +128,11 @@ fn make(cli: &Cli, backend: &str, i: usize) -> anyhow::Result<Box<dyn DistLock>>
     };
     Ok(match backend {
         "fenced" => Box::new(FencedGrpc::connect(rotate(&cli.fenced, i))?),
+        "fenced-resp" => Box::new(FencedResp::new(
+            pick(&cli.fenced_resp, i)?,
+            Duration::from_secs(10),
+        )?),
+        "fenced-setnx" => Box::new(RedisLock::fenced_setnx(pick(&cli.fenced_resp, i)?, rcfg)?),
         "redis" => Box::new(RedisLock::new("redis", &cli.redis, rcfg)?),
         "redis-aof" => Box::new(RedisLock::new("redis-aof", &cli.redis_aof, rcfg)?),
         "redlock" => Box::new(Redlock::new(
@@ -273,7 +296,7 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
             work_us: cli.work_us,
             wait_ms: cli.wait_ms,
             rounds: cli.rounds,
-            tokens: matches!(name, "fenced" | "etcd"),
+            tokens: matches!(name, "fenced" | "fenced-resp" | "fenced-setnx" | "etcd"),
             summary: s,
         })?);
     }

@@ -13,19 +13,20 @@
 //! The redis-rs client runs with its own retries off: a connection manager with zero reconnect
 //! retries and explicit connect/response timeouts, so one call is one attempt on the wire.
 //!
-//! Slots for later (issue 5, fenced's RESP front end): a `FencedResp` backend using
-//! `LOCK.ACQUIRE/RELEASE/RENEW` (token = the integer reply) and a `FencedSetNx` backend that is
-//! [`RedisLock`] pointed at fenced plus `FENCE.TOKEN key` for the token. Both fit the same
-//! [`connect`] and script helpers here.
+//! fenced's own RESP front end is reached the same way: [`FencedResp`] (`LOCK.ACQUIRE` /
+//! `LOCK.RELEASE` / `LOCK.RENEW`, token = the integer reply) and [`RedisLock::fenced_setnx`]
+//! (the plain `SET NX PX` + Lua pattern above, pointed at fenced, token = `FENCE.TOKEN key`).
 
 use std::time::Duration;
 
 use fenced_dlock::LockError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+pub mod fenced_resp;
 pub mod redlock;
 pub mod single;
 
+pub use fenced_resp::FencedResp;
 pub use redlock::{Redlock, RedlockConfig, Verdict};
 pub use single::{RedisConfig, RedisLock};
 
@@ -45,7 +46,12 @@ end"#;
 
 /// A lazily connecting Redis connection for `addr` (`host:port` or a `redis://` URL) with
 /// redis-rs's own retries off: reconnects once per failed call, never resends a command.
-pub fn connect(addr: &str, timeout: Duration) -> Result<ConnectionManager, LockError> {
+/// `response_timeout` `None`: replies may take arbitrarily long (blocking commands).
+pub fn connect(
+    addr: &str,
+    response_timeout: Option<Duration>,
+    connect_timeout: Duration,
+) -> Result<ConnectionManager, LockError> {
     let url = if addr.contains("://") {
         addr.to_owned()
     } else {
@@ -55,8 +61,8 @@ pub fn connect(addr: &str, timeout: Duration) -> Result<ConnectionManager, LockE
         redis::Client::open(url.as_str()).map_err(|e| LockError::Invalid(format!("{url}: {e}")))?;
     let cfg = ConnectionManagerConfig::new()
         .set_number_of_retries(0)
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout));
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(response_timeout);
     ConnectionManager::new_lazy_with_config(client, cfg)
         .map_err(|e| LockError::Invalid(format!("{url}: {e}")))
 }

@@ -128,7 +128,7 @@ impl Redlock {
     {
         let instances = addrs
             .into_iter()
-            .map(|a| connect(a.as_ref(), cfg.instance_timeout))
+            .map(|a| connect(a.as_ref(), Some(cfg.instance_timeout), cfg.instance_timeout))
             .collect::<Result<Vec<_>, _>>()?;
         if instances.is_empty() {
             return Err(LockError::Invalid(

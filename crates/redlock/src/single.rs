@@ -28,9 +28,12 @@ impl Default for RedisConfig {
     }
 }
 
-/// A lock client on one Redis server.
+/// A lock client on one Redis server (or on anything speaking Redis: see
+/// [`RedisLock::fenced_setnx`]).
 pub struct RedisLock {
     name: &'static str,
+    /// Ask `FENCE.TOKEN key` after a successful `SET NX` (fenced's RESP front end only).
+    fence_token: bool,
     conn: ConnectionManager,
     cfg: RedisConfig,
     unlock: Script,
@@ -44,12 +47,33 @@ impl RedisLock {
     pub fn new(name: &'static str, addr: &str, cfg: RedisConfig) -> Result<RedisLock, LockError> {
         Ok(RedisLock {
             name,
-            conn: connect(addr, cfg.timeout)?,
+            fence_token: false,
+            conn: connect(addr, Some(cfg.timeout), cfg.timeout)?,
             cfg,
             unlock: Script::new(UNLOCK_SCRIPT),
             extend: Script::new(EXTEND_SCRIPT),
             failed: AtomicU64::new(0),
         })
+    }
+
+    /// The plain Redis pattern against fenced's RESP front end (`addr` = a node's RESP
+    /// address), named `fenced-setnx`: the same `SET NX PX` and Lua scripts, and after a
+    /// successful `SET` one `FENCE.TOKEN key` — the key's create revision, i.e. a fencing
+    /// token for a lock taken with plain `SET NX`. Busy locks are retried like Redis.
+    pub fn fenced_setnx(addr: &str, cfg: RedisConfig) -> Result<RedisLock, LockError> {
+        let mut l = RedisLock::new("fenced-setnx", addr, cfg)?;
+        l.fence_token = true;
+        Ok(l)
+    }
+
+    async fn fence_token(&self, key: &str) -> Result<Option<u64>, LockError> {
+        let mut c = self.conn.clone();
+        let t: Option<i64> = redis::cmd("FENCE.TOKEN")
+            .arg(key)
+            .query_async(&mut c)
+            .await
+            .map_err(|e| map_redis(self.name, e))?;
+        Ok(t.filter(|t| *t > 0).map(|t| t as u64))
     }
 
     /// One `SET NX PX` attempt. `true` if the key was set.
@@ -75,7 +99,7 @@ impl DistLock for RedisLock {
     }
 
     fn issues_tokens(&self) -> bool {
-        false
+        self.fence_token
     }
 
     async fn acquire(
@@ -90,10 +114,22 @@ impl DistLock for RedisLock {
         loop {
             let sent = Instant::now();
             if self.try_set(key, &value, ms).await? {
+                let token = if self.fence_token {
+                    let t = self.fence_token(key).await?;
+                    if t.is_none() {
+                        return Err(LockError::Backend {
+                            backend: self.name,
+                            message: format!("FENCE.TOKEN {key}: no token after SET NX"),
+                        });
+                    }
+                    t
+                } else {
+                    None
+                };
                 return Ok(Some(Grant {
                     key: key.to_owned(),
                     handle: value,
-                    token: None,
+                    token,
                     validity: ttl,
                     acquired_at: sent,
                 }));

@@ -228,8 +228,10 @@ async fn redlock_majority_mutual_exclusion_and_unlock_everywhere() {
         return;
     }
     let servers = five();
-    let a = redlock_on(&servers, Duration::from_millis(50));
-    let b = redlock_on(&servers, Duration::from_millis(50));
+    // Generous per-instance timeouts: this test is about the protocol, not speed, and a
+    // loaded CI machine must not turn a slow first connect into a missing key.
+    let a = redlock_on(&servers, Duration::from_secs(1));
+    let b = redlock_on(&servers, Duration::from_secs(1));
     let ttl = Duration::from_secs(10);
 
     let g = a
@@ -270,7 +272,7 @@ async fn redlock_survives_a_minority_down_not_a_majority() {
         .chain(dead.iter().cloned())
         .collect();
     let cfg = RedlockConfig {
-        instance_timeout: Duration::from_millis(50),
+        instance_timeout: Duration::from_millis(500),
         retry: fast_retry(),
     };
     let rl = Redlock::new(&addrs, cfg).unwrap();
@@ -312,24 +314,12 @@ async fn redlock_majority_reached_but_validity_exhausted_fails_and_releases_all(
         return;
     }
     let servers = five();
-    // Three instances stall for 400 ms (DEBUG SLEEP), so a majority needs a slow one. With a
-    // generous per-instance timeout all five say yes — but after ~400 ms, past a 300 ms TTL.
+    // Three instances stall for 1 s (DEBUG SLEEP), so a majority needs a slow one. With a
+    // generous per-instance timeout all five say yes — but after ~1 s, far past a 300 ms TTL.
     let ttl = Duration::from_millis(300);
-    let rl = redlock_on(&servers, Duration::from_secs(2));
-    let sleepers: Vec<_> = servers[..3]
-        .iter()
-        .map(|s| {
-            let addr = s.addr();
-            std::thread::spawn(move || {
-                let c = redis::Client::open(format!("redis://{addr}/")).unwrap();
-                let mut conn = c.get_connection().unwrap();
-                let _: redis::RedisResult<String> =
-                    redis::cmd("DEBUG").arg("SLEEP").arg("0.4").query(&mut conn);
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    let rl = redlock_on(&servers, Duration::from_secs(3));
 
+    let sleepers = stall(&servers[..3], 1.0).await;
     let round = rl.try_round("V", "val", ttl).await.unwrap();
     let returned = Instant::now();
     match round.verdict {
@@ -339,8 +329,9 @@ async fn redlock_majority_reached_but_validity_exhausted_fails_and_releases_all(
         }
         other => panic!("expected ValidityExhausted, got {other:?}"),
     }
-    // The slow instances set the key at ~400 ms with PX 300: it would live until ~700 ms.
-    // It is gone right now only because the failed round released it on all instances.
+    // The slow instances set the key when they woke up, with PX 300: it would live for
+    // another 300 ms. It is gone right now only because the failed round released it on all
+    // instances.
     for (i, s) in servers.iter().enumerate() {
         assert!(!exists(s, "V"), "instance {i} still holds the key");
     }
@@ -350,19 +341,7 @@ async fn redlock_majority_reached_but_validity_exhausted_fails_and_releases_all(
     }
 
     // Through the trait: the same situation yields no grant.
-    let sleepers: Vec<_> = servers[..3]
-        .iter()
-        .map(|s| {
-            let addr = s.addr();
-            std::thread::spawn(move || {
-                let c = redis::Client::open(format!("redis://{addr}/")).unwrap();
-                let mut conn = c.get_connection().unwrap();
-                let _: redis::RedisResult<String> =
-                    redis::cmd("DEBUG").arg("SLEEP").arg("0.4").query(&mut conn);
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_millis(30)).await;
+    let sleepers = stall(&servers[..3], 1.0).await;
     let g = rl.acquire("W", ttl, Duration::ZERO).await.unwrap();
     assert!(g.is_none());
     assert_eq!(rl.failed_attempts(), 1);
@@ -372,13 +351,52 @@ async fn redlock_majority_reached_but_validity_exhausted_fails_and_releases_all(
     }
 }
 
+/// Make each server sleep `secs` (DEBUG SLEEP) and return once every one of them is
+/// confirmed blocked (a PING goes unanswered for 100 ms), so the caller's next command waits.
+async fn stall(servers: &[RedisServer], secs: f64) -> Vec<std::thread::JoinHandle<()>> {
+    // Probe connections first: connecting to a sleeping server would wait out the sleep.
+    let mut probes = Vec::new();
+    for s in servers {
+        let c = redis::Client::open(format!("redis://{}/", s.addr())).unwrap();
+        probes.push(c.get_multiplexed_async_connection().await.unwrap());
+    }
+    let handles: Vec<_> = servers
+        .iter()
+        .map(|s| {
+            let addr = s.addr();
+            std::thread::spawn(move || {
+                let c = redis::Client::open(format!("redis://{addr}/")).unwrap();
+                let mut conn = c.get_connection().unwrap();
+                let _: redis::RedisResult<String> =
+                    redis::cmd("DEBUG").arg("SLEEP").arg(secs).query(&mut conn);
+            })
+        })
+        .collect();
+    for mut conn in probes {
+        let deadline = Instant::now() + Duration::from_secs_f64(secs * 0.5);
+        loop {
+            let cmd = redis::cmd("PING");
+            let ping = cmd.query_async::<String>(&mut conn);
+            if tokio::time::timeout(Duration::from_millis(100), ping)
+                .await
+                .is_err()
+            {
+                break; // unanswered: the server is inside DEBUG SLEEP
+            }
+            assert!(Instant::now() < deadline, "server never stalled");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    handles
+}
+
 #[tokio::test]
 async fn redlock_extend_needs_a_majority() {
     if !have_redis() {
         return;
     }
     let servers = five();
-    let rl = redlock_on(&servers, Duration::from_millis(50));
+    let rl = redlock_on(&servers, Duration::from_secs(1));
     let g = rl
         .acquire("E", Duration::from_secs(10), Duration::ZERO)
         .await
