@@ -353,7 +353,7 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
     let mut out = String::from(
         "| system | workload | nemesis | runs | invalid runs | mutual-exclusion violations | \
          stale writes accepted | lost updates | fencing violations | non-linearizable keys | \
-         acquires ok / answered |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+         ok / answered (acquires; register: all ops) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         out.push_str(&r.2);
