@@ -368,7 +368,17 @@ async fn pubsub_blpop_and_expiry_across_nodes() {
     }
 
     // BLPOP on one node is woken by an RPUSH on another.
-    let mut blocked = connect(&c, other).await;
+    // No client-side response timeout: the reply comes when the push is applied.
+    let blocking_client =
+        redis::Client::open(format!("redis://{}/", c.resp_addr(other))).expect("url");
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut blocked = within(
+        "blocking connection",
+        STEP,
+        blocking_client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .expect("blocking connection");
     let waiter = tokio::spawn(async move {
         let r: Option<(String, String)> = redis::cmd("BLPOP")
             .arg("jobs")
