@@ -285,7 +285,10 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
                         .resp_endpoints
                         .get(i)
                         .ok_or_else(|| ClientError::Other("no RESP endpoints".into()))?;
-                    resp = Some((i, fenced_redlock::connect(addr, op_timeout)?));
+                    resp = Some((
+                        i,
+                        fenced_redlock::connect(addr, Some(op_timeout), op_timeout)?,
+                    ));
                 }
                 if let Some((_, c)) = resp.as_mut() {
                     register_op(&spec, &mut rec, &mut rng, c, op_timeout).await?;
@@ -525,7 +528,7 @@ pub async fn probe(spec: ClientSpec) -> Result<(), ClientError> {
 }
 
 async fn ping(addr: &str, t: Duration) -> Result<(), String> {
-    let mut c = fenced_redlock::connect(addr, t).map_err(|e| e.to_string())?;
+    let mut c = fenced_redlock::connect(addr, Some(t), t).map_err(|e| e.to_string())?;
     tokio::time::timeout(t, redis::cmd("PING").query_async::<String>(&mut c))
         .await
         .map_err(|_| format!("{addr}: PING timed out"))?
