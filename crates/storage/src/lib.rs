@@ -147,6 +147,7 @@ pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStor
         db: db.clone(),
         log,
         meta,
+        flusher: Arc::new(std::sync::OnceLock::new()),
     };
     let sm_store = StateMachineStore {
         db,
@@ -167,6 +168,46 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    flusher: Arc<std::sync::OnceLock<GroupCommit>>,
+}
+
+/// Group commit of appended log entries: `append` writes its entries and queues its
+/// `LogFlushed` callback; one task runs one fsync for everything queued so far and then
+/// acknowledges those appends, in order. An append is never acknowledged before an fsync that
+/// started after its entries were written, and Raft is not held up while the disk works, so
+/// appends that arrive during an fsync share the next one.
+///
+/// Each queued append carries its own handle on the `Db`, so the task holds the database open
+/// only while it has work: once the store is dropped and the last fsync acknowledged, the
+/// directory can be opened again.
+struct GroupCommit {
+    queue: tokio::sync::mpsc::UnboundedSender<(LogFlushed<TypeConfig>, sled::Db)>,
+}
+
+impl GroupCommit {
+    fn start() -> GroupCommit {
+        let (queue, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut batch: Vec<(LogFlushed<TypeConfig>, sled::Db)> = Vec::new();
+            while rx.recv_many(&mut batch, 4096).await > 0 {
+                let db = batch[0].1.clone();
+                let result = db.flush_async().await;
+                drop(db);
+                if let Err(e) = &result {
+                    tracing::error!("log fsync failed: {e}");
+                }
+                let callbacks: Vec<_> = batch.drain(..).map(|(cb, _db)| cb).collect();
+                for callback in callbacks {
+                    let r = match &result {
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(io::Error::other(e.to_string())),
+                    };
+                    callback.log_io_completed(r);
+                }
+            }
+        });
+        GroupCommit { queue }
+    }
 }
 
 impl fmt::Debug for LogStore {
@@ -310,20 +351,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let res = match self.write_batch(entries) {
-            Ok(()) => self.flush().await,
-            Err(e) => Err(e),
-        };
-        match res {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(io::Error::other(e.to_string())));
-                Err(StorageIOError::write_logs(&e).into())
-            }
+        if let Err(e) = self.write_batch(entries) {
+            callback.log_io_completed(Err(io::Error::other(e.to_string())));
+            return Err(StorageIOError::write_logs(&e).into());
         }
+        // Acknowledged by the group commit once an fsync covering these entries is done.
+        let flusher = self.flusher.get_or_init(GroupCommit::start);
+        if let Err(unsent) = flusher.queue.send((callback, self.db.clone())) {
+            // The flusher is gone (runtime shutting down): flush here instead.
+            let result = self.flush().await;
+            let r = result
+                .as_ref()
+                .map(|_| ())
+                .map_err(|e| io::Error::other(e.to_string()));
+            unsent.0 .0.log_io_completed(r);
+            result.map_err(|e| StorageIOError::write_logs(&e))?;
+        }
+        Ok(())
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
