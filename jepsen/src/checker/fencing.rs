@@ -116,20 +116,24 @@ pub fn check(ops: &[Op], issues_tokens: bool) -> Verdict {
 }
 
 /// Stale writes accepted: an increment (`fenced-write` or `write`) that storage acknowledged,
-/// invoked after *another* process's grant of the same lock had been acknowledged, where that
-/// other grant was *invoked after the writer's grant was acknowledged* — so it was certainly
-/// granted later and superseded the writer's (whose lease had expired, or mutual exclusion
-/// broke), yet storage took the write. (An older grant acknowledged late — its reply waited in
-/// a paused client — supersedes nothing.)
+/// invoked after *another* process's grant of the same lock had been acknowledged following
+/// the writer's own grant, that other grant being still valid when acknowledged
+/// (`ok < invoke + ttl`). Such a grant was made after the writer's, or while the writer's
+/// lease ran (a mutual-exclusion violation): either way the writer's grant was superseded
+/// before it wrote, yet storage took the write. A grant acknowledged only after its own lease
+/// had run out (its reply waited in a paused client) supersedes nothing.
 pub fn stale_writes(ops: &[Op]) -> Verdict {
-    // Acknowledged grants per lock: (ok time, process, invoke time), by ok time.
+    // Acknowledged grants per lock: (ok time, process, lease end), by ok time.
     let mut grants: BTreeMap<&str, Vec<(u64, u64, u64)>> = BTreeMap::new();
     for op in ops.iter().filter(|o| o.f == "acquire" && o.is_ok()) {
         if let (Some(k), Some(c)) = (op.key.as_deref(), op.complete) {
+            let valid_until = op
+                .invoke
+                .saturating_add(op.ttl_ms.unwrap_or(0).saturating_mul(1_000_000));
             grants
                 .entry(k)
                 .or_default()
-                .push((c, op.process, op.invoke));
+                .push((c, op.process, valid_until));
         }
     }
     for g in grants.values_mut() {
@@ -170,7 +174,7 @@ pub fn stale_writes(ops: &[Op]) -> Verdict {
             let hi = gs.partition_point(|(c, _, _)| *c < op.invoke);
             if let Some((c, p, _)) = gs[lo..hi.max(lo)]
                 .iter()
-                .find(|(_, p, inv)| *p != op.process && *inv > since)
+                .find(|(c, p, until)| *p != op.process && *c < *until)
             {
                 anomalies += 1;
                 if examples.len() < MAX_EXAMPLES {
@@ -267,7 +271,7 @@ mod tests {
         let mut h = H::new();
         acquire(&mut h, 1, "L", 0, 10, None, 100);
         // Process 1 pauses; its lease runs out; process 2 takes the lock.
-        acquire(&mut h, 2, "L", 50, 150, None, 100);
+        acquire(&mut h, 2, "L", 100, 150, None, 100);
         write(&mut h, 2, "write", 151, 152, Kind::Ok, None);
         write(&mut h, 1, "write", 300, 301, Kind::Ok, None);
         let v = stale_writes(&pair(&h.sorted()));
