@@ -143,7 +143,18 @@ impl Node {
                 .add_service(crate::grpc::session_server(node.clone()))
                 .add_service(crate::grpc::cluster_server(node.clone()));
             let mut rx = shutdown_rx.clone();
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            // Nagle off on every accepted connection: a reply written as HEADERS, DATA and
+            // trailers must not wait for the peer's delayed ACK (a 40 ms stall per call).
+            let incoming = tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                |conn| {
+                    conn.inspect(|socket| {
+                        if let Err(e) = socket.set_nodelay(true) {
+                            tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
+                        }
+                    })
+                },
+            );
             tasks.push(tokio::spawn(async move {
                 let stop = async move {
                     let _ = rx.wait_for(|s| *s).await;
