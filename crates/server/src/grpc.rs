@@ -459,9 +459,17 @@ impl Cluster for Api {
 #[tonic::async_trait]
 impl Forward for Api {
     async fn propose(&self, req: Request<ProposeRequest>) -> Reply<ProposeReply> {
-        let (rid, cmd): (Option<RequestId>, Command) = bincode::deserialize(&req.into_inner().data)
+        let req = req.into_inner();
+        let (rid, cmd): (Option<RequestId>, Command) = bincode::deserialize(&req.data)
             .map_err(|e| Status::invalid_argument(format!("malformed proposal: {e}")))?;
-        let resp = self.node.propose_local(rid, cmd).await?;
+        let queues = matches!(cmd, Command::Acquire { .. } | Command::AcquireWith(_));
+        let resp = match rid {
+            // A queued acquire waits here, on the leader, which applies the grant first.
+            Some(rid) if req.wait_ms > 0 && queues => {
+                self.node.acquire_here(rid, cmd, req.wait_ms).await?
+            }
+            _ => self.node.propose_local(rid, cmd).await?,
+        };
         let data = bincode::serialize(&resp).map_err(|e| Status::internal(e.to_string()))?;
         // The entry is applied here: tell the follower the log time it reached.
         let log_time = self.node.local(|sm| sm.now());

@@ -216,7 +216,7 @@ impl Node {
         loop {
             let attempt = match self.propose_local(rid, cmd.clone()).await {
                 Err(NodeError::NotLeader { leader: Some(addr) }) => {
-                    self.forward_propose(&addr, rid, &cmd).await
+                    self.forward(&addr, rid, &cmd, 0).await
                 }
                 other => other,
             };
@@ -234,6 +234,28 @@ impl Node {
     /// ends it). Returns `Granted`, `NotGranted`, `Rejected`, or `Pending` if the resolution
     /// could not be learnt in time (outcome unknown; retry with the same request id).
     pub async fn acquire(
+        &self,
+        rid: RequestId,
+        cmd: Command,
+        wait_ms: u64,
+    ) -> Result<Response, NodeError> {
+        // A follower lets the leader do the waiting: the leader applies the granting entry
+        // first, so the grant reaches the client one commit notification earlier. If that
+        // fails (the leader changed mid-wait), wait here; the request id makes it safe.
+        if wait_ms > 0 {
+            if let Err(NodeError::NotLeader { leader: Some(addr) }) = self.leader_term() {
+                match self.forward(&addr, Some(rid), &cmd, wait_ms).await {
+                    Ok(resp) if resp != Response::Pending => return Ok(resp),
+                    Ok(_) => {}
+                    Err(e) => tracing::debug!("forwarded wait: {e}; waiting here"),
+                }
+            }
+        }
+        self.acquire_here(rid, cmd, wait_ms).await
+    }
+
+    /// [`Node::acquire`], waiting for the resolution on this node.
+    pub async fn acquire_here(
         &self,
         rid: RequestId,
         cmd: Command,
@@ -324,7 +346,7 @@ impl Node {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| NodeError::Invalid(format!("leader address {addr}: {e}")))?
             .connect_timeout(Duration::from_secs(1))
-            .timeout(PROPOSE_TIMEOUT);
+            .tcp_nodelay(true);
         let client = ForwardClient::new(endpoint.connect_lazy())
             .max_decoding_message_size(fenced_network::MAX_MESSAGE_SIZE);
         self.lock_peers().insert(addr.to_owned(), client.clone());
@@ -335,16 +357,26 @@ impl Node {
         self.inner.peers.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn forward_propose(
+    /// Have the leader at `addr` propose `cmd` (and, with `wait_ms`, wait for a queued
+    /// acquire's resolution).
+    async fn forward(
         &self,
         addr: &str,
         rid: Option<RequestId>,
         cmd: &Command,
+        wait_ms: u64,
     ) -> Result<Response, NodeError> {
         let data = bincode::serialize(&(rid, cmd))
             .map_err(|e| NodeError::Invalid(format!("encoding: {e}")))?;
         let mut client = self.peer(addr).await?;
-        match client.propose(ProposeRequest { data }).await {
+        let mut req = tonic::Request::new(ProposeRequest { data, wait_ms });
+        let waiting = if wait_ms > 0 {
+            Duration::from_millis(wait_ms) + WAIT_SLACK
+        } else {
+            Duration::ZERO
+        };
+        req.set_timeout(PROPOSE_TIMEOUT + waiting);
+        match client.propose(req).await {
             Ok(reply) => {
                 let log_time = reply
                     .metadata()
@@ -432,7 +464,9 @@ impl Node {
 
     async fn forward_read_index(&self, addr: &str) -> Result<(u64, u64), NodeError> {
         let mut client = self.peer(addr).await?;
-        match client.read_index(ReadIndexRequest {}).await {
+        let mut req = tonic::Request::new(ReadIndexRequest {});
+        req.set_timeout(PROPOSE_TIMEOUT);
+        match client.read_index(req).await {
             Ok(r) => {
                 let r = r.into_inner();
                 Ok((r.index, r.time_ms))
