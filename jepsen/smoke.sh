@@ -35,7 +35,7 @@ if [ "$(id -u)" = 0 ] && ip netns add "$PREFIX-check" 2>/dev/null; then
 fi
 
 run() { # system seed
-    "$BIN" test --system "$1" --workload counter --nemesis pause --time-limit 30 \
+    "$BIN" test --system "$1" --workload counter --nemesis pause --time-limit 25 \
         --seed "$2" --clients 4 --net "$NET" --prefix "$PREFIX" --out "$OUT/$1"
 }
 

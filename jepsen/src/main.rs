@@ -331,10 +331,13 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
                 format!("{:.0}%", x / n_av as f64 * 100.0)
             }
         };
-        let system = meta["system"].as_str().unwrap_or("?").to_owned();
+        let mut system = meta["system"].as_str().unwrap_or("?").to_owned();
+        if system == "fenced" && meta["nodes"].as_u64().is_some_and(|n| n != 3) {
+            system = format!("fenced ({} nodes)", meta["nodes"]);
+        }
         let workload = meta["workload"].as_str().unwrap_or("?").to_owned();
         rows.push((
-            order(&system),
+            order(system.split(' ').next().unwrap_or("")),
             workload.clone(),
             format!(
                 "| {system} | {workload} | {nem} | {runs}{} | {invalid} | {} | {} | {} | {} | {} | {} / {} |\n",
