@@ -132,6 +132,21 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
             .context("binary has no folder")?
             .to_owned(),
     };
+    // Under `cargo run -p fenced-jepsen`, build the servers the harness starts if missing.
+    if !bin_dir.join("fenced").exists() || !bin_dir.join("fenced-guard").exists() {
+        if let Some(cargo) = std::env::var_os("CARGO") {
+            let mut cmd = std::process::Command::new(cargo);
+            cmd.args(["build", "-p", "fenced-server", "-p", "fenced-guard"]);
+            if bin_dir.ends_with("release") {
+                cmd.arg("--release");
+            }
+            eprintln!("fenced-jepsen: building fenced and fenced-guard");
+            let st = cmd.status().context("running cargo build")?;
+            if !st.success() {
+                bail!("cargo build -p fenced-server -p fenced-guard failed ({st})");
+            }
+        }
+    }
     let base = a.out.unwrap_or_else(|| {
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
