@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fault-injection smoke run for CI (about 80 s): the pause nemesis (SIGSTOP/SIGCONT of nodes
+# Fault-injection smoke run for CI (about 65 s plus the build): the pause nemesis (SIGSTOP/SIGCONT of nodes
 # and clients) on the counter workload, against fenced and against Redlock.
 #  - fenced must come out valid (exit 0): an anomaly there is a real bug.
 #  - Redlock may show anomalies (exit 1: that is the point of the comparison); only a
