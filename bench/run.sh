@@ -14,6 +14,7 @@
 # Results: $OUT/results.json and $OUT/table.md (OUT defaults to bench/results/<timestamp>).
 # Ports used (loopback only): fenced gRPC 27481-27483, RESP 27471-27473; Redis 26379,
 # Redis AOF 26380, Redlock 26381-26385; etcd clients 23791-23793, peers 23801-23803.
+# PORT_OFFSET=N shifts them all by N (to run beside another copy of this script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -86,10 +87,12 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+O=${PORT_OFFSET:-0}
+FG=$((27480 + O)) FR=$((27470 + O)) RP=$((26379 + O)) EC=$((23790 + O)) EP=$((23800 + O))
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for p in 27481 27482 27483 27471 27472 27473 26379 26380 26381 26382 26383 26384 26385 \
-    23791 23792 23793 23801 23802 23803; do
-    port_free "$p" || { echo "port 127.0.0.1:$p is in use" >&2; exit 1; }
+for p in $((FG + 1)) $((FG + 2)) $((FG + 3)) $((FR + 1)) $((FR + 2)) $((FR + 3)) \
+    $(seq "$RP" $((RP + 6))) $((EC + 1)) $((EC + 2)) $((EC + 3)) $((EP + 1)) $((EP + 2)) $((EP + 3)); do
+    port_free "$p" || { echo "port 127.0.0.1:$p is in use (try PORT_OFFSET=100)" >&2; exit 1; }
 done
 
 wait_for() { # description, attempts (×0.1 s), command...
@@ -107,17 +110,17 @@ ARGS=(--duration "$DURATION" --rounds "$ROUNDS" --clients "$CLIENTS" --keys "$KE
     --ttl-ms "$TTL_MS" --work-us "$WORK_US")
 
 if need fenced; then
-    CLUSTER=1=127.0.0.1:27481,2=127.0.0.1:27482,3=127.0.0.1:27483
+    CLUSTER=1=127.0.0.1:$((FG + 1)),2=127.0.0.1:$((FG + 2)),3=127.0.0.1:$((FG + 3))
     for i in 1 2 3; do
         FENCED_LOG=warn "$FENCED" serve --id $i --data-dir "$WORK/fenced-$i" \
-            --grpc-addr 127.0.0.1:2748$i --resp-addr 127.0.0.1:2747$i \
+            --grpc-addr 127.0.0.1:$((FG + i)) --resp-addr 127.0.0.1:$((FR + i)) \
             --initial-cluster "$CLUSTER" >"$WORK/fenced-$i.log" 2>&1 &
         PIDS+=($!)
     done
     wait_for "a fenced leader" 300 sh -c \
-        "'$FENCED' status --endpoints 127.0.0.1:27481 | grep -q '\"leader\":[1-9]'"
-    ARGS+=(--fenced 127.0.0.1:27481,127.0.0.1:27482,127.0.0.1:27483)
-    ARGS+=(--fenced-resp 127.0.0.1:27471,127.0.0.1:27472,127.0.0.1:27473)
+        "'$FENCED' status --endpoints 127.0.0.1:$((FG + 1)) | grep -q '\"leader\":[1-9]'"
+    ARGS+=(--fenced 127.0.0.1:$((FG + 1)),127.0.0.1:$((FG + 2)),127.0.0.1:$((FG + 3)))
+    ARGS+=(--fenced-resp 127.0.0.1:$((FR + 1)),127.0.0.1:$((FR + 2)),127.0.0.1:$((FR + 3)))
 fi
 
 start_redis() { # port, extra args...
@@ -130,33 +133,37 @@ start_redis() { # port, extra args...
     wait_for "redis on $port" 100 redis-cli -p "$port" ping
 }
 if need "redis,"; then
-    start_redis 26379 --appendonly no
-    ARGS+=(--redis 127.0.0.1:26379)
+    start_redis "$RP" --appendonly no
+    ARGS+=(--redis "127.0.0.1:$RP")
 fi
 if need redis-aof; then
-    start_redis 26380 --appendonly yes --appendfsync always
-    ARGS+=(--redis-aof 127.0.0.1:26380)
+    start_redis $((RP + 1)) --appendonly yes --appendfsync always
+    ARGS+=(--redis-aof "127.0.0.1:$((RP + 1))")
 fi
 if need redlock; then
-    for p in 26381 26382 26383 26384 26385; do start_redis $p --appendonly no; done
-    ARGS+=(--redlock 127.0.0.1:26381,127.0.0.1:26382,127.0.0.1:26383,127.0.0.1:26384,127.0.0.1:26385)
+    RL=()
+    for p in $(seq $((RP + 2)) $((RP + 6))); do
+        start_redis "$p" --appendonly no
+        RL+=("127.0.0.1:$p")
+    done
+    ARGS+=(--redlock "$(IFS=,; echo "${RL[*]}")")
 fi
 
 if need etcd; then
-    EC=e1=http://127.0.0.1:23801,e2=http://127.0.0.1:23802,e3=http://127.0.0.1:23803
+    PEERS=e1=http://127.0.0.1:$((EP + 1)),e2=http://127.0.0.1:$((EP + 2)),e3=http://127.0.0.1:$((EP + 3))
     for i in 1 2 3; do
         etcd --name e$i --data-dir "$WORK/etcd-$i" \
-            --listen-client-urls http://127.0.0.1:2379$i \
-            --advertise-client-urls http://127.0.0.1:2379$i \
-            --listen-peer-urls http://127.0.0.1:2380$i \
-            --initial-advertise-peer-urls http://127.0.0.1:2380$i \
-            --initial-cluster "$EC" --initial-cluster-state new \
+            --listen-client-urls http://127.0.0.1:$((EC + i)) \
+            --advertise-client-urls http://127.0.0.1:$((EC + i)) \
+            --listen-peer-urls http://127.0.0.1:$((EP + i)) \
+            --initial-advertise-peer-urls http://127.0.0.1:$((EP + i)) \
+            --initial-cluster "$PEERS" --initial-cluster-state new \
             --initial-cluster-token fenced-bench >"$WORK/etcd-$i.log" 2>&1 &
         PIDS+=($!)
     done
-    wait_for "etcd" 300 env ETCDCTL_API=3 etcdctl \
-        --endpoints 127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793 endpoint health
-    ARGS+=(--etcd 127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793)
+    ETCD_EPS=127.0.0.1:$((EC + 1)),127.0.0.1:$((EC + 2)),127.0.0.1:$((EC + 3))
+    wait_for "etcd" 300 env ETCDCTL_API=3 etcdctl --endpoints "$ETCD_EPS" endpoint health
+    ARGS+=(--etcd "$ETCD_EPS")
 fi
 
 # --- run ----------------------------------------------------------------------------------
