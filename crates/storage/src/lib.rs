@@ -100,6 +100,16 @@ fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, St
     bincode::deserialize(bytes).map_err(|source| StoreError::Corrupt { what, source })
 }
 
+/// One fsync at a time: concurrent `flush_async` calls on one sled `Db` were seen to hang
+/// (64 concurrent callers in a probe never finished), and the group commit, votes, truncation
+/// and snapshots all flush. Process-wide, which also covers several nodes in one test process.
+static FLUSH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn flush_db(db: &sled::Db) -> Result<usize, sled::Error> {
+    let _one_at_a_time = FLUSH.lock().await;
+    db.flush_async().await
+}
+
 fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
@@ -191,7 +201,7 @@ impl GroupCommit {
             let mut batch: Vec<(LogFlushed<TypeConfig>, sled::Db)> = Vec::new();
             while rx.recv_many(&mut batch, 4096).await > 0 {
                 let db = batch[0].1.clone();
-                let result = db.flush_async().await;
+                let result = flush_db(&db).await;
                 drop(db);
                 if let Err(e) = &result {
                     tracing::error!("log fsync failed: {e}");
@@ -244,7 +254,7 @@ impl LogStore {
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush_async().await?;
+        flush_db(&self.db).await?;
         Ok(())
     }
 
@@ -510,7 +520,7 @@ async fn write_snapshot(
         tx.insert(KEY_SNAPSHOT_DATA, data)?;
         Ok(())
     })?;
-    db.flush_async().await?;
+    flush_db(db).await?;
     Ok(())
 }
 
