@@ -21,9 +21,13 @@ const STEP: Duration = Duration::from_secs(20);
 async fn connect(c: &Cluster, id: u64) -> MultiplexedConnection {
     let url = format!("redis://{}/", c.resp_addr(id));
     let client = redis::Client::open(url).expect("redis url");
+    // redis-rs gives up on a reply after 500 ms by default; a write during an election, or
+    // while 15 test nodes share 2 cores and a disk, can take longer. Hangs are still caught by
+    // STEP.
+    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(STEP));
     wait_for(&format!("RESP connection to node {id}"), STEP, || async {
         client
-            .get_multiplexed_async_connection()
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .map_err(|e| e.to_string())
     })
