@@ -375,8 +375,12 @@ impl Node {
         } else {
             Duration::ZERO
         };
-        req.set_timeout(PROPOSE_TIMEOUT + waiting);
-        match client.propose(req).await {
+        let deadline = PROPOSE_TIMEOUT + waiting;
+        req.set_timeout(deadline);
+        let reply = tokio::time::timeout(deadline, client.propose(req))
+            .await
+            .map_err(|_| NodeError::Unknown("the leader did not answer in time".into()))?;
+        match reply {
             Ok(reply) => {
                 let log_time = reply
                     .metadata()
@@ -466,7 +470,10 @@ impl Node {
         let mut client = self.peer(addr).await?;
         let mut req = tonic::Request::new(ReadIndexRequest {});
         req.set_timeout(PROPOSE_TIMEOUT);
-        match client.read_index(req).await {
+        let reply = tokio::time::timeout(PROPOSE_TIMEOUT, client.read_index(req))
+            .await
+            .map_err(|_| NodeError::Unknown("the leader did not answer in time".into()))?;
+        match reply {
             Ok(r) => {
                 let r = r.into_inner();
                 Ok((r.index, r.time_ms))
