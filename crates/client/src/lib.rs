@@ -62,6 +62,9 @@ pub enum ClientError {
     Unavailable(String),
 }
 
+/// Response header in which a follower names the leader's gRPC address.
+const LEADER_HINT: &str = "x-fenced-leader";
+
 /// Options of a [`Client`].
 #[derive(Clone, Copy, Debug)]
 pub struct ClientOptions {
@@ -196,7 +199,10 @@ impl Client {
         loop {
             let i = self.inner.preferred.load(Ordering::Relaxed) % n;
             match call(self.inner.channels[i].clone()).await {
-                Ok(r) => return Ok(r.into_inner()),
+                Ok(r) => {
+                    self.follow_leader_hint(r.metadata());
+                    return Ok(r.into_inner());
+                }
                 Err(s) if is_retryable(&s) => {
                     self.inner.preferred.store((i + 1) % n, Ordering::Relaxed);
                     if Instant::now() >= give_up {
@@ -210,6 +216,22 @@ impl Client {
                 Err(s) => return Err(ClientError::Rejected(s)),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// A follower names the leader in `x-fenced-leader`; if it is one of our endpoints, use
+    /// it from now on (the follower would forward there anyway).
+    fn follow_leader_hint(&self, meta: &tonic::metadata::MetadataMap) {
+        let Some(leader) = meta.get(LEADER_HINT).and_then(|v| v.to_str().ok()) else {
+            return;
+        };
+        if let Some(i) = self
+            .inner
+            .endpoints
+            .iter()
+            .position(|e| e.trim_start_matches("http://") == leader)
+        {
+            self.inner.preferred.store(i, Ordering::Relaxed);
         }
     }
 

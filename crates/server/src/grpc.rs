@@ -75,6 +75,16 @@ fn opt_session(s: u64) -> Option<u64> {
 }
 
 impl Api {
+    /// A reply to a client call, with the leader's address in `x-fenced-leader` when this node
+    /// is a follower, so that clients can go to the leader and skip the forwarding hop.
+    fn reply<T>(&self, msg: T) -> tonic::Response<T> {
+        let mut r = tonic::Response::new(msg);
+        if let Some(addr) = self.node.leader_hint().and_then(|a| a.parse().ok()) {
+            r.metadata_mut().insert(crate::error::LEADER_HINT, addr);
+        }
+        r
+    }
+
     /// Lease left until `deadline_ms`, for the answer to a proposal this node just made.
     fn remaining(&self, deadline_ms: u64) -> u64 {
         deadline_ms.saturating_sub(self.node.log_time())
@@ -158,7 +168,7 @@ impl Lock for Api {
             )),
             other => return Err(unexpected(other)),
         };
-        Ok(tonic::Response::new(out))
+        Ok(self.reply(out))
     }
 
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
@@ -185,7 +195,7 @@ impl Lock for Api {
             Response::NotHeld => pb::ReleaseResponse::default(),
             other => return Err(unexpected(other)),
         };
-        Ok(tonic::Response::new(out))
+        Ok(self.reply(out))
     }
 
     async fn renew(&self, req: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
@@ -205,7 +215,7 @@ impl Lock for Api {
             Response::NotHeld => pb::RenewResponse::default(),
             other => return Err(unexpected(other)),
         };
-        Ok(tonic::Response::new(out))
+        Ok(self.reply(out))
     }
 
     async fn info(&self, req: Request<pb::InfoRequest>) -> Reply<pb::InfoResponse> {
@@ -218,7 +228,7 @@ impl Lock for Api {
         // entry can be up to a lease old on an idle cluster, which would overstate it.
         let now = applied.max(read_time);
         let Some(i) = info else {
-            return Ok(tonic::Response::new(pb::InfoResponse {
+            return Ok(self.reply(pb::InfoResponse {
                 waiters: waiters as u32,
                 ..Default::default()
             }));
@@ -240,7 +250,7 @@ impl Lock for Api {
                 mode: proto_mode(h.mode) as i32,
             })
             .collect();
-        Ok(tonic::Response::new(pb::InfoResponse {
+        Ok(self.reply(pb::InfoResponse {
             held: true,
             owner: i.owner,
             token: i.token,
@@ -269,7 +279,7 @@ impl Lock for Api {
             Response::NotHeld => false,
             other => return Err(unexpected(other)),
         };
-        Ok(tonic::Response::new(pb::ForceUnlockResponse { released }))
+        Ok(self.reply(pb::ForceUnlockResponse { released }))
     }
 }
 
@@ -368,12 +378,10 @@ impl Session for Api {
             .propose(Some(rid), Command::OpenSession { ttl_ms: r.ttl_ms })
             .await?
         {
-            Response::SessionOpened { session, .. } => {
-                Ok(tonic::Response::new(pb::OpenSessionResponse {
-                    session,
-                    ttl_ms: r.ttl_ms,
-                }))
-            }
+            Response::SessionOpened { session, .. } => Ok(self.reply(pb::OpenSessionResponse {
+                session,
+                ttl_ms: r.ttl_ms,
+            })),
             other => Err(unexpected(other)),
         }
     }
@@ -386,13 +394,11 @@ impl Session for Api {
             .propose(Some(rid), Command::KeepAlive { session: r.session })
             .await?
         {
-            Response::SessionAlive { deadline_ms } => {
-                Ok(tonic::Response::new(pb::KeepAliveResponse {
-                    alive: true,
-                    ttl_ms: self.remaining(deadline_ms),
-                }))
-            }
-            Response::NoSuchSession => Ok(tonic::Response::new(pb::KeepAliveResponse::default())),
+            Response::SessionAlive { deadline_ms } => Ok(self.reply(pb::KeepAliveResponse {
+                alive: true,
+                ttl_ms: self.remaining(deadline_ms),
+            })),
+            Response::NoSuchSession => Ok(self.reply(pb::KeepAliveResponse::default())),
             other => Err(unexpected(other)),
         }
     }
@@ -412,7 +418,7 @@ impl Session for Api {
             Response::NoSuchSession => false,
             other => return Err(unexpected(other)),
         };
-        Ok(tonic::Response::new(pb::CloseSessionResponse { closed }))
+        Ok(self.reply(pb::CloseSessionResponse { closed }))
     }
 }
 

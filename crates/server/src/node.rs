@@ -203,6 +203,15 @@ impl Node {
         &self.inner.hub
     }
 
+    /// The leader's gRPC address when this node is not the leader and knows it (a hint for
+    /// clients to talk to the leader directly).
+    pub fn leader_hint(&self) -> Option<String> {
+        match self.leader_term() {
+            Err(NodeError::NotLeader { leader }) => leader,
+            _ => None,
+        }
+    }
+
     /// Propose a command, from any node: applied through the leader (forwarded if this node
     /// is not it), retried across leader changes for up to [`PROPOSE_TIMEOUT`]. Retrying is
     /// safe because the request id makes the state machine answer a repeat with the first
