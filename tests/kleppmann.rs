@@ -83,3 +83,39 @@ async fn a_paused_holders_write_is_rejected_and_the_new_holders_data_survives() 
         "the unfenced store should show the lost update"
     );
 }
+
+/// The same scenario with fenced's own keyspace as the protected storage (`FencedPut`, the
+/// gRPC twin of RESP's `FENCE.SET`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_keyspace_rejects_the_paused_holders_write() {
+    let c = Cluster::start(41, "kleppmann_kv", &[]);
+    c.wait_for_leader(Duration::from_secs(20)).await;
+    let a = Client::connect(c.endpoints()).expect("client a");
+    let b = Client::connect(c.endpoints()).expect("client b");
+    let ga = a
+        .acquire("file", "client-a", LEASE, Duration::ZERO, 0)
+        .await
+        .expect("a acquires")
+        .expect("granted");
+    pause_past_lease().await;
+    let gb = b
+        .acquire("file", "client-b", LEASE * 10, Duration::from_secs(10), 0)
+        .await
+        .expect("b acquires")
+        .expect("granted after A's lease ran out");
+    b.fenced_put("file", b"written by B", gb.token)
+        .await
+        .expect("call")
+        .expect("B's write is accepted");
+    let stale = a
+        .fenced_put("file", b"written by A", ga.token)
+        .await
+        .expect("call")
+        .expect_err("the paused client's write was accepted");
+    assert_eq!((stale.presented, stale.highest), (ga.token, gb.token));
+    assert_eq!(
+        a.get("file").await.expect("get"),
+        Some((b"written by B".to_vec(), gb.token)),
+        "B's data did not survive"
+    );
+}

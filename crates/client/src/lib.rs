@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use fenced_proto::v1 as pb;
 use fenced_proto::v1::cluster_client::ClusterClient;
+use fenced_proto::v1::kv_client::KvClient;
 use fenced_proto::v1::lock_client::LockClient;
 use fenced_proto::v1::session_client::SessionClient;
 use rand::Rng;
@@ -82,6 +83,14 @@ impl Default for ClientOptions {
             retry_for: Duration::from_secs(15),
         }
     }
+}
+
+/// A fenced write refused because a newer token already wrote the key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("stale token {presented}: {highest} already wrote this key")]
+pub struct Stale {
+    pub presented: u64,
+    pub highest: u64,
 }
 
 /// A grant returned by [`Client::acquire`].
@@ -361,6 +370,52 @@ impl Client {
             async move { c.watch(pb::WatchRequest { session }).await }
         })
         .await
+    }
+
+    /// Write `value` under `key` in fenced's own keyspace if `token` is at least every token
+    /// used to write `key` before (RESP: `FENCE.SET`). `Err(Stale)` otherwise, changing nothing.
+    pub async fn fenced_put(
+        &self,
+        key: &str,
+        value: &[u8],
+        token: u64,
+    ) -> Result<Result<(), Stale>, ClientError> {
+        let req = pb::FencedPutRequest {
+            request: Some(self.next_request_id()),
+            key: key.to_owned(),
+            value: value.to_vec(),
+            token,
+        };
+        let r = self
+            .call(Duration::ZERO, |ch| {
+                let mut c = KvClient::new(ch);
+                let req = req.clone();
+                async move { c.fenced_put(req).await }
+            })
+            .await?;
+        Ok(if r.accepted {
+            Ok(())
+        } else {
+            Err(Stale {
+                presented: token,
+                highest: r.highest,
+            })
+        })
+    }
+
+    /// Linearizable read of `key` in fenced's keyspace: its value and fence (highest token).
+    pub async fn get(&self, key: &str) -> Result<Option<(Vec<u8>, u64)>, ClientError> {
+        let req = pb::GetRequest {
+            key: key.to_owned(),
+        };
+        let r = self
+            .call(Duration::ZERO, |ch| {
+                let mut c = KvClient::new(ch);
+                let req = req.clone();
+                async move { c.get(req).await }
+            })
+            .await?;
+        Ok(r.found.then_some((r.value, r.fence)))
     }
 
     /// Linearizable read of a lock's holder(s). `None` if free.

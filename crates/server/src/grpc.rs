@@ -4,6 +4,7 @@
 use std::pin::Pin;
 use std::time::Duration;
 
+use fenced_core::kv::{KvCommand, Reply as KvReply};
 use fenced_core::{
     AcquireSpec, Command, Event, LockKind, Mode, ReleaseReason, RequestId, Response,
 };
@@ -11,6 +12,7 @@ use fenced_proto::raft::forward_server::{Forward, ForwardServer};
 use fenced_proto::raft::{ProposeReply, ProposeRequest, ReadIndexReply, ReadIndexRequest};
 use fenced_proto::v1 as pb;
 use fenced_proto::v1::cluster_server::{Cluster, ClusterServer};
+use fenced_proto::v1::kv_server::{Kv, KvServer};
 use fenced_proto::v1::lock_server::{Lock, LockServer};
 use fenced_proto::v1::session_server::{Session, SessionServer};
 use openraft::ServerState;
@@ -32,6 +34,10 @@ pub fn lock_server(node: Node) -> LockServer<Api> {
 
 pub fn session_server(node: Node) -> SessionServer<Api> {
     SessionServer::new(Api { node }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
+}
+
+pub fn kv_server(node: Node) -> KvServer<Api> {
+    KvServer::new(Api { node }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
 }
 
 pub fn cluster_server(node: Node) -> ClusterServer<Api> {
@@ -419,6 +425,64 @@ impl Session for Api {
             other => return Err(unexpected(other)),
         };
         Ok(self.reply(pb::CloseSessionResponse { closed }))
+    }
+}
+
+#[tonic::async_trait]
+impl Kv for Api {
+    async fn fenced_put(&self, req: Request<pb::FencedPutRequest>) -> Reply<pb::FencedPutResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        let argv = vec![
+            b"FENCE.SET".to_vec(),
+            r.key.clone().into_bytes(),
+            r.value,
+            r.token.to_string().into_bytes(),
+        ];
+        let replies = match self
+            .node
+            .propose(Some(rid), Command::Kv(KvCommand::Batch(vec![argv])))
+            .await?
+        {
+            Response::Kv(k) => k.replies,
+            other => return Err(unexpected(other)),
+        };
+        let (accepted, highest) = match replies.first() {
+            Some(KvReply::Status(_)) => (true, r.token),
+            // "STALE token N is older than M": M is the mark the entry was checked against.
+            Some(KvReply::Error(e)) if e.starts_with("STALE") => {
+                let highest = e.rsplit(' ').next().and_then(|m| m.parse().ok());
+                (false, highest.unwrap_or(r.token))
+            }
+            Some(KvReply::Error(e)) => return Err(Status::invalid_argument(e.clone())),
+            other => return Err(Status::internal(format!("unexpected reply {other:?}"))),
+        };
+        Ok(self.reply(pb::FencedPutResponse { accepted, highest }))
+    }
+
+    async fn get(&self, req: Request<pb::GetRequest>) -> Reply<pb::GetResponse> {
+        let key = req.into_inner().key.into_bytes();
+        // Expiry is judged at the leader's log time of the read, not at the last applied
+        // entry's (which may be old on an idle cluster).
+        let leader_now = self.node.read_barrier_time().await?;
+        let (value, fence) = self.node.local(|sm| {
+            let argv = [b"GET".to_vec(), key.clone()];
+            let now = leader_now.max(sm.now());
+            (sm.kv().read(now, &argv), sm.kv().fence(&key))
+        });
+        let out = match value {
+            Some(KvReply::Bulk(v)) => pb::GetResponse {
+                found: true,
+                value: v,
+                fence,
+            },
+            Some(KvReply::Error(e)) => return Err(Status::failed_precondition(e)),
+            _ => pb::GetResponse {
+                fence,
+                ..Default::default()
+            },
+        };
+        Ok(self.reply(out))
     }
 }
 

@@ -141,6 +141,7 @@ impl Node {
                 .add_service(crate::grpc::forward_server(node.clone()))
                 .add_service(crate::grpc::lock_server(node.clone()))
                 .add_service(crate::grpc::session_server(node.clone()))
+                .add_service(crate::grpc::kv_server(node.clone()))
                 .add_service(crate::grpc::cluster_server(node.clone()));
             let mut rx = shutdown_rx.clone();
             // Nagle off on every accepted connection: a reply written as HEADERS, DATA and
