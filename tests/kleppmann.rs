@@ -10,36 +10,24 @@ mod support;
 
 use std::time::Duration;
 
-use fenced_client::Client;
+use fenced_client::{Client, Grant};
 use fenced_guard::{FenceStore, GuardError};
 use support::Cluster;
 
 const LEASE: Duration = Duration::from_millis(800);
 
-/// A paused client: it holds a grant with its own lease and sends nothing while paused.
-async fn pause_past_lease() {
-    tokio::time::sleep(LEASE * 3).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_holders_write_is_rejected_and_the_new_holders_data_survives() {
-    let c = Cluster::start(40, "kleppmann", &[]);
+/// Client A takes the lock and is paused (GC, SIGSTOP, a network stall) past its lease —
+/// it sends nothing meanwhile; client B then takes the lock. Returns both clients and grants.
+async fn a_paused_b_took_over(c: &Cluster) -> (Client, Client, Grant, Grant) {
     c.wait_for_leader(Duration::from_secs(20)).await;
-    let storage_dir = tempfile::tempdir().expect("tempdir");
-    let storage = FenceStore::open(storage_dir.path()).expect("storage");
     let a = Client::connect(c.endpoints()).expect("client a");
     let b = Client::connect(c.endpoints()).expect("client b");
-
-    // A takes the lock and reads the current value.
     let ga = a
         .acquire("file", "client-a", LEASE, Duration::ZERO, 0)
         .await
         .expect("a acquires")
         .expect("granted");
-    // A is paused (GC, SIGSTOP, a network stall) for longer than its lease.
-    pause_past_lease().await;
-
-    // B takes the lock (A's lease ran out) and writes.
+    tokio::time::sleep(LEASE * 3).await;
     let gb = b
         .acquire("file", "client-b", LEASE * 10, Duration::from_secs(10), 0)
         .await
@@ -51,6 +39,17 @@ async fn a_paused_holders_write_is_rejected_and_the_new_holders_data_survives() 
         ga.token,
         gb.token
     );
+    (a, b, ga, gb)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_holders_write_is_rejected_and_the_new_holders_data_survives() {
+    let c = Cluster::start(40, "kleppmann", &[]);
+    let storage_dir = tempfile::tempdir().expect("tempdir");
+    let storage = FenceStore::open(storage_dir.path()).expect("storage");
+    let (a, _b, ga, gb) = a_paused_b_took_over(&c).await;
+
+    // B writes.
     storage
         .put("file", b"written by B", gb.token)
         .expect("B's write is accepted");
@@ -89,20 +88,7 @@ async fn a_paused_holders_write_is_rejected_and_the_new_holders_data_survives() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_keyspace_rejects_the_paused_holders_write() {
     let c = Cluster::start(41, "kleppmann_kv", &[]);
-    c.wait_for_leader(Duration::from_secs(20)).await;
-    let a = Client::connect(c.endpoints()).expect("client a");
-    let b = Client::connect(c.endpoints()).expect("client b");
-    let ga = a
-        .acquire("file", "client-a", LEASE, Duration::ZERO, 0)
-        .await
-        .expect("a acquires")
-        .expect("granted");
-    pause_past_lease().await;
-    let gb = b
-        .acquire("file", "client-b", LEASE * 10, Duration::from_secs(10), 0)
-        .await
-        .expect("b acquires")
-        .expect("granted after A's lease ran out");
+    let (a, b, ga, gb) = a_paused_b_took_over(&c).await;
     b.fenced_put("file", b"written by B", gb.token)
         .await
         .expect("call")
