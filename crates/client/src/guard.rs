@@ -158,10 +158,7 @@ impl Client {
             self.client_id(),
             self.inner.guards.fetch_add(1, Ordering::Relaxed) + 1
         );
-        let (name, multi) = match names {
-            [one] => (one.to_string(), Vec::new()),
-            many => (String::new(), many.iter().map(|n| n.to_string()).collect()),
-        };
+        let (name, multi) = crate::name_fields(names);
         let req = pb::AcquireRequest {
             name,
             names: multi,

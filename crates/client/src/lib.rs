@@ -63,6 +63,15 @@ pub enum ClientError {
     Unavailable(String),
 }
 
+/// The `name` / `names` fields of a request: one lock goes in `name`, a multi-lock's in
+/// `names`.
+pub(crate) fn name_fields(names: &[&str]) -> (String, Vec<String>) {
+    match names {
+        [one] => (one.to_string(), Vec::new()),
+        many => (String::new(), many.iter().map(|n| n.to_string()).collect()),
+    }
+}
+
 /// Response header in which a follower names the leader's gRPC address.
 const LEADER_HINT: &str = "x-fenced-leader";
 
@@ -301,10 +310,7 @@ impl Client {
         owner: &str,
         token: u64,
     ) -> Result<bool, ClientError> {
-        let (name, names) = match names {
-            [one] => (one.to_string(), Vec::new()),
-            many => (String::new(), many.iter().map(|n| n.to_string()).collect()),
-        };
+        let (name, names) = name_fields(names);
         let req = pb::ReleaseRequest {
             request: Some(self.next_request_id()),
             name,
