@@ -10,8 +10,9 @@ use fenced_core::kv::KvEvent;
 use fenced_core::{Event, RequestId};
 use tokio::sync::{broadcast, oneshot};
 
-/// Keyspace events buffered per subscriber before it counts as lagging (and loses some).
-const KV_EVENT_BUFFER: usize = 4096;
+/// Events (keyspace events, ended grants) buffered per subscriber before it counts as lagging
+/// (and loses some; a lagging lock-loss watcher tells its client).
+const EVENT_BUFFER: usize = 4096;
 
 #[derive(Clone)]
 pub struct Hub {
@@ -26,8 +27,8 @@ impl Default for Hub {
     fn default() -> Self {
         Hub {
             waiters: Arc::default(),
-            kv: broadcast::channel(KV_EVENT_BUFFER).0,
-            released: broadcast::channel(KV_EVENT_BUFFER).0,
+            kv: broadcast::channel(EVENT_BUFFER).0,
+            released: broadcast::channel(EVENT_BUFFER).0,
         }
     }
 }
