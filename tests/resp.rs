@@ -9,12 +9,12 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
-use support::{wait_for, within, Cluster, LEADER_TIMEOUT};
+use support::{have, run_bounded, wait_for, within, Cluster, LEADER_TIMEOUT};
 
 const STEP: Duration = Duration::from_secs(20);
 
@@ -61,51 +61,6 @@ fn follower_of(leader: u64) -> u64 {
     } else {
         1
     }
-}
-
-fn have(bin: &str, probe: &[&str]) -> bool {
-    let ok = Command::new(bin)
-        .args(probe)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIPPED: {bin} is not installed (.ci/run installs it)");
-    }
-    ok
-}
-
-/// Run a program with a hard time limit; returns (status ok, stdout, stderr).
-fn run_bounded(mut cmd: Command, stdin: &str, limit: Duration) -> (bool, String, String) {
-    use std::io::Write;
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawning a client");
-    if let Some(mut i) = child.stdin.take() {
-        let _ = i.write_all(stdin.as_bytes());
-    }
-    let start = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("client ran longer than {limit:?}");
-            }
-        }
-    }
-    let out = child.wait_with_output().expect("client output");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

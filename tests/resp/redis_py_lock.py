@@ -1,4 +1,7 @@
-"""redis-py's Lock, unchanged, against fenced: python3 redis_py_lock.py HOST PORT PROTOCOL."""
+"""redis-py's Lock, unchanged, against fenced.
+
+python3 redis_py_lock.py HOST PORT PROTOCOL [CA_PEM [CERT_PEM KEY_PEM]]: with CA_PEM, over TLS
+(verifying the server against that CA, presenting CERT/KEY if given)."""
 import sys
 import threading
 import time
@@ -9,11 +12,16 @@ from redis.exceptions import LockError, LockNotOwnedError
 from redis.retry import Retry
 
 host, port, proto = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+tls = {}
+if len(sys.argv) > 4:
+    tls = {"ssl": True, "ssl_ca_certs": sys.argv[4], "ssl_cert_reqs": "required"}
+if len(sys.argv) > 6:
+    tls.update(ssl_certfile=sys.argv[5], ssl_keyfile=sys.argv[6])
 
 
 def client():
     # No retries: a timed-out acquire that succeeded must not be retried blindly.
-    return redis.Redis(host=host, port=port, protocol=proto, socket_timeout=10, retry=Retry(NoBackoff(), 0))
+    return redis.Redis(host=host, port=port, protocol=proto, socket_timeout=10, retry=Retry(NoBackoff(), 0), **tls)
 
 
 r, r2 = client(), client()

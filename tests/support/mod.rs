@@ -6,7 +6,7 @@
 //! one machine: `FENCED_TEST_NET` if set, else derived from the process id; if any address of
 //! a cluster is taken, the next `run` is tried. Everything stays inside 127.0.0.0/8 (Linux
 //! routes all of it to `lo`). Test numbers in use: cluster.rs 1–9, lock_family.rs 30–39,
-//! kleppmann.rs 40, resp.rs 60–69; pick a free range for a new file.
+//! kleppmann.rs 40, resp.rs 60–69, tls.rs 70–79; pick a free range for a new file.
 //!
 //! Every node's stdout and stderr go to `node-<i>.log` in the cluster's temp dir; when a test
 //! panics, the tail of each log is printed. The [`Cluster`] guard SIGKILLs and reaps every
@@ -26,11 +26,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use fenced_client::Client;
+use fenced_client::{Client, ClientOptions, ClientTls};
 use fenced_proto::v1 as pb;
 use fenced_proto::v1::cluster_client::ClusterClient;
 use fenced_proto::v1::lock_client::LockClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub const GRPC_PORT: u16 = 7380;
 pub const RESP_PORT: u16 = 7379;
@@ -80,6 +80,8 @@ pub struct Cluster {
     /// Addresses are `{net}.{id}`, e.g. `127.23.4`.
     net: String,
     extra_args: Vec<String>,
+    /// How the harness's own clients connect (TLS clusters).
+    tls: Option<ClientTls>,
     procs: Mutex<Vec<Proc>>,
     grpc: Vec<Channel>,
     // Declared last: removed after the children are dead.
@@ -90,6 +92,18 @@ impl Cluster {
     /// Start a 3-node cluster for test number `k` (1..=254; unique per test of the suite),
     /// with extra `fenced serve` flags.
     pub fn start(k: u8, test: &str, extra_args: &[&str]) -> Cluster {
+        let args = extra_args.iter().map(|s| s.to_string()).collect();
+        Self::start_with(k, test, |_, _| (args, None))
+    }
+
+    /// [`Cluster::start`] whose flags and client TLS are made once the addresses are known:
+    /// `setup(temp dir, node IPs)` returns the extra `fenced serve` flags and the TLS the
+    /// harness's clients use (e.g. to issue certificates for the nodes' IPs).
+    pub fn start_with(
+        k: u8,
+        test: &str,
+        setup: impl FnOnce(&Path, &[String]) -> (Vec<String>, Option<ClientTls>),
+    ) -> Cluster {
         assert!((1..=254).contains(&k), "test number {k} out of range");
         let first = first_run_octet();
         let run = (0..16)
@@ -106,10 +120,12 @@ impl Cluster {
             .prefix(&format!("fenced-{test}-"))
             .tempdir()
             .expect("creating the temp dir");
+        let ips: Vec<String> = IDS.iter().map(|id| format!("{net}.{id}")).collect();
+        let (extra_args, tls) = setup(dir.path(), &ips);
+        let grpc_tls = tls.as_ref().map(ClientTls::grpc);
         let mut procs = Vec::new();
         let mut grpc = Vec::new();
-        for id in IDS {
-            let ip = format!("{net}.{id}");
+        for (id, ip) in IDS.into_iter().zip(&ips) {
             let data_dir = dir.path().join(format!("node-{id}"));
             procs.push(Proc {
                 id,
@@ -118,7 +134,7 @@ impl Cluster {
                 log: dir.path().join(format!("node-{id}.log")),
                 starts: 0,
             });
-            let ep = Endpoint::from_shared(format!("http://{ip}:{GRPC_PORT}"))
+            let ep = fenced_tls::endpoint(&format!("{ip}:{GRPC_PORT}"), grpc_tls.as_ref())
                 .expect("endpoint")
                 .connect_timeout(Duration::from_millis(500))
                 .timeout(Duration::from_secs(2));
@@ -127,7 +143,8 @@ impl Cluster {
         let cluster = Cluster {
             test: test.to_owned(),
             net,
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            extra_args,
+            tls,
             procs: Mutex::new(procs),
             grpc,
             dir,
@@ -181,17 +198,26 @@ impl Cluster {
 
     /// A client of the whole cluster.
     pub fn client(&self) -> Client {
-        Client::connect(self.endpoints()).expect("client")
+        Client::connect_with(self.endpoints(), self.client_options()).expect("client")
     }
 
     /// A client that talks to node `id` only.
     pub fn client_of(&self, id: u64) -> Client {
-        Client::connect([self.grpc_addr(id)]).expect("client")
+        Client::connect_with([self.grpc_addr(id)], self.client_options()).expect("client")
+    }
+
+    /// Default client options, with the cluster's TLS.
+    pub fn client_options(&self) -> ClientOptions {
+        ClientOptions {
+            tls: self.tls.clone(),
+            ..ClientOptions::default()
+        }
     }
 
     /// The raw generated Lock client of node `id` (per-call timeout `timeout`).
     pub fn raw_lock_client(&self, id: u64, timeout: Duration) -> LockClient<Channel> {
-        let ep = Endpoint::from_shared(format!("http://{}", self.grpc_addr(id)))
+        let tls = self.tls.as_ref().map(ClientTls::grpc);
+        let ep = fenced_tls::endpoint(&self.grpc_addr(id), tls.as_ref())
             .expect("endpoint")
             .connect_timeout(Duration::from_millis(500))
             .timeout(timeout);
@@ -469,4 +495,50 @@ pub async fn within<T>(what: &str, timeout: Duration, fut: impl Future<Output = 
         Ok(v) => v,
         Err(_) => panic!("timed out after {timeout:?}: {what}"),
     }
+}
+
+/// Whether an external client is installed (`bin probe...` succeeds); says SKIPPED if not.
+pub fn have(bin: &str, probe: &[&str]) -> bool {
+    let ok = Command::new(bin)
+        .args(probe)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("SKIPPED: {bin} is not installed (.ci/run installs it)");
+    }
+    ok
+}
+
+/// Run a program with a hard time limit; returns (status ok, stdout, stderr).
+pub fn run_bounded(mut cmd: Command, stdin: &str, limit: Duration) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning a client");
+    if let Some(mut i) = child.stdin.take() {
+        let _ = i.write_all(stdin.as_bytes());
+    }
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("client ran longer than {limit:?}");
+            }
+        }
+    }
+    let out = child.wait_with_output().expect("client output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }

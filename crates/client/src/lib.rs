@@ -43,8 +43,9 @@ use fenced_proto::v1::cluster_client::ClusterClient;
 use fenced_proto::v1::kv_client::KvClient;
 use fenced_proto::v1::lock_client::LockClient;
 use fenced_proto::v1::session_client::SessionClient;
+pub use fenced_tls::ClientTls;
 use rand::Rng;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tonic::Code;
 
 pub use fenced_proto::v1::{InfoResponse as LockInfo, StatusResponse as Status};
@@ -76,13 +77,16 @@ pub(crate) fn name_fields(names: &[&str]) -> (String, Vec<String>) {
 const LEADER_HINT: &str = "x-fenced-leader";
 
 /// Options of a [`Client`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ClientOptions {
     /// TTL of the client's session: how long its locks outlive a client that stops sending
     /// keep-alives (which it sends every `session_ttl/3`).
     pub session_ttl: Duration,
     /// How long one call keeps retrying across endpoints before giving up.
     pub retry_for: Duration,
+    /// Connect over TLS (the cluster runs with `--tls-cert`): the CA to trust and,
+    /// optionally, a client certificate.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for ClientOptions {
@@ -90,6 +94,7 @@ impl Default for ClientOptions {
         ClientOptions {
             session_ttl: Duration::from_secs(10),
             retry_for: Duration::from_secs(15),
+            tls: None,
         }
     }
 }
@@ -162,21 +167,17 @@ impl Client {
         if endpoints.is_empty() {
             return Err(ClientError::NoEndpoints);
         }
+        let tls = options.tls.as_ref().map(ClientTls::grpc);
         let channels = endpoints
             .iter()
             .map(|e| {
-                let uri = if e.contains("://") {
-                    e.clone()
-                } else {
-                    format!("http://{e}")
-                };
-                Endpoint::from_shared(uri)
+                fenced_tls::endpoint(e, tls.as_ref())
                     .map(|ep| {
                         ep.connect_timeout(Duration::from_secs(1))
                             .tcp_nodelay(true)
                             .connect_lazy()
                     })
-                    .map_err(|err| ClientError::InvalidEndpoint(e.clone(), err.to_string()))
+                    .map_err(|err| ClientError::InvalidEndpoint(e.clone(), err))
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Client {
@@ -247,7 +248,7 @@ impl Client {
             .inner
             .endpoints
             .iter()
-            .position(|e| e.trim_start_matches("http://") == leader)
+            .position(|e| e.rsplit("://").next() == Some(leader))
         {
             self.inner.preferred.store(i, Ordering::Relaxed);
         }

@@ -20,7 +20,7 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::Code;
 
 use crate::codec::{decode, encode};
@@ -40,6 +40,7 @@ type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E
 pub struct NetworkFactory {
     id: NodeId,
     connect_timeout: Duration,
+    tls: Option<ClientTlsConfig>,
     channels: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
 }
 
@@ -50,6 +51,7 @@ impl NetworkFactory {
         Self {
             id,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            tls: None,
             channels: Arc::default(),
         }
     }
@@ -58,6 +60,13 @@ impl NetworkFactory {
     /// afterwards.
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// Call peers over TLS with this configuration (the node's identity and the cluster CA,
+    /// see `fenced_tls::ServerTls::peer_client`). Affects channels created afterwards.
+    pub fn with_tls(mut self, tls: ClientTlsConfig) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -72,18 +81,12 @@ impl NetworkFactory {
                 return Ok(channel.clone());
             }
         }
-        let uri = if addr.contains("://") {
-            addr.to_owned()
-        } else {
-            format!("http://{addr}")
-        };
-        let invalid = |reason: String| TransportError::InvalidAddress {
-            node: target,
-            addr: addr.to_owned(),
-            reason,
-        };
-        let endpoint = Endpoint::from_shared(uri)
-            .map_err(|e| invalid(e.to_string()))?
+        let endpoint = fenced_tls::endpoint(addr, self.tls.as_ref())
+            .map_err(|reason| TransportError::InvalidAddress {
+                node: target,
+                addr: addr.to_owned(),
+                reason,
+            })?
             .connect_timeout(self.connect_timeout)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(10))

@@ -5,8 +5,10 @@ use std::error::Error;
 use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
 use fenced_proto::raft::{RaftReply, RaftRequest};
 use fenced_storage::Raft;
+use fenced_tls::PeerCertCheck;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::codec::{decode, encode};
@@ -29,11 +31,18 @@ impl RaftService {
 }
 
 /// The tonic service to add to the node's gRPC router, with the transport's message-size
-/// limits ([`MAX_MESSAGE_SIZE`]) applied.
-pub fn raft_server(raft: Raft) -> RaftServer<RaftService> {
-    RaftServer::new(RaftService::new(raft))
-        .max_decoding_message_size(MAX_MESSAGE_SIZE)
-        .max_encoding_message_size(MAX_MESSAGE_SIZE)
+/// limits ([`MAX_MESSAGE_SIZE`]) applied. With `tls` on, only callers presenting a
+/// certificate signed by the cluster CA (other nodes) get through.
+pub fn raft_server(
+    raft: Raft,
+    tls: bool,
+) -> InterceptedService<RaftServer<RaftService>, PeerCertCheck> {
+    InterceptedService::new(
+        RaftServer::new(RaftService::new(raft))
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE),
+        PeerCertCheck { tls },
+    )
 }
 
 fn decode_request<T: DeserializeOwned>(

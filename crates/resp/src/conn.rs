@@ -18,8 +18,7 @@ use fenced_core::kv::{
 };
 use fenced_core::RequestId;
 use rand::Rng;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::broadcast;
 
 use crate::frame::{encode, encode_push, parse_request, Proto};
@@ -38,10 +37,15 @@ struct Multi {
     dirty: bool,
 }
 
+/// A client's byte stream: plain TCP or TLS over it.
+pub(crate) trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
 pub struct Connection {
     shared: Arc<Shared>,
-    socket: TcpStream,
+    socket: Box<dyn Stream>,
     peer: SocketAddr,
+    local: Option<SocketAddr>,
     rbuf: BytesMut,
     out: Vec<u8>,
     st: State,
@@ -100,7 +104,12 @@ fn text(b: &[u8]) -> Result<String, Reply> {
 }
 
 impl Connection {
-    pub(crate) fn new(shared: Arc<Shared>, socket: TcpStream, peer: SocketAddr) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        socket: Box<dyn Stream>,
+        peer: SocketAddr,
+        local: Option<SocketAddr>,
+    ) -> Self {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let authed = shared.config.requirepass.is_none();
         shared.live.fetch_add(1, Ordering::Relaxed);
@@ -108,6 +117,7 @@ impl Connection {
             shared,
             socket,
             peer,
+            local,
             rbuf: BytesMut::with_capacity(16 * 1024),
             out: Vec::with_capacity(16 * 1024),
             st: State {
@@ -751,10 +761,7 @@ impl Connection {
             "id={} addr={} laddr={} fd=0 name={} db=0 resp={} lib-name= lib-ver=\n",
             self.st.id,
             self.peer,
-            self.socket
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default(),
+            self.local.map(|a| a.to_string()).unwrap_or_default(),
             String::from_utf8_lossy(self.st.name.as_deref().unwrap_or_default()),
             if self.st.proto == Proto::Resp3 { 3 } else { 2 },
         )

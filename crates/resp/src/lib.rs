@@ -94,7 +94,7 @@ pub trait Cluster: Send + Sync + 'static {
 }
 
 /// RESP server settings.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Config {
     pub addr: String,
     /// `requirepass`: clients must `AUTH` (or `HELLO … AUTH`) first.
@@ -104,7 +104,13 @@ pub struct Config {
     /// connections and blocked pops do not count as idle.
     pub idle_timeout: Duration,
     pub limits: Limits,
+    /// Serve TLS only (the node's `--tls-cert`); the handshake must finish within
+    /// [`TLS_HANDSHAKE_TIMEOUT`].
+    pub tls: Option<fenced_tls::TlsAcceptor>,
 }
+
+/// Longest a client may take to finish its TLS handshake.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Config {
     pub fn new(addr: impl Into<String>) -> Self {
@@ -114,6 +120,7 @@ impl Config {
             max_connections: 10_000,
             idle_timeout: Duration::ZERO,
             limits: Limits::default(),
+            tls: None,
         }
     }
 }
@@ -230,11 +237,35 @@ pub async fn serve(
             }
         };
         let _ = socket.set_nodelay(true);
+        let local = socket.local_addr().ok();
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
                 let shared = shared.clone();
                 conns.spawn(async move {
-                    conn::Connection::new(shared, socket, peer).run().await;
+                    let stream: Box<dyn conn::Stream> = match &shared.config.tls {
+                        None => Box::new(socket),
+                        Some(acceptor) => {
+                            match tokio::time::timeout(
+                                TLS_HANDSHAKE_TIMEOUT,
+                                acceptor.accept(socket),
+                            )
+                            .await
+                            {
+                                Ok(Ok(tls)) => Box::new(tls),
+                                Ok(Err(e)) => {
+                                    tracing::debug!(%peer, "RESP TLS handshake: {e}");
+                                    return;
+                                }
+                                Err(_) => {
+                                    tracing::debug!(%peer, "RESP TLS handshake timed out");
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    conn::Connection::new(shared, stream, peer, local)
+                        .run()
+                        .await;
                     drop(permit);
                 });
             }

@@ -13,6 +13,8 @@ pub struct NodeConfig {
     pub resp_addr: String,
     /// RESP `requirepass`: clients must authenticate first (`AUTH`, or `HELLO … AUTH`).
     pub requirepass: Option<String>,
+    /// TLS for both listeners and for calls to other nodes (`--tls-cert/--tls-key/--tls-ca`).
+    pub tls: Option<fenced_tls::ServerTls>,
     /// Every member's id and gRPC address. Empty: a single-node cluster of this node.
     pub initial_cluster: BTreeMap<u64, String>,
     /// Build a snapshot after this many log entries (and then purge the log before it).
@@ -31,6 +33,7 @@ impl NodeConfig {
             grpc_addr,
             resp_addr,
             requirepass: None,
+            tls: None,
             initial_cluster: BTreeMap::new(),
             snapshot_logs: 5_000,
             keep_logs: 1_000,

@@ -15,9 +15,11 @@ use fenced_proto::v1::cluster_server::{Cluster, ClusterServer};
 use fenced_proto::v1::kv_server::{Kv, KvServer};
 use fenced_proto::v1::lock_server::{Lock, LockServer};
 use fenced_proto::v1::session_server::{Session, SessionServer};
+use fenced_tls::PeerCertCheck;
 use openraft::ServerState;
 use rand::Rng;
 use tokio_stream::Stream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Status};
 
 use crate::error::NodeError;
@@ -44,8 +46,16 @@ pub fn cluster_server(node: Node) -> ClusterServer<Api> {
     ClusterServer::new(Api { node })
 }
 
-pub fn forward_server(node: Node) -> ForwardServer<Api> {
-    ForwardServer::new(Api { node }).max_decoding_message_size(fenced_network::MAX_MESSAGE_SIZE)
+/// Node-to-node forwarding; with TLS, only for callers with a node certificate.
+pub fn forward_server(
+    node: Node,
+    tls: bool,
+) -> InterceptedService<ForwardServer<Api>, PeerCertCheck> {
+    InterceptedService::new(
+        ForwardServer::new(Api { node })
+            .max_decoding_message_size(fenced_network::MAX_MESSAGE_SIZE),
+        PeerCertCheck { tls },
+    )
 }
 
 pub struct Api {

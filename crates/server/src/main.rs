@@ -44,6 +44,8 @@ struct ServeArgs {
     /// Require this password from RESP clients (`AUTH`); also read from FENCED_REQUIREPASS.
     #[arg(long, env = "FENCED_REQUIREPASS", hide_env_values = true)]
     requirepass: Option<String>,
+    #[command(flatten)]
+    tls: ServeTlsArgs,
     /// gRPC listen address: client API and node-to-node Raft.
     #[arg(long, default_value = "127.0.0.1:7380")]
     grpc_addr: String,
@@ -59,10 +61,64 @@ struct ServeArgs {
     keep_logs: u64,
 }
 
+/// TLS for a node: with these, gRPC and RESP accept TLS only, and calls between nodes use
+/// TLS with client certificates (the node-to-node services refuse callers without one).
+#[derive(Args)]
+struct ServeTlsArgs {
+    /// This node's certificate chain (PEM). Its subject-alt-names must cover the addresses
+    /// clients and peers dial (IP or DNS).
+    #[arg(long, requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The CA (PEM) that signed every node's certificate (and client certificates).
+    #[arg(long, requires = "tls_cert")]
+    tls_ca: Option<PathBuf>,
+    /// Also refuse API and RESP clients that present no CA-signed certificate.
+    #[arg(long, requires = "tls_cert")]
+    tls_require_client_cert: bool,
+}
+
+/// TLS for the `lock`/`status` clients.
+#[derive(Args)]
+struct ClientTlsArgs {
+    /// Connect over TLS, trusting this CA (PEM).
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// Present this client certificate (PEM), for clusters that require one.
+    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Verify the servers' certificates for this name instead of the endpoint's host.
+    #[arg(long, requires = "tls_ca")]
+    tls_server_name: Option<String>,
+}
+
+impl ClientTlsArgs {
+    fn load(&self) -> anyhow::Result<Option<fenced_client::ClientTls>> {
+        let Some(ca) = &self.tls_ca else {
+            return Ok(None);
+        };
+        let mut tls = fenced_client::ClientTls::load(ca)?;
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            tls = tls.with_identity(cert, key)?;
+        }
+        if let Some(name) = &self.tls_server_name {
+            tls = tls.with_server_name(name.clone());
+        }
+        Ok(Some(tls))
+    }
+}
+
 #[derive(Args)]
 struct LockArgs {
     #[arg(long, default_value = "127.0.0.1:7380", value_delimiter = ',')]
     endpoints: Vec<String>,
+    #[command(flatten)]
+    tls: ClientTlsArgs,
     /// Session lease: how long the lock outlives this process if it stops renewing.
     #[arg(long, default_value_t = 10_000)]
     ttl_ms: u64,
@@ -78,6 +134,8 @@ struct LockArgs {
 struct StatusArgs {
     #[arg(long, default_value = "127.0.0.1:7380", value_delimiter = ',')]
     endpoints: Vec<String>,
+    #[command(flatten)]
+    tls: ClientTlsArgs,
 }
 
 fn main() -> ExitCode {
@@ -121,6 +179,12 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.snapshot_logs = a.snapshot_logs;
     cfg.keep_logs = a.keep_logs;
     cfg.requirepass = a.requirepass;
+    if let (Some(cert), Some(key), Some(ca)) = (&a.tls.tls_cert, &a.tls.tls_key, &a.tls.tls_ca) {
+        cfg.tls = Some(
+            fenced_tls::ServerTls::load(cert, key, ca)?
+                .require_client_cert(a.tls.tls_require_client_cert),
+        );
+    }
     let running = Node::start(cfg.clone())
         .await
         .context("starting the node")?;
@@ -152,6 +216,7 @@ async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
         &a.endpoints,
         ClientOptions {
             session_ttl: Duration::from_millis(a.ttl_ms),
+            tls: a.tls.load()?,
             ..ClientOptions::default()
         },
     )?;
@@ -192,7 +257,13 @@ async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let client = Client::connect(&a.endpoints)?;
+    let client = Client::connect_with(
+        &a.endpoints,
+        ClientOptions {
+            tls: a.tls.load()?,
+            ..ClientOptions::default()
+        },
+    )?;
     let s = client.status().await?;
     let members: Vec<serde_json::Value> = s
         .members

@@ -16,7 +16,7 @@ use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig};
 
 use crate::clock::LeaderClock;
 use crate::error::{NodeError, StartError, LEADER_HINT};
@@ -51,6 +51,8 @@ struct Inner {
     hub: Hub,
     clock: LeaderClock,
     peers: Mutex<HashMap<String, ForwardClient<Channel>>>,
+    /// TLS for forwarding calls to the leader (the node's identity and the cluster CA).
+    peer_tls: Option<ClientTlsConfig>,
     /// The largest log time a leader reported with a forwarded answer ([`LOG_TIME_HEADER`]).
     leader_log_time: AtomicU64,
 }
@@ -106,7 +108,10 @@ impl Node {
         let raft = Raft::new(
             cfg.id,
             Arc::new(raft_config),
-            NetworkFactory::new(cfg.id),
+            match &cfg.tls {
+                Some(t) => NetworkFactory::new(cfg.id).with_tls(t.peer_client()),
+                None => NetworkFactory::new(cfg.id),
+            },
             log_store,
             sm_store,
         )
@@ -129,6 +134,7 @@ impl Node {
                 hub,
                 clock: LeaderClock::new(),
                 peers: Mutex::new(HashMap::new()),
+                peer_tls: cfg.tls.as_ref().map(|t| t.peer_client()),
                 leader_log_time: AtomicU64::new(0),
             }),
         };
@@ -136,9 +142,16 @@ impl Node {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         {
-            let router = tonic::transport::Server::builder()
-                .add_service(raft_server(raft.clone()))
-                .add_service(crate::grpc::forward_server(node.clone()))
+            let tls = cfg.tls.is_some();
+            let mut builder = tonic::transport::Server::builder();
+            if let Some(t) = &cfg.tls {
+                builder = builder
+                    .tls_config(t.grpc_server())
+                    .map_err(|e| StartError::Config(format!("TLS: {e}")))?;
+            }
+            let router = builder
+                .add_service(raft_server(raft.clone(), tls))
+                .add_service(crate::grpc::forward_server(node.clone(), tls))
                 .add_service(crate::grpc::lock_server(node.clone()))
                 .add_service(crate::grpc::session_server(node.clone()))
                 .add_service(crate::grpc::kv_server(node.clone()))
@@ -353,7 +366,7 @@ impl Node {
         if let Some(c) = self.lock_peers().get(addr) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+        let endpoint = fenced_tls::endpoint(addr, self.inner.peer_tls.as_ref())
             .map_err(|e| NodeError::Invalid(format!("leader address {addr}: {e}")))?
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true);

@@ -32,6 +32,12 @@ pub async fn start(
 ) -> Result<JoinHandle<()>, StartError> {
     let mut config = fenced_resp::Config::new(cfg.resp_addr.clone());
     config.requirepass = cfg.requirepass.clone();
+    if let Some(t) = &cfg.tls {
+        config.tls = Some(
+            t.resp_acceptor()
+                .map_err(|e| StartError::Config(format!("RESP TLS: {e}")))?,
+        );
+    }
     let listener = fenced_resp::bind(&config).await.map_err(|e| match e {
         fenced_resp::ServeError::Bind { addr, source } => StartError::Bind { addr, source },
     })?;

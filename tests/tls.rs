@@ -1,0 +1,343 @@
+//! TLS end to end: 3 real `fenced` processes started with `--tls-cert/--tls-key/--tls-ca`
+//! (certificates made here with rcgen for the nodes' loopback IPs).
+//!
+//! * Raft and forwarding run over TLS between the nodes: a leader is elected, a lock taken
+//!   through a follower is forwarded, and after a leader SIGKILL the next grant's token is
+//!   larger.
+//! * Clients must speak TLS and trust the cluster CA: plaintext gRPC, a client trusting
+//!   another CA, and plaintext RESP get nothing.
+//! * The node-to-node services (Raft, Forward) refuse callers without a CA-signed
+//!   certificate, even over TLS: no client can read or change Raft internals.
+//! * RESP over TLS with unchanged clients: redis-cli `--tls` and redis-py's `Lock`
+//!   (`ssl=True`).
+//! * `--tls-require-client-cert`: API and RESP clients without a certificate are refused,
+//!   with one they are served.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use fenced_client::{Client, ClientOptions, ClientTls};
+use fenced_proto::raft::forward_client::ForwardClient;
+use fenced_proto::raft::raft_client::RaftClient;
+use fenced_proto::raft::{ProposeRequest, RaftRequest};
+use support::{have, run_bounded, Cluster, LEADER_TIMEOUT};
+
+const TTL: Duration = Duration::from_secs(30);
+
+/// A CA and the PEM files made from it.
+struct Pki {
+    dir: PathBuf,
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl Pki {
+    fn new(dir: &Path, name: &str) -> Pki {
+        let ca_key = rcgen::KeyPair::generate().expect("CA key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, format!("{name} CA"));
+        let ca = params.self_signed(&ca_key).expect("CA certificate");
+        let pki = Pki {
+            dir: dir.to_owned(),
+            ca,
+            ca_key,
+        };
+        std::fs::write(pki.path(&format!("{name}-ca.pem")), pki.ca.pem()).expect("writing CA");
+        pki
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.dir.join(file).display().to_string()
+    }
+
+    /// Issue `<file>.pem` and `<file>.key` for these subject-alt-names (IPs or DNS names).
+    fn issue(&self, file: &str, sans: &[String]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = rcgen::CertificateParams::new(sans.to_vec())
+            .expect("params")
+            .signed_by(&key, &self.ca, &self.ca_key)
+            .expect("signing");
+        let (c, k) = (
+            self.path(&format!("{file}.pem")),
+            self.path(&format!("{file}.key")),
+        );
+        std::fs::write(&c, cert.pem()).expect("writing certificate");
+        std::fs::write(&k, key.serialize_pem()).expect("writing key");
+        (c, k)
+    }
+}
+
+/// Start a TLS cluster: the cluster CA `good-ca.pem`, node certificate `node.pem` for the
+/// three IPs, a client certificate `client.pem`, and a second, unrelated CA `rogue-ca.pem`
+/// with its own client certificate `rogue.pem`.
+fn start(k: u8, test: &str, extra: &[&str]) -> Cluster {
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    Cluster::start_with(k, test, move |dir, ips| {
+        let good = Pki::new(dir, "good");
+        let (cert, key) = good.issue("node", ips);
+        good.issue("client", &["client".to_string()]);
+        let rogue = Pki::new(dir, "rogue");
+        rogue.issue("rogue", &["client".to_string()]);
+        let mut args = vec![
+            "--tls-cert".to_string(),
+            cert,
+            "--tls-key".into(),
+            key,
+            "--tls-ca".into(),
+            good.path("good-ca.pem"),
+        ];
+        args.extend(extra);
+        let mut tls = ClientTls::load(Path::new(&good.path("good-ca.pem"))).expect("client CA");
+        if args.iter().any(|a| a == "--tls-require-client-cert") {
+            tls = tls
+                .with_identity(
+                    Path::new(&good.path("client.pem")),
+                    Path::new(&good.path("client.key")),
+                )
+                .expect("client identity");
+        }
+        (args, Some(tls))
+    })
+}
+
+fn file(c: &Cluster, name: &str) -> String {
+    c.dir().join(name).display().to_string()
+}
+
+/// A client of node `id` with these TLS settings (None: plaintext), giving up after 2 s.
+fn client_with(c: &Cluster, id: u64, tls: Option<ClientTls>) -> Client {
+    Client::connect_with(
+        [c.grpc_addr(id)],
+        ClientOptions {
+            tls,
+            retry_for: Duration::from_secs(2),
+            ..ClientOptions::default()
+        },
+    )
+    .expect("client")
+}
+
+async fn try_acquire(client: &Client, name: &str) -> Result<Option<u64>, String> {
+    tokio::time::timeout(
+        Duration::from_secs(20),
+        client.acquire(name, "tester", TTL, Duration::ZERO, 0),
+    )
+    .await
+    .map_err(|_| "acquire hung".to_string())?
+    .map(|g| g.map(|g| g.token))
+    .map_err(|e| e.to_string())
+}
+
+fn follower_of(leader: u64) -> u64 {
+    if leader == 1 {
+        2
+    } else {
+        1
+    }
+}
+
+/// A raw channel to node `id`'s gRPC port over TLS trusting `ca`, presenting `identity`.
+fn raw_channel(
+    c: &Cluster,
+    id: u64,
+    ca: &str,
+    identity: Option<(&str, &str)>,
+) -> tonic::transport::Channel {
+    let mut tls = ClientTls::load(Path::new(ca)).expect("CA");
+    if let Some((cert, key)) = identity {
+        tls = tls
+            .with_identity(Path::new(cert), Path::new(key))
+            .expect("identity");
+    }
+    fenced_tls::endpoint(&c.grpc_addr(id), Some(&tls.grpc()))
+        .expect("endpoint")
+        .timeout(Duration::from_secs(5))
+        .connect_lazy()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_cluster_end_to_end() {
+    let c = start(70, "tls", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let follower = follower_of(leader);
+
+    // A lock through a follower: forwarded to the leader over TLS.
+    let first = try_acquire(&c.client_of(follower), "tls-a")
+        .await
+        .expect("acquire over TLS")
+        .expect("free lock granted");
+
+    // Plaintext and a wrong CA get nothing.
+    let plain = try_acquire(&client_with(&c, leader, None), "tls-b").await;
+    assert!(plain.is_err(), "plaintext gRPC was served: {plain:?}");
+    let rogue_ca = ClientTls::load(Path::new(&file(&c, "rogue-ca.pem"))).expect("rogue CA");
+    let wrong = try_acquire(&client_with(&c, leader, Some(rogue_ca)), "tls-b").await;
+    assert!(
+        wrong.is_err(),
+        "a client trusting another CA connected: {wrong:?}"
+    );
+
+    // Node-to-node services: refused without a certificate, and with a foreign one.
+    let good_ca = file(&c, "good-ca.pem");
+    let vote = RaftRequest { data: vec![] };
+    let no_cert = RaftClient::new(raw_channel(&c, leader, &good_ca, None))
+        .vote(vote.clone())
+        .await
+        .expect_err("Raft vote without a node certificate");
+    assert_eq!(no_cert.code(), tonic::Code::PermissionDenied, "{no_cert:?}");
+    let fwd = ForwardClient::new(raw_channel(&c, leader, &good_ca, None))
+        .propose(ProposeRequest::default())
+        .await
+        .expect_err("Forward without a node certificate");
+    assert_eq!(fwd.code(), tonic::Code::PermissionDenied, "{fwd:?}");
+    let (rogue_cert, rogue_key) = (file(&c, "rogue.pem"), file(&c, "rogue.key"));
+    let foreign = RaftClient::new(raw_channel(
+        &c,
+        leader,
+        &good_ca,
+        Some((&rogue_cert, &rogue_key)),
+    ))
+    .vote(vote)
+    .await
+    .expect_err("Raft vote with a certificate of another CA");
+    assert_ne!(foreign.code(), tonic::Code::Ok);
+
+    // RESP over TLS with unchanged clients.
+    if have("redis-cli", &["--version"]) {
+        let mut cli = Command::new("redis-cli");
+        cli.args([
+            "--tls",
+            "--cacert",
+            &good_ca,
+            "-h",
+            &c.ip(follower),
+            "-p",
+            "7379",
+        ]);
+        let script = "SET tls-key v1\nGET tls-key\nLOCK.ACQUIRE tls-resp alice 30000\n";
+        let (ok, out, err) = run_bounded(cli, script, Duration::from_secs(60));
+        assert!(ok, "redis-cli --tls: {err}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.first().copied(), Some("OK"), "{out}");
+        assert_eq!(lines.get(1).copied(), Some("v1"), "{out}");
+        let token: u64 = lines
+            .get(2)
+            .and_then(|l| l.parse().ok())
+            .unwrap_or_else(|| panic!("LOCK.ACQUIRE token: {out}"));
+        assert!(token > first, "RESP grant {token} after gRPC grant {first}");
+
+        let mut plain = Command::new("redis-cli");
+        plain.args(["-h", &c.ip(follower), "-p", "7379", "GET", "tls-key"]);
+        let (_, out, _) = run_bounded(plain, "", Duration::from_secs(30));
+        assert!(!out.contains("v1"), "plaintext RESP was served: {out}");
+    }
+    if have("python3", &["-c", "import redis"]) {
+        let script = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/resp/redis_py_lock.py"
+        );
+        let mut py = Command::new("python3");
+        py.args([script, &c.ip(leader), "7379", "3", &good_ca]);
+        let (ok, out, err) = run_bounded(py, "", Duration::from_secs(120));
+        assert!(ok, "redis-py Lock over TLS:\n{out}\n{err}");
+        assert!(out.contains("redis-py lock ok"), "{out}");
+    }
+
+    // Failover: the surviving nodes elect a leader over TLS; tokens keep increasing.
+    c.kill(leader);
+    let next = c.wait_for_leader(LEADER_TIMEOUT).await;
+    assert_ne!(next, leader);
+    let after = try_acquire(&c.client(), "tls-c")
+        .await
+        .expect("acquire after failover")
+        .expect("free lock granted");
+    assert!(
+        after > first,
+        "token {after} after failover, {first} before"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_require_client_cert() {
+    let c = start(71, "tls_mtls", &["--tls-require-client-cert"]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let good_ca = file(&c, "good-ca.pem");
+
+    let anonymous = ClientTls::load(Path::new(&good_ca)).expect("CA");
+    let refused = try_acquire(&client_with(&c, leader, Some(anonymous)), "m").await;
+    assert!(
+        refused.is_err(),
+        "client without a certificate served: {refused:?}"
+    );
+    let token = try_acquire(&c.client(), "m")
+        .await
+        .expect("acquire with a client certificate");
+    assert!(token.is_some());
+
+    if have("redis-cli", &["--version"]) {
+        let (cert, key) = (file(&c, "client.pem"), file(&c, "client.key"));
+        let base = ["--tls", "--cacert", good_ca.as_str(), "-h"];
+        let mut with = Command::new("redis-cli");
+        with.args(base)
+            .arg(c.ip(leader))
+            .args(["-p", "7379", "--cert", &cert, "--key", &key, "PING"]);
+        let (_, out, err) = run_bounded(with, "", Duration::from_secs(30));
+        assert_eq!(
+            out.trim(),
+            "PONG",
+            "redis-cli with a client certificate: {err}"
+        );
+        let mut without = Command::new("redis-cli");
+        without
+            .args(base)
+            .arg(c.ip(leader))
+            .args(["-p", "7379", "PING"]);
+        let (_, out, _) = run_bounded(without, "", Duration::from_secs(30));
+        assert!(
+            !out.contains("PONG"),
+            "redis-cli without a certificate served: {out}"
+        );
+    }
+}
+
+/// Bad TLS flags stop `fenced serve` at once with a message naming the problem.
+#[test]
+fn bad_tls_flags_are_clear_errors() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path().display().to_string();
+    let run = |args: &[&str]| {
+        let mut cmd = Command::new(support::bin());
+        cmd.arg("serve")
+            .args(["--data-dir", &format!("{d}/data")])
+            .args(["--grpc-addr", "127.0.0.1:0", "--resp-addr", "127.0.0.1:0"])
+            .args(args);
+        let (ok, out, err) = run_bounded(cmd, "", Duration::from_secs(30));
+        assert!(!ok, "fenced serve {args:?} started: {out}");
+        err
+    };
+    let err = run(&["--tls-cert", "/nonexistent/node.pem"]);
+    assert!(err.contains("--tls-key") || err.contains("tls-ca"), "{err}");
+    let missing = format!("{d}/missing.pem");
+    let err = run(&[
+        "--tls-cert",
+        &missing,
+        "--tls-key",
+        &missing,
+        "--tls-ca",
+        &missing,
+    ]);
+    assert!(
+        err.contains("cannot read certificate") && err.contains("missing.pem"),
+        "{err}"
+    );
+    let junk = format!("{d}/junk.pem");
+    std::fs::write(&junk, "not a certificate").expect("writing junk");
+    let err = run(&["--tls-cert", &junk, "--tls-key", &junk, "--tls-ca", &junk]);
+    assert!(err.contains("no PEM certificate"), "{err}");
+}
