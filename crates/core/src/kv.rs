@@ -12,6 +12,7 @@
 //! linearizable read can evaluate expiry at the leader's current log time (see
 //! `crates/server`'s read barrier) instead of the replica's last applied entry time.
 
+mod cjson;
 mod exec;
 mod glob;
 mod lua;

@@ -9,6 +9,10 @@
 //!   error.
 //! * `redis.call`/`redis.pcall` run the keyspace interpreter directly, with Redis's RESP2 ↔ Lua
 //!   conversions. `TIME` is the entry's log time.
+//! * `cjson` (encode/decode/null and lua-cjson's settings) as Redis bundles it, implemented in
+//!   Rust (`cjson.rs`). **Object keys are encoded in sorted byte order**, not lua-cjson's
+//!   hash-table order, so every replica writes the same bytes; its work is charged to the same
+//!   instruction budget and its output is capped at [`LUA_MEMORY_LIMIT`].
 //! * **Errors keep earlier writes** (Redis semantics): writes a script made before it failed
 //!   stay applied, and the client gets the error. Every replica stops at the same
 //!   instruction, so every replica keeps the same writes.
@@ -21,6 +25,38 @@ use mlua::{HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value as LV
 
 use super::exec::{fmt_f64, Ctx};
 use super::{Bytes, Reply, LUA_INSTRUCTION_BUDGET, LUA_MEMORY_LIMIT};
+
+/// The instruction budget of one script run: counted by the VM hook, and charged by native
+/// helpers (`cjson`) for work done outside the VM.
+pub(super) struct Budget {
+    spent: AtomicU64,
+    over: AtomicBool,
+}
+
+impl Budget {
+    fn new() -> Budget {
+        Budget {
+            spent: AtomicU64::new(0),
+            over: AtomicBool::new(false),
+        }
+    }
+
+    /// Spend `n` instructions; past the budget (now or before) this fails, and keeps failing.
+    pub(super) fn charge(&self, n: u64) -> mlua::Result<()> {
+        let spent = self.spent.fetch_add(n, Ordering::Relaxed).saturating_add(n);
+        if spent > LUA_INSTRUCTION_BUDGET || self.over.load(Ordering::Relaxed) {
+            self.over.store(true, Ordering::Relaxed);
+            return Err(mlua::Error::RuntimeError(format!(
+                "script exceeded the budget of {LUA_INSTRUCTION_BUDGET} instructions"
+            )));
+        }
+        Ok(())
+    }
+
+    fn is_over(&self) -> bool {
+        self.over.load(Ordering::Relaxed)
+    }
+}
 
 /// Deepest reply nesting converted between Lua and RESP.
 const MAX_DEPTH: usize = 64;
@@ -85,26 +121,19 @@ fn run_inner(
     .map_err(start)?;
     lua.set_memory_limit(LUA_MEMORY_LIMIT).map_err(start)?;
 
-    let over_budget = Arc::new(AtomicBool::new(false));
+    let budget = Arc::new(Budget::new());
     {
-        let spent = AtomicU64::new(0);
-        let flag = over_budget.clone();
+        let budget = budget.clone();
         lua.set_hook(
             HookTriggers::new().every_nth_instruction(HOOK_EVERY),
             move |_, _| {
-                let n = spent.fetch_add(HOOK_EVERY as u64, Ordering::Relaxed) + HOOK_EVERY as u64;
-                if n > LUA_INSTRUCTION_BUDGET || flag.load(Ordering::Relaxed) {
-                    flag.store(true, Ordering::Relaxed);
-                    return Err(mlua::Error::RuntimeError(format!(
-                        "script exceeded the budget of {LUA_INSTRUCTION_BUDGET} instructions"
-                    )));
-                }
+                budget.charge(u64::from(HOOK_EVERY))?;
                 Ok(VmState::Continue)
             },
         )
         .map_err(start)?;
     }
-    setup_env(&lua, ctx.index, keys, args, over_budget.clone()).map_err(start)?;
+    setup_env(&lua, ctx.index, keys, args, budget.clone()).map_err(start)?;
 
     let func = match lua
         .load(src)
@@ -160,7 +189,7 @@ fn run_inner(
         if ok {
             return reply;
         }
-        if over_budget.load(Ordering::Relaxed) {
+        if budget.is_over() {
             return Reply::err(format!(
                 "BUSY script exceeded the budget of {LUA_INSTRUCTION_BUDGET} instructions and was stopped (earlier writes stay) script: {sha}"
             ));
@@ -177,13 +206,14 @@ fn run_inner(
     })
 }
 
-/// Globals: `KEYS`, `ARGV`, `redis.*`, deterministic `math.random`, budget-aware `pcall`.
+/// Globals: `KEYS`, `ARGV`, `redis.*`, `cjson`, deterministic `math.random`, budget-aware
+/// `pcall`.
 fn setup_env(
     lua: &Lua,
     index: u64,
     keys: &[Bytes],
     args: &[Bytes],
-    over_budget: Arc<AtomicBool>,
+    budget: Arc<Budget>,
 ) -> mlua::Result<()> {
     let g = lua.globals();
     for name in [
@@ -285,8 +315,12 @@ fn setup_env(
     g.set("redis", redis)?;
     g.set(
         "__fenced_over_budget",
-        lua.create_function(move |_, ()| Ok(over_budget.load(Ordering::Relaxed)))?,
+        lua.create_function({
+            let budget = budget.clone();
+            move |_, ()| Ok(budget.is_over())
+        })?,
     )?;
+    super::cjson::install(lua, budget)?;
 
     lua.load(
         r#"

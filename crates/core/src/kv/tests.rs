@@ -342,3 +342,333 @@ fn lua_random_is_seeded_by_index() {
     let s = "return {math.random(1000000), math.random(1000000)}";
     assert_eq!(eval(&mut a, s, &[], &[]), eval(&mut b, s, &[], &[]));
 }
+
+/// The message of a script's error reply (panics on any other reply).
+fn eval_err(t: &mut T, script: &str, args: &[&str]) -> String {
+    match eval(t, script, &[], args) {
+        Reply::Error(e) => e,
+        other => panic!("expected an error from {script:?}, got {other:?}"),
+    }
+}
+
+#[test]
+fn cjson_round_trips_with_sorted_keys() {
+    let mut t = T::new();
+    let rt = "return cjson.encode(cjson.decode(ARGV[1]))";
+    for (input, want) in [
+        (
+            r#"{"b":1,"a":[1,2,{"d":null,"c":true}],"e":"x"}"#,
+            r#"{"a":[1,2,{"c":true,"d":null}],"b":1,"e":"x"}"#,
+        ),
+        (
+            "[1,1.5,-0.25,1e20,0.1,123456789,-0,1e-7]",
+            "[1,1.5,-0.25,1e+20,0.1,123456789,-0,1e-07]",
+        ),
+        // %.14g, as lua-cjson: 15-digit integers lose their last digit.
+        ("[123456789012345]", "[1.2345678901234e+14]"),
+        (
+            r#""a\"b\\c\/d\n\t\u0001\u00e9 ü 日本 \ud83d\ude00""#,
+            r#""a\"b\\c\/d\n\t\u0001é ü 日本 😀""#,
+        ),
+        // Empty tables encode as objects (lua-cjson).
+        ("[]", "{}"),
+        ("[[[]],{}]", "[[{}],{}]"),
+        (
+            r#" { "k" : [ 1 , 2 ] , "j" : false } "#,
+            r#"{"j":false,"k":[1,2]}"#,
+        ),
+        (
+            r#"{"a":3,"B":4,"9":2,"10":1}"#,
+            r#"{"10":1,"9":2,"B":4,"a":3}"#,
+        ),
+    ] {
+        assert_eq!(eval(&mut t, rt, &[], &[input]), bulk(want), "{input}");
+    }
+}
+
+#[test]
+fn cjson_encodes_lua_values_like_lua_cjson() {
+    let mut t = T::new();
+    let enc = |t: &mut T, expr: &str| eval(t, &format!("return cjson.encode({expr})"), &[], &[]);
+    for (expr, want) in [
+        ("{a=1,b={1,2,3}}", r#"{"a":1,"b":[1,2,3]}"#),
+        (
+            "{z=1,y=2,x=3,[10]=4,[2]=5}",
+            r#"{"10":4,"2":5,"x":3,"y":2,"z":1}"#,
+        ),
+        ("{1,2,a=3}", r#"{"1":1,"2":2,"a":3}"#),
+        ("{[1.5]=1}", r#"{"1.5":1}"#),
+        // Holes: null-padded unless excessively sparse.
+        ("{1,nil,3}", "[1,null,3]"),
+        ("{}", "{}"),
+        ("'x'", r#""x""#),
+        ("nil", "null"),
+        ("cjson.null", "null"),
+        ("{cjson.null, true, false}", "[null,true,false]"),
+        ("-3", "-3"),
+        ("1/3", "0.33333333333333"),
+        ("1e15", "1e+15"),
+        (r"'\127/\0'", r#""\u007f\/\u0000""#),
+    ] {
+        assert_eq!(enc(&mut t, expr), bulk(want), "{expr}");
+    }
+    // Bytes >= 0x80 pass through unchanged, valid UTF-8 or not.
+    assert_eq!(
+        enc(&mut t, r"'\200\255'"),
+        Reply::Bulk(b"\"\xc8\xff\"".to_vec())
+    );
+}
+
+#[test]
+fn cjson_decodes_to_lua_values() {
+    let mut t = T::new();
+    let null_check = "local t = cjson.decode(ARGV[1]) return {t.x == cjson.null, type(t.x)}";
+    assert_eq!(
+        eval(&mut t, null_check, &[], &[r#"{"x":null}"#]),
+        Reply::Array(vec![Reply::Int(1), bulk("userdata")])
+    );
+    assert_eq!(
+        eval(
+            &mut t,
+            "return cjson.decode(ARGV[1])",
+            &[],
+            &[r#"[1,"a",true,false]"#]
+        ),
+        Reply::Array(vec![Reply::Int(1), bulk("a"), Reply::Int(1), Reply::Nil])
+    );
+    // Numbers as lua-cjson reads them by default (strtod, invalid numbers allowed).
+    assert_eq!(
+        eval(
+            &mut t,
+            "local d = cjson.decode('[1.,01,+2,0x10,-1e2,1E+2,2.5]') return {d[1],d[2],d[3],d[4],d[5],d[6],d[7]*2}",
+            &[],
+            &[]
+        ),
+        Reply::Array([1, 1, 2, 16, -100, 100, 5].map(Reply::Int).to_vec())
+    );
+    assert_eq!(
+        eval(
+            &mut t,
+            "local n = cjson.decode('NaN') return {cjson.decode('-Infinity') == -math.huge, n ~= n, cjson.decode(12)}",
+            &[],
+            &[]
+        ),
+        Reply::Array(vec![Reply::Int(1), Reply::Int(1), Reply::Int(12)])
+    );
+}
+
+#[test]
+fn cjson_invalid_json_is_a_script_error() {
+    let mut t = T::new();
+    let dec = "return cjson.decode(ARGV[1])";
+    for (input, want) in [
+        ("x", "Expected value but found invalid token at character 1"),
+        ("", "Expected value but found T_END at character 1"),
+        (
+            r#"{"a":1,}"#,
+            "Expected object key string but found T_OBJ_END at character 8",
+        ),
+        (
+            "[1 2]",
+            "Expected comma or array end but found T_NUMBER at character 4",
+        ),
+        (
+            r#"{"a" 1}"#,
+            "Expected colon but found T_NUMBER at character 6",
+        ),
+        (
+            "[1] x",
+            "Expected the end but found invalid token at character 5",
+        ),
+        (
+            r#""abc"#,
+            "Expected value but found unexpected end of string at character 5",
+        ),
+        (
+            r#""\x""#,
+            "Expected value but found invalid escape code at character 2",
+        ),
+        (
+            r#""\ud800""#,
+            "Expected value but found invalid unicode escape code at character 2",
+        ),
+        (
+            "[-]",
+            "Expected value but found invalid number at character 2",
+        ),
+        (
+            "{\"a\":[1,{\"b\":tru}]}",
+            "Expected value but found invalid token at character 14",
+        ),
+    ] {
+        let e = eval_err(&mut t, dec, &[input]);
+        assert!(
+            e.starts_with(&format!("ERR {want} script: ")),
+            "{input}: {e}"
+        );
+    }
+    // A plain string error, so pcall sees lua-cjson's message.
+    assert_eq!(
+        eval(
+            &mut t,
+            "local ok, e = pcall(cjson.decode, '{') return {tostring(ok), e}",
+            &[],
+            &[]
+        ),
+        Reply::Array(vec![
+            bulk("false"),
+            bulk("Expected object key string but found T_END at character 2")
+        ])
+    );
+    let deep_ok = "local s = string.rep('[', 1000) .. string.rep(']', 1000) return cjson.encode(cjson.decode(s))";
+    assert_eq!(
+        eval(&mut t, deep_ok, &[], &[]),
+        bulk(&format!("{}{{}}{}", "[".repeat(999), "]".repeat(999)))
+    );
+    let e = eval_err(&mut t, "return cjson.decode(string.rep('[', 1001))", &[]);
+    assert!(
+        e.contains("Found too many nested data structures (1001) at character 1001"),
+        "{e}"
+    );
+}
+
+#[test]
+fn cjson_encode_errors() {
+    let mut t = T::new();
+    for (script, want) in [
+        (
+            "return cjson.encode(0/0)",
+            "Cannot serialise number: must not be NaN or Inf",
+        ),
+        (
+            "return cjson.encode({math.huge})",
+            "Cannot serialise number: must not be NaN or Inf",
+        ),
+        (
+            "return cjson.encode({f=function() end})",
+            "Cannot serialise function: type not supported",
+        ),
+        (
+            "return cjson.encode({[true]=1})",
+            "Cannot serialise boolean: table key must be a number or string",
+        ),
+        (
+            "return cjson.encode({[1000]=1})",
+            "Cannot serialise table: excessively sparse array",
+        ),
+        (
+            "return cjson.encode()",
+            "bad argument #1 to 'encode' (expected 1 argument)",
+        ),
+        (
+            "local t = {} t[1] = t return cjson.encode(t)",
+            "Cannot serialise, excessive nesting (1001)",
+        ),
+    ] {
+        let e = eval_err(&mut t, script, &[]);
+        assert!(
+            e.starts_with(&format!("ERR {want} script: ")),
+            "{script}: {e}"
+        );
+    }
+}
+
+#[test]
+fn cjson_settings_last_for_one_run() {
+    let mut t = T::new();
+    let s = "cjson.encode_invalid_numbers('null') local a = cjson.encode({0/0}) \
+             cjson.encode_sparse_array(true) local b = cjson.encode({[1000]=1}) \
+             cjson.encode_number_precision(3) local c = cjson.encode({math.pi, [1000]=1}) \
+             return {a, b, c, cjson.encode_max_depth(), tostring(cjson.encode_keep_buffer(false))}";
+    assert_eq!(
+        eval(&mut t, s, &[], &[]),
+        Reply::Array(vec![
+            bulk("[null]"),
+            bulk(r#"{"1000":1}"#),
+            // Precision applies to number keys too, as in lua-cjson.
+            bulk(r#"{"1":3.14,"1e+03":1}"#),
+            Reply::Int(1000),
+            bulk("false")
+        ])
+    );
+    assert_eq!(
+        eval(&mut t, "return cjson.encode(math.pi)", &[], &[]),
+        bulk("3.1415926535898"),
+        "a new run starts from the defaults"
+    );
+    let e = eval_err(&mut t, "return cjson.encode_max_depth(2000)", &[]);
+    assert!(
+        e.contains("bad argument #1 to 'encode_max_depth' (expected integer between 1 and 1000)"),
+        "{e}"
+    );
+    let e = eval_err(
+        &mut t,
+        "cjson.encode_max_depth(2) return cjson.encode({{{}}})",
+        &[],
+    );
+    assert!(e.contains("Cannot serialise, excessive nesting (3)"), "{e}");
+}
+
+#[test]
+fn cjson_is_deterministic() {
+    let s = "local a, b = {}, {} \
+             for i = 1, 200 do a['k' .. i] = i end \
+             for i = 200, 1, -1 do b['k' .. i] = i end \
+             for i = 1, 150 do a['k' .. i] = nil; b['k' .. i] = nil end \
+             a[7.5] = true b[7.5] = true \
+             return {cjson.encode(a), cjson.encode(b)}";
+    let (mut x, mut y) = (T::new(), T::new());
+    let rx = eval(&mut x, s, &[], &[]);
+    let Reply::Array(items) = &rx else {
+        panic!("{rx:?}")
+    };
+    assert_eq!(items[0], items[1], "insertion order does not matter");
+    assert_eq!(rx, eval(&mut x, s, &[], &[]), "same bytes on a second run");
+    assert_eq!(
+        rx,
+        eval(&mut y, s, &[], &[]),
+        "same bytes on another replica"
+    );
+}
+
+#[test]
+fn cjson_state_in_a_key() {
+    let mut t = T::new();
+    let s = "local d = cjson.decode(redis.call('GET', KEYS[1]) or '{}') \
+             d.count = (d.count or 0) + 1 \
+             d.owner = ARGV[1] \
+             redis.call('SET', KEYS[1], cjson.encode(d)) \
+             return d.count";
+    assert_eq!(eval(&mut t, s, &["lock"], &["alice"]), Reply::Int(1));
+    assert_eq!(eval(&mut t, s, &["lock"], &["bob"]), Reply::Int(2));
+    assert_eq!(t.read("GET lock"), bulk(r#"{"count":2,"owner":"bob"}"#));
+}
+
+#[test]
+fn cjson_is_bounded_by_the_script_budgets() {
+    let mut t = T::new();
+    // Output past the memory limit fails (catchably) instead of growing a Rust buffer.
+    let e = eval_err(
+        &mut t,
+        "local s = string.rep('\\1', 12e6) return #cjson.encode({s})",
+        &[],
+    );
+    assert!(e.contains("output exceeds the script memory limit"), "{e}");
+    // So do copies of object keys held while nested tables are written.
+    let s = "local big = string.rep('b', 1e7) local root = {} local cur = root \
+             for i = 1, 20 do local nxt = {} cur.a = nxt cur[big] = 1 cur = nxt end \
+             return cjson.encode(root)";
+    let e = eval_err(&mut t, s, &[]);
+    assert!(e.contains("keys exceed the script memory limit"), "{e}");
+    // Work inside cjson counts against the instruction budget, and pcall cannot swallow it.
+    let r = eval(
+        &mut t,
+        "local s = string.rep('\\1', 1e6) while true do pcall(cjson.encode, s) end",
+        &[],
+        &[],
+    );
+    assert!(
+        matches!(&r, Reply::Error(e) if e.starts_with("BUSY")),
+        "{r:?}"
+    );
+}
