@@ -46,10 +46,17 @@ pub enum TlsError {
 }
 
 /// PEM text and where it came from (for error messages).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 struct Pem {
     bytes: Vec<u8>,
     origin: String,
+}
+
+/// Only the origin: a private key must not end up in a log through `{:?}`.
+impl std::fmt::Debug for Pem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pem({})", self.origin)
+    }
 }
 
 impl Pem {
@@ -323,6 +330,18 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let (ca, cert, key) = ca_and_leaf();
         let (_, _, other_key) = ca_and_leaf();
+        let k_path = write(d.path(), "k0.pem", &key);
+        let tls = ServerTls::load(
+            &write(d.path(), "c0.pem", &cert),
+            &k_path,
+            &write(d.path(), "ca0.pem", &ca),
+        )
+        .unwrap();
+        let shown = format!("{tls:?}");
+        assert!(
+            !shown.contains("bytes") && shown.contains("Pem(") && shown.contains("k0.pem"),
+            "{shown}"
+        );
         let c = write(d.path(), "c.pem", &cert);
         let k = write(d.path(), "k.pem", &key);
         let a = write(d.path(), "ca.pem", &ca);
