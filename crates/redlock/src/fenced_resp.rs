@@ -6,6 +6,12 @@
 //! * the plain Redis pattern against fenced is [`RedisLock::fenced_setnx`](crate::RedisLock):
 //!   `SET NX PX` + Lua release/extend, plus `FENCE.TOKEN key` for the token (the key's create
 //!   revision).
+//!
+//! fenced's own error prefixes are mapped by their meaning, not by redis-rs's kind:
+//! `-TIMEOUT outcome unknown: …` (the entry may or may not commit) is
+//! [`LockError::Unavailable`], like a client-side timeout; so is `-TRYAGAIN cluster
+//! unavailable: …` (no leader or quorum in time), which — like gRPC's `UNAVAILABLE` — can
+//! follow an attempt inside the node whose outcome the node could not learn.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -46,7 +52,7 @@ impl FencedResp {
         fut: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, LockError> {
         match tokio::time::timeout(limit, fut).await {
-            Ok(r) => r.map_err(|e| map_redis(NAME, e)),
+            Ok(r) => r.map_err(map_resp),
             Err(_) => Err(LockError::Unavailable {
                 backend: NAME,
                 message: format!("no answer within {limit:?}"),
@@ -59,6 +65,18 @@ impl FencedResp {
             .token
             .ok_or_else(|| LockError::Invalid("fenced grant without a token".into()))
     }
+}
+
+/// [`map_redis`], plus fenced's `-TIMEOUT` / `-TRYAGAIN` replies as outcome unknown (a
+/// redis-rs server error of an unknown code would otherwise be a definite `Backend` answer).
+fn map_resp(e: redis::RedisError) -> LockError {
+    if matches!(e.code(), Some("TIMEOUT" | "TRYAGAIN")) {
+        return LockError::Unavailable {
+            backend: NAME,
+            message: e.to_string(),
+        };
+    }
+    map_redis(NAME, e)
 }
 
 #[async_trait]
@@ -128,5 +146,96 @@ impl DistLock for FencedResp {
 
     fn failed_attempts(&self) -> u64 {
         self.failed.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio::net::TcpListener;
+
+    /// Read one RESP array of bulk strings (a command); `None` at end of stream.
+    async fn read_command<R: AsyncBufReadExt + Unpin>(r: &mut R) -> Option<Vec<String>> {
+        let mut line = String::new();
+        if r.read_line(&mut line).await.ok()? == 0 {
+            return None;
+        }
+        let n: usize = line.trim_end().strip_prefix('*')?.parse().ok()?;
+        let mut args = Vec::with_capacity(n);
+        for _ in 0..n {
+            line.clear();
+            r.read_line(&mut line).await.ok()?;
+            let len: usize = line.trim_end().strip_prefix('$')?.parse().ok()?;
+            let mut buf = vec![0; len + 2];
+            r.read_exact(&mut buf).await.ok()?;
+            buf.truncate(len);
+            args.push(String::from_utf8_lossy(&buf).into_owned());
+        }
+        Some(args)
+    }
+
+    /// A RESP server answering every `LOCK.*` command with `reply` (connection set-up
+    /// commands get `+OK`).
+    async fn fake_node(reply: &'static str) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let (r, mut w) = s.into_split();
+                    let mut r = BufReader::new(r);
+                    while let Some(cmd) = read_command(&mut r).await {
+                        let out = if cmd[0].starts_with("LOCK.") {
+                            reply
+                        } else {
+                            "+OK\r\n"
+                        };
+                        if w.write_all(out.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    fn grant() -> Grant {
+        Grant {
+            key: "L".into(),
+            handle: "me".into(),
+            token: Some(7),
+            validity: Duration::from_secs(1),
+            acquired_at: Instant::now(),
+        }
+    }
+
+    #[tokio::test]
+    async fn fenced_timeout_and_tryagain_replies_are_outcome_unknown() {
+        for reply in [
+            "-TIMEOUT outcome unknown: raft write timed out\r\n",
+            "-TRYAGAIN cluster unavailable: not the leader (leader: unknown)\r\n",
+        ] {
+            let l = FencedResp::new(&fake_node(reply).await, Duration::from_secs(2)).expect("new");
+            let ttl = Duration::from_secs(1);
+            let e = l.acquire("L", ttl, Duration::ZERO).await.expect_err(reply);
+            assert!(matches!(e, LockError::Unavailable { .. }), "{reply}: {e:?}");
+            let e = l.release(&grant()).await.expect_err(reply);
+            assert!(matches!(e, LockError::Unavailable { .. }), "{reply}: {e:?}");
+            let e = l.extend(&grant(), ttl).await.expect_err(reply);
+            assert!(matches!(e, LockError::Unavailable { .. }), "{reply}: {e:?}");
+        }
+        // Any other error reply is a definite answer.
+        let l = FencedResp::new(
+            &fake_node("-ERR too many waiters\r\n").await,
+            Duration::from_secs(2),
+        )
+        .expect("new");
+        let e = l
+            .acquire("L", Duration::from_secs(1), Duration::ZERO)
+            .await
+            .expect_err("ERR");
+        assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
     }
 }
