@@ -412,6 +412,10 @@ fn redis_res<T>(
     match r {
         Err(_) => Err(Res::Info("timeout".into())),
         Ok(Err(e)) if e.is_connection_refusal() => Err(Res::Fail(e.to_string())),
+        // fenced's "the entry may or may not commit" and "no leader in time" replies.
+        Ok(Err(e)) if matches!(e.code(), Some("TIMEOUT" | "TRYAGAIN")) => {
+            Err(Res::Info(e.to_string()))
+        }
         Ok(Err(e)) if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() => {
             Err(Res::Info(e.to_string()))
         }
