@@ -2,6 +2,12 @@
 //! GC pause of Kleppmann's argument). It performs one workload and appends every op to its own
 //! history file as invoke → ok | fail | info. After an `info` its process id is retired and it
 //! goes on under a fresh id (and fresh connections and lock identity).
+//!
+//! RESP clients of fenced (`fenced-resp`, `fenced-setnx`, and the `register` workload) talk to
+//! one node at a time, as Redis clients do: client `k` starts on node `k mod n` and moves to
+//! the next node whenever an op ends `info` (timeout, dropped or refused connection, `-TIMEOUT`
+//! or `-TRYAGAIN`) — the reconnect a Redis client makes after a broken connection, on the next
+//! address. One op is never retried on another node: its outcome is already unknown.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -16,6 +22,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::history::{Event, HistoryError, HistoryWriter, Kind, Process, RunClock};
+use crate::system::System;
 
 /// The lock every lock/counter client contends for, and the storage key of the counter.
 pub const LOCK: &str = "L";
@@ -33,7 +40,8 @@ pub struct ClientSpec {
     /// Run time (ns) after which no new op starts.
     pub deadline: u64,
     pub history: PathBuf,
-    /// Lock service: fenced gRPC addresses or Redis addresses.
+    /// Lock service: fenced gRPC addresses, fenced RESP addresses (fenced-resp,
+    /// fenced-setnx) or Redis addresses.
     pub lock_endpoints: Vec<String>,
     /// RESP addresses for the register workload.
     pub resp_endpoints: Vec<String>,
@@ -114,28 +122,89 @@ fn refused(message: &str) -> bool {
     message.contains("Connection refused") || message.contains("connection refused")
 }
 
-fn lock_res<T>(r: Result<Result<T, LockError>, tokio::time::error::Elapsed>) -> Result<T, Res> {
+/// fenced's RESP replies that leave the outcome unknown: `-TIMEOUT outcome unknown` (the
+/// entry may still commit) and `-TRYAGAIN cluster unavailable` (which can follow an attempt
+/// inside the node whose outcome it could not learn). `RedisLock` reports them as
+/// `LockError::Backend` with redis-rs's rendering (`"TIMEOUT": …`, `TryAgain: …`).
+fn resp_outcome_unknown(message: &str) -> bool {
+    ["TIMEOUT", "TryAgain", "TRYAGAIN", "outcome unknown"]
+        .iter()
+        .any(|m| message.contains(m))
+}
+
+/// How a lock call ended, as a history outcome: `fail` only when the call certainly had no
+/// effect. For every fenced client any `Unavailable` (a refused connection included) is
+/// `info`: fenced forwards and retries writes inside the cluster, and `fenced-setnx`'s
+/// acquire is two commands (`SET NX`, then `FENCE.TOKEN`), so which step failed is not known.
+fn lock_res<T>(
+    system: System,
+    r: Result<Result<T, LockError>, tokio::time::error::Elapsed>,
+) -> Result<T, Res> {
     match r {
         Err(_) => Err(Res::Info("timeout".into())),
-        Ok(Err(LockError::Unavailable { backend, message }))
-            if backend != "fenced" && refused(&message) =>
+        Ok(Err(LockError::Unavailable { message, .. }))
+            if !system.is_fenced_cluster() && refused(&message) =>
         {
             Err(Res::Fail(message))
         }
         Ok(Err(LockError::Unavailable { message, .. })) => Err(Res::Info(message)),
+        Ok(Err(LockError::Backend { message, .. }))
+            if system.is_fenced_resp() && resp_outcome_unknown(&message) =>
+        {
+            Err(Res::Info(message))
+        }
         Ok(Err(e)) => Err(Res::Fail(e.to_string())),
         Ok(Ok(v)) => Ok(v),
     }
 }
 
-fn make_lock(spec: &ClientSpec) -> Result<Box<dyn DistLock>, ClientError> {
+/// [`lock_res`] for an acquire. `fenced-setnx`: any error after the request left the client
+/// is `info` — the `SET NX` may have succeeded and only the `FENCE.TOKEN` that follows it
+/// failed (unreachable node, or the key already gone: the lock was taken, its token unknown).
+fn acquire_res<T>(
+    system: System,
+    r: Result<Result<T, LockError>, tokio::time::error::Elapsed>,
+) -> Result<T, Res> {
+    match r {
+        Ok(Err(LockError::Backend { message, .. })) if system == System::FencedSetnx => {
+            Err(Res::Info(message))
+        }
+        r => lock_res(system, r),
+    }
+}
+
+fn system_of(spec: &ClientSpec) -> Result<System, ClientError> {
+    System::parse(&spec.system)
+        .ok_or_else(|| ClientError::Other(format!("unknown system {}", spec.system)))
+}
+
+/// The lock client. `node`: which of `spec.lock_endpoints` a RESP client connects to (taken
+/// modulo their number); the gRPC client gets them all and finds the leader itself.
+fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, ClientError> {
     let retry = RetryPolicy {
         delay: Duration::from_millis(20),
         jitter: Duration::from_millis(20),
     };
-    Ok(match spec.system.as_str() {
-        "fenced" => Box::new(fenced_dlock::FencedGrpc::connect(&spec.lock_endpoints)?),
-        "redis" => {
+    let op_timeout = Duration::from_millis(spec.op_timeout_ms);
+    let node_addr = || {
+        let n = spec.lock_endpoints.len().max(1);
+        spec.lock_endpoints
+            .get(node % n)
+            .ok_or_else(|| ClientError::Other("no lock endpoints".into()))
+    };
+    Ok(match system_of(spec)? {
+        System::Fenced => Box::new(fenced_dlock::FencedGrpc::connect(&spec.lock_endpoints)?),
+        System::FencedResp => Box::new(fenced_redlock::FencedResp::new(node_addr()?, op_timeout)?),
+        System::FencedSetnx => Box::new(RedisLock::fenced_setnx(
+            node_addr()?,
+            RedisConfig {
+                // A write goes through Raft (and maybe an election): give it the op timeout,
+                // not the 500 ms that suits a single Redis.
+                timeout: op_timeout,
+                retry,
+            },
+        )?),
+        System::Redis => {
             let addr = spec
                 .lock_endpoints
                 .first()
@@ -149,14 +218,13 @@ fn make_lock(spec: &ClientSpec) -> Result<Box<dyn DistLock>, ClientError> {
                 },
             )?)
         }
-        "redlock" => Box::new(Redlock::new(
+        System::Redlock => Box::new(Redlock::new(
             &spec.lock_endpoints,
             RedlockConfig {
                 instance_timeout: Duration::from_millis(100),
                 retry,
             },
         )?),
-        other => return Err(ClientError::Other(format!("unknown system {other}"))),
     })
 }
 
@@ -258,6 +326,7 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
     if spec.workload == "final-read" {
         return final_read(&mut rec, &mut guard).await;
     }
+    let system = system_of(&spec)?;
     let mut lock: Option<Box<dyn DistLock>> = None;
     let mut resp: Option<(usize, redis::aio::ConnectionManager)> = None;
     let mut incarnation = 0u64;
@@ -298,10 +367,27 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
             }
             "lock" | "counter" | "counter-unfenced" => {
                 if lock.is_none() {
-                    lock = Some(make_lock(&spec)?);
+                    // RESP clients: a fresh process id starts on the next node.
+                    let node = spec.index as usize + incarnation as usize;
+                    if system.is_fenced_resp() {
+                        let n = spec.lock_endpoints.len().max(1);
+                        eprintln!(
+                            "process {}: {system} client on {}",
+                            rec.process,
+                            spec.lock_endpoints
+                                .get(node % n)
+                                .map_or("?", |s| s.as_str())
+                        );
+                    }
+                    lock = Some(make_lock(&spec, node)?);
                 }
                 if let Some(l) = lock.as_deref() {
-                    lock_cycle(&spec, &mut rec, &mut rng, l, &mut guard, op_timeout).await?;
+                    let cx = Cx {
+                        spec: &spec,
+                        system,
+                        op_timeout,
+                    };
+                    lock_cycle(&cx, &mut rec, &mut rng, l, &mut guard).await?;
                 }
             }
             other => return Err(ClientError::Other(format!("unknown workload {other}"))),
@@ -310,20 +396,27 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
     Ok(())
 }
 
+/// What a lock cycle needs to know about the run.
+struct Cx<'a> {
+    spec: &'a ClientSpec,
+    system: System,
+    op_timeout: Duration,
+}
+
 async fn lock_cycle(
-    spec: &ClientSpec,
+    cx: &Cx<'_>,
     rec: &mut Recorder,
     rng: &mut StdRng,
     lock: &dyn DistLock,
     guard: &mut Guard,
-    op_timeout: Duration,
 ) -> Result<(), ClientError> {
+    let (spec, op_timeout) = (cx.spec, cx.op_timeout);
     let ttl = Duration::from_millis(spec.ttl_ms);
     let wait = Duration::from_millis(spec.wait_ms);
     let inv = rec.ev("acquire").key(LOCK).ttl_ms(spec.ttl_ms);
     rec.invoke(inv.clone())?;
     let r = tokio::time::timeout(op_timeout + wait, lock.acquire(LOCK, ttl, wait)).await;
-    let grant = match lock_res(r) {
+    let grant = match acquire_res(cx.system, r) {
         Ok(Some(g)) => {
             rec.complete(&inv, &Res::Ok(None, g.token))?;
             g
@@ -366,7 +459,7 @@ async fn lock_cycle(
             let r = guard.write(t, v).await;
             rec.complete(&inv, &r)?;
             if !matches!(r, Res::Ok(..)) {
-                return release(rec, lock, &grant, op_timeout).await;
+                return release(cx, rec, lock, &grant).await;
             }
         }
         let pause = rng.gen_range(0..=spec.hold_ms);
@@ -385,20 +478,20 @@ async fn lock_cycle(
             return Ok(());
         }
     }
-    release(rec, lock, &grant, op_timeout).await
+    release(cx, rec, lock, &grant).await
 }
 
 async fn release(
+    cx: &Cx<'_>,
     rec: &mut Recorder,
     lock: &dyn DistLock,
     grant: &fenced_dlock::Grant,
-    op_timeout: Duration,
 ) -> Result<(), ClientError> {
     let mut inv = rec.ev("release").key(LOCK);
     inv.token = grant.token;
     rec.invoke(inv.clone())?;
-    let r = tokio::time::timeout(op_timeout, lock.release(grant)).await;
-    let res = match lock_res(r) {
+    let r = tokio::time::timeout(cx.op_timeout, lock.release(grant)).await;
+    let res = match lock_res(cx.system, r) {
         Ok(true) => Res::Ok(None, None),
         Ok(false) => Res::Fail("not held".into()),
         Err(res) => res,
@@ -553,8 +646,9 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
             Err(e) => return Err(format!("guard: {e}")),
         }
     }
-    match spec.system.as_str() {
-        "fenced" => {
+    let system = system_of(spec).map_err(|e| e.to_string())?;
+    match system {
+        System::Fenced => {
             // Every node up and agreeing on a leader.
             for ep in &spec.lock_endpoints {
                 let c = fenced_client::Client::connect([ep]).map_err(|e| e.to_string())?;
@@ -583,6 +677,19 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
             .map_err(|_| "probe acquire timed out".to_owned())?
             .map_err(|e| format!("probe acquire: {e}"))?;
         }
+        s if s.is_fenced_resp() => {
+            // Every node answers PING and takes a lock write (forwarded to the leader), with
+            // the run's own client: RESP up, a leader known everywhere.
+            for (i, ep) in spec.lock_endpoints.iter().enumerate() {
+                ping(ep, t).await?;
+                let l = make_lock(spec, i).map_err(|e| e.to_string())?;
+                let key = format!("probe-{i}");
+                tokio::time::timeout(t, l.acquire(&key, Duration::from_secs(1), Duration::ZERO))
+                    .await
+                    .map_err(|_| format!("{ep}: probe lock timed out"))?
+                    .map_err(|e| format!("{ep}: probe lock: {e}"))?;
+            }
+        }
         _ => {
             for ep in &spec.lock_endpoints {
                 ping(ep, t).await?;
@@ -595,4 +702,75 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable(message: &str) -> Result<Result<(), LockError>, tokio::time::error::Elapsed> {
+        Ok(Err(LockError::Unavailable {
+            backend: "x",
+            message: message.into(),
+        }))
+    }
+
+    fn backend(message: &str) -> Result<Result<(), LockError>, tokio::time::error::Elapsed> {
+        Ok(Err(LockError::Backend {
+            backend: "x",
+            message: message.into(),
+        }))
+    }
+
+    fn kind(r: Result<(), Res>) -> &'static str {
+        match r {
+            Ok(()) => "ok",
+            Err(Res::Ok(..)) => "ok",
+            Err(Res::Fail(_)) => "fail",
+            Err(Res::Info(_)) => "info",
+        }
+    }
+
+    #[test]
+    fn unknown_outcomes_are_info_for_every_fenced_client() {
+        let refused = "Connection refused (os error 111)";
+        assert_eq!(kind(lock_res(System::Redis, unavailable(refused))), "fail");
+        assert_eq!(
+            kind(lock_res(System::Redlock, unavailable(refused))),
+            "fail"
+        );
+        for s in [System::Fenced, System::FencedResp, System::FencedSetnx] {
+            assert_eq!(kind(lock_res(s, unavailable(refused))), "info", "{s}");
+            assert_eq!(
+                kind(acquire_res(s, unavailable("timed out"))),
+                "info",
+                "{s}"
+            );
+        }
+        // RedisLock (fenced-setnx) renders fenced's replies through redis-rs as Backend.
+        for m in [
+            "\"TIMEOUT\": outcome unknown: raft write timed out",
+            "TryAgain: cluster unavailable: not the leader (leader: unknown)",
+        ] {
+            assert_eq!(
+                kind(lock_res(System::FencedSetnx, backend(m))),
+                "info",
+                "{m}"
+            );
+            assert_eq!(kind(lock_res(System::Redis, backend(m))), "fail", "{m}");
+        }
+        // A definite refusal stays a fail, except after a fenced-setnx SET NX may have
+        // succeeded (the token read that follows it failed).
+        let busy = "ResponseError: too many waiters";
+        assert_eq!(kind(lock_res(System::FencedResp, backend(busy))), "fail");
+        assert_eq!(kind(acquire_res(System::FencedResp, backend(busy))), "fail");
+        let gone = "FENCE.TOKEN L: no token after SET NX";
+        assert_eq!(
+            kind(acquire_res(System::FencedSetnx, backend(gone))),
+            "info"
+        );
+        assert_eq!(kind(lock_res(System::FencedSetnx, backend(busy))), "fail");
+        let invalid: Result<Result<(), LockError>, _> = Ok(Err(LockError::Invalid("ttl".into())));
+        assert_eq!(kind(acquire_res(System::FencedSetnx, invalid)), "fail");
+    }
 }

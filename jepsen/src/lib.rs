@@ -1,4 +1,4 @@
-//! Jepsen-style fault injection for fenced, Redis and Redlock: real processes in network
+//! Jepsen-style fault injection for fenced (over gRPC and over RESP), Redis and Redlock: real processes in network
 //! namespaces, nemeses on a seeded schedule, client processes recording histories in the
 //! design.md §4.4 format, and checkers (mutual exclusion, fencing, stale writes, lost updates,
 //! linearizability, availability) that turn a history into a verdict. See docs/jepsen.md.
@@ -11,3 +11,4 @@ pub mod nemesis;
 pub mod proxy;
 pub mod report;
 pub mod run;
+pub mod system;

@@ -1,5 +1,5 @@
-//! `fenced-jepsen`: run fault-injection tests (`test`), re-check a history (`check`), remove
-//! what a crashed run left behind (`cleanup`). `client` and `probe` are the harness' own
+//! `fenced-jepsen`: run fault-injection tests (`test`), re-check a history (`check`), print
+//! the results table (`table`), remove what a crashed run left behind (`cleanup`). `client` and `probe` are the harness' own
 //! helper processes.
 
 use std::path::PathBuf;
@@ -10,12 +10,13 @@ use clap::{Parser, Subcommand};
 use fenced_jepsen::client::ClientSpec;
 use fenced_jepsen::env::{self, NetMode};
 use fenced_jepsen::run::{self, TestOpts};
+use fenced_jepsen::system::System;
 use fenced_jepsen::{history, nemesis, report};
 
 #[derive(Parser)]
 #[command(
     name = "fenced-jepsen",
-    about = "Jepsen-style fault injection: fenced vs Redis vs Redlock"
+    about = "Jepsen-style fault injection: fenced (gRPC, RESP) vs Redis vs Redlock"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -59,7 +60,8 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct TestArgs {
-    /// fenced | redis | redlock
+    /// fenced (gRPC) | fenced-resp (RESP LOCK.*) | fenced-setnx (RESP SET NX PX + Lua,
+    /// FENCE.TOKEN) | redis | redlock. The three fenced systems share one cluster setup.
     #[arg(long)]
     system: String,
     /// lock | counter | counter-unfenced | register
@@ -80,7 +82,8 @@ struct TestArgs {
     runs: u64,
     #[arg(long, default_value_t = 5)]
     clients: u64,
-    /// fenced cluster size (3 or 5). Redis is 1 node, Redlock 5 masters.
+    /// fenced cluster size (3 or 5), for every fenced system. Redis is 1 node, Redlock 5
+    /// masters.
     #[arg(long, default_value_t = 3)]
     nodes: usize,
     #[arg(long, default_value_t = 3_000)]
@@ -105,9 +108,9 @@ struct TestArgs {
 }
 
 fn test(a: TestArgs) -> anyhow::Result<bool> {
-    if !["fenced", "redis", "redlock"].contains(&a.system.as_str()) {
-        bail!("unknown system {:?} (fenced, redis, redlock)", a.system);
-    }
+    let Some(system) = System::parse(&a.system) else {
+        bail!("unknown system {:?} ({})", a.system, System::names());
+    };
     if !["lock", "counter", "counter-unfenced", "register"].contains(&a.workload.as_str()) {
         bail!(
             "unknown workload {:?} (lock, counter, counter-unfenced, register)",
@@ -117,7 +120,7 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
     if a.clients == 0 || a.clients > 40 || !(1..=7).contains(&a.nodes) {
         bail!("--clients must be 1..=40 and --nodes 1..=7");
     }
-    let nemeses = nemesis::parse(&a.nemesis, &a.system)?;
+    let nemeses = nemesis::parse(&a.nemesis, system)?;
     let net = match a.net.as_deref() {
         Some("netns") => NetMode::Namespaces,
         Some("loopback") => NetMode::Loopback,
@@ -163,7 +166,7 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
             base.clone()
         };
         let opts = TestOpts {
-            system: a.system.clone(),
+            system,
             workload: a.workload.clone(),
             nemeses: nemeses.clone(),
             time_limit_s: a.time_limit,
@@ -279,11 +282,7 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
         .filter(|p| p.is_dir() && p.join("run-0").exists())
         .collect();
     folders.sort();
-    let order = |s: &str| match s {
-        "fenced" => 0,
-        "redis" => 1,
-        _ => 2,
-    };
+    let order = |s: &str| System::parse(s).map_or(System::ALL.len(), System::order);
     let mut rows = vec![];
     for f in folders {
         let mut runs = 0;
@@ -347,8 +346,10 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
             }
         };
         let mut system = meta["system"].as_str().unwrap_or("?").to_owned();
-        if system == "fenced" && meta["nodes"].as_u64().is_some_and(|n| n != 3) {
-            system = format!("fenced ({} nodes)", meta["nodes"]);
+        if System::parse(&system).is_some_and(System::is_fenced_cluster)
+            && meta["nodes"].as_u64().is_some_and(|n| n != 3)
+        {
+            system = format!("{system} ({} nodes)", meta["nodes"]);
         }
         let workload = meta["workload"].as_str().unwrap_or("?").to_owned();
         rows.push((

@@ -10,6 +10,8 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
+use crate::system::System;
+
 /// Every nemesis name accepted by `--nemesis`.
 pub const KINDS: &[&str] = &[
     "partition",
@@ -92,7 +94,7 @@ pub struct Scheduled {
 /// What the schedule generator needs to know about the run.
 #[derive(Clone, Debug)]
 pub struct Topology {
-    pub system: String,
+    pub system: System,
     /// Server node names (n1..nN).
     pub nodes: Vec<String>,
     /// Client names (c1..cC).
@@ -111,7 +113,7 @@ pub enum NemesisError {
 }
 
 /// Parse `--nemesis a,b,c` (`none` or empty: no faults).
-pub fn parse(list: &str, system: &str) -> Result<Vec<String>, NemesisError> {
+pub fn parse(list: &str, system: System) -> Result<Vec<String>, NemesisError> {
     let mut out = Vec::new();
     for k in list.split(',').map(str::trim).filter(|k| !k.is_empty()) {
         if k == "none" {
@@ -120,10 +122,10 @@ pub fn parse(list: &str, system: &str) -> Result<Vec<String>, NemesisError> {
         if !KINDS.contains(&k) {
             return Err(NemesisError::Unknown(k.to_owned()));
         }
-        if system == "fenced" && k.starts_with("restart-") {
+        if system.is_fenced_cluster() && k.starts_with("restart-") {
             return Err(NemesisError::NotApplicable(
                 k.to_owned(),
-                system.to_owned(),
+                system.name().to_owned(),
                 "a Raft node that loses its disk is outside the fault model; use kill".into(),
             ));
         }
@@ -164,7 +166,7 @@ fn cut(components: &[Vec<String>]) -> BTreeMap<String, Vec<String>> {
 
 fn partition(rng: &mut StdRng, t: &Topology) -> Fault {
     let n = t.nodes.len();
-    if t.system == "fenced" && !t.client_partitions {
+    if t.system.is_fenced_cluster() && !t.client_partitions {
         let mut variants = vec!["isolate", "majority-minority", "bridge"];
         if n >= 5 {
             variants.push("ring");
@@ -330,7 +332,7 @@ mod tests {
 
     fn topo(system: &str, n: usize) -> Topology {
         Topology {
-            system: system.into(),
+            system: System::parse(system).expect("known system"),
             nodes: (1..=n).map(|i| format!("n{i}")).collect(),
             clients: (1..=4).map(|i| format!("c{i}")).collect(),
             ttl_ms: 2_000,
@@ -375,13 +377,34 @@ mod tests {
     }
 
     #[test]
+    fn fenced_cluster_systems_share_schedules() {
+        // Same cluster, same faults: a seed gives fenced, fenced-resp and fenced-setnx the
+        // same schedule, so their runs compare client against client.
+        let kinds: Vec<String> = KINDS[..4].iter().map(|s| s.to_string()).collect();
+        for seed in 1..20 {
+            let a = generate(seed, &kinds, &topo("fenced", 3), 30_000);
+            assert_eq!(a, generate(seed, &kinds, &topo("fenced-resp", 3), 30_000));
+            assert_eq!(a, generate(seed, &kinds, &topo("fenced-setnx", 3), 30_000));
+            for s in &a {
+                if let Fault::Partition { grudge, .. } = &s.fault {
+                    assert!(grudge.keys().all(|k| k.starts_with('n')), "node↔node only");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn parse_rejects_unknown_and_inapplicable() {
         assert_eq!(
-            parse("partition,kill,none", "fenced").expect("ok"),
+            parse("partition,kill,none", System::Fenced).expect("ok"),
             vec!["partition", "kill"]
         );
-        assert!(parse("meteor", "redis").is_err());
-        assert!(parse("restart-empty", "fenced").is_err());
-        assert!(parse("restart-empty", "redlock").is_ok());
+        assert!(parse("meteor", System::Redis).is_err());
+        for s in [System::Fenced, System::FencedResp, System::FencedSetnx] {
+            assert!(parse("restart-empty", s).is_err(), "{s}");
+            assert!(parse("restart-delayed", s).is_err(), "{s}");
+            assert!(parse("partition,kill,pause,clock", s).is_ok(), "{s}");
+        }
+        assert!(parse("restart-empty", System::Redlock).is_ok());
     }
 }

@@ -21,7 +21,7 @@ pub enum ReportError {
 pub fn check(events: &[Event], system: &str, workload: &str) -> (Vec<Op>, Vec<Verdict>) {
     let ops = checker::pair(events);
     let windows = availability::nemesis_windows(events);
-    let tokens = system == "fenced";
+    let tokens = crate::system::issues_tokens(system);
     let mut v = Vec::new();
     match workload {
         "register" => {
@@ -333,5 +333,29 @@ mod tests {
         assert_eq!(r["anomalies"]["mutual-exclusion"], 1);
         let page = html(&events, &ops, &r);
         assert!(page.contains("<svg") && page.contains("INVALID") && page.contains("pause"));
+    }
+
+    #[test]
+    fn fencing_applies_to_every_fenced_client() {
+        let mut events = vec![];
+        for (p, k, t, token) in [
+            (0, Kind::Invoke, 0, None),
+            (0, Kind::Ok, 1, Some(9)),
+            (1, Kind::Invoke, 5_000, None),
+            (1, Kind::Ok, 5_001, Some(7)),
+        ] {
+            let mut e = Event::new(Process::Client(p), k, "acquire", t * 1_000_000).key("L");
+            e.ttl_ms = Some(1000);
+            e.token = token;
+            events.push(e);
+        }
+        for system in ["fenced", "fenced-resp", "fenced-setnx"] {
+            let (_, v) = check(&events, system, "lock");
+            let f = v.iter().find(|v| v.checker == "fencing").expect("fencing");
+            assert_eq!((f.valid, f.anomalies), (Some(false), 1), "{system}");
+        }
+        let (_, v) = check(&events, "redis", "lock");
+        let f = v.iter().find(|v| v.checker == "fencing").expect("fencing");
+        assert_eq!(f.valid, None);
     }
 }

@@ -17,6 +17,7 @@ use crate::history::{self, monotonic_ns, Event, HistoryWriter, Kind, Process, Ru
 use crate::nemesis::{self, Fault, Scheduled, Topology};
 use crate::proxy::Proxies;
 use crate::report;
+use crate::system::System;
 
 /// Set by SIGINT/SIGTERM: the run stops at the next check and cleans up.
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -40,7 +41,7 @@ fn interrupted() -> bool {
 
 #[derive(Clone, Debug)]
 pub struct TestOpts {
-    pub system: String,
+    pub system: System,
     pub workload: String,
     pub nemeses: Vec<String>,
     pub time_limit_s: u64,
@@ -127,8 +128,8 @@ fn node_spec(o: &TestOpts, l: &Layout, env: &Env, i: usize) -> anyhow::Result<Sp
     let name = &l.nodes[i];
     let ip = env.host(name)?.ip.clone();
     let clock = l.clock_dir.join(name).display().to_string();
-    Ok(match o.system.as_str() {
-        "fenced" => {
+    Ok(match o.system {
+        s if s.is_fenced_cluster() => {
             let cluster: Vec<String> = l
                 .nodes
                 .iter()
@@ -192,7 +193,7 @@ fn node_spec(o: &TestOpts, l: &Layout, env: &Env, i: usize) -> anyhow::Result<Sp
 
 fn client_spec(o: &TestOpts, l: &Layout, run_start: u64, k: u64, workload: &str) -> ClientSpec {
     ClientSpec {
-        system: o.system.clone(),
+        system: o.system.name().to_owned(),
         workload: workload.to_owned(),
         index: k,
         stride: o.clients,
@@ -357,12 +358,13 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     for entry in std::fs::read_dir(out.join("hist"))? {
         let _ = std::fs::remove_file(entry?.path());
     }
-    let shim = if o.system == "fenced" {
+    // fenced nodes take clock faults through their test hook; Redis needs the shim.
+    let shim = if o.system.is_fenced_cluster() {
         None
     } else {
         clock_shim(out)
     };
-    if shim.is_none() && o.system != "fenced" && o.nemeses.iter().any(|n| n == "clock") {
+    if shim.is_none() && !o.system.is_fenced_cluster() && o.nemeses.iter().any(|n| n == "clock") {
         bail!("the clock nemesis on Redis needs a C compiler (cc) to build its clock shim");
     }
     // Private copies of the binaries: a rebuild of the tree during the run must not change
@@ -386,11 +388,10 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     let o = &o;
     let subnet = 100 + (std::process::id() % 100) as u8;
     let mut env = Env::new(o.net, &o.prefix, &out.join("logs"), subnet)?;
-    let n_nodes = match o.system.as_str() {
-        "fenced" => o.nodes,
-        "redis" => 1,
-        "redlock" => 5,
-        other => bail!("unknown system {other}"),
+    let n_nodes = match o.system {
+        s if s.is_fenced_cluster() => o.nodes,
+        System::Redis => 1,
+        _ => 5,
     };
     let nodes: Vec<String> = (1..=n_nodes).map(|i| format!("n{i}")).collect();
     let clients: Vec<String> = (0..o.clients).map(|k| format!("c{k}")).collect();
@@ -401,17 +402,19 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     for k in 0..o.clients {
         env.add_host(&format!("c{k}"), 101 + k as u8)?;
     }
-    let port = if o.system == "fenced" {
-        GRPC_PORT
-    } else {
-        REDIS_PORT
+    // What the lock clients talk to: fenced's gRPC or RESP port on every node, or the Redis
+    // servers.
+    let port = match o.system {
+        System::Fenced => GRPC_PORT,
+        s if s.is_fenced_resp() => RESP_PORT,
+        _ => REDIS_PORT,
     };
     let lock_endpoints: Vec<String> = nodes
         .iter()
         .map(|n| env.host(n).map(|h| format!("{}:{port}", h.ip)))
         .collect::<Result<_, _>>()?;
-    let resp_endpoints: Vec<String> = match o.system.as_str() {
-        "fenced" => nodes
+    let resp_endpoints: Vec<String> = match o.system {
+        s if s.is_fenced_cluster() => nodes
             .iter()
             .map(|n| env.host(n).map(|h| format!("{}:{RESP_PORT}", h.ip)))
             .collect::<Result<_, _>>()?,
@@ -484,7 +487,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
 
     // The schedule, drawn from the seed.
     let topo = Topology {
-        system: o.system.clone(),
+        system: o.system,
         nodes: nodes.clone(),
         clients: clients.clone(),
         ttl_ms: o.ttl_ms,
@@ -633,7 +636,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     let events = history::merge(parts);
     history::write_all(&out.join("history.jsonl"), &events)?;
     let meta = json!({
-        "system": o.system,
+        "system": o.system.name(),
         "workload": o.workload,
         "nemesis": o.nemeses,
         "seed": o.seed,
@@ -646,7 +649,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         "unexpected_exits": unexpected,
         "schedule": schedule,
     });
-    let results = report::write(out, &events, &o.system, &o.workload, meta)?;
+    let results = report::write(out, &events, o.system.name(), &o.workload, meta)?;
     Ok(RunSummary {
         out: out.clone(),
         seed: o.seed,

@@ -1,0 +1,111 @@
+//! The systems under test, and the one place that knows what each of them is: which servers
+//! the harness starts, which port the lock clients talk to, whether grants carry fencing
+//! tokens, which nemeses apply.
+//!
+//! Three of them run against the *same* 3-node fenced cluster (same processes, nemeses and
+//! checkers) and differ only in the client:
+//!
+//! * `fenced`: gRPC (`fenced_dlock::FencedGrpc`), any node, the client goes to the leader;
+//! * `fenced-resp`: RESP `LOCK.ACQUIRE/RELEASE/RENEW` (`fenced_redlock::FencedResp`);
+//! * `fenced-setnx`: the unchanged Redis lock pattern — `SET key value NX PX ttl`, Lua
+//!   compare-and-delete — pointed at fenced's RESP port, token from `FENCE.TOKEN key`
+//!   (`fenced_redlock::RedisLock::fenced_setnx`).
+//!
+//! A RESP client talks to one node at a time, as Redis clients do (see `client.rs`).
+
+use std::fmt;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum System {
+    Fenced,
+    FencedResp,
+    FencedSetnx,
+    Redis,
+    Redlock,
+}
+
+impl System {
+    /// Every system, in the order results tables list them.
+    pub const ALL: [System; 5] = [
+        System::Fenced,
+        System::FencedResp,
+        System::FencedSetnx,
+        System::Redis,
+        System::Redlock,
+    ];
+
+    pub fn parse(name: &str) -> Option<System> {
+        System::ALL.into_iter().find(|s| s.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            System::Fenced => "fenced",
+            System::FencedResp => "fenced-resp",
+            System::FencedSetnx => "fenced-setnx",
+            System::Redis => "redis",
+            System::Redlock => "redlock",
+        }
+    }
+
+    /// "fenced, fenced-resp, ..." for messages.
+    pub fn names() -> String {
+        System::ALL.map(System::name).join(", ")
+    }
+
+    /// Runs against a fenced cluster (`fenced serve` nodes with Raft between them): node↔node
+    /// partitions, the clock nemesis through fenced's test hook, no restart-with-empty-disk.
+    pub fn is_fenced_cluster(self) -> bool {
+        matches!(
+            self,
+            System::Fenced | System::FencedResp | System::FencedSetnx
+        )
+    }
+
+    /// Lock clients speak RESP to fenced's RESP front end (one node at a time).
+    pub fn is_fenced_resp(self) -> bool {
+        matches!(self, System::FencedResp | System::FencedSetnx)
+    }
+
+    /// Grants carry fencing tokens (the fencing checker applies).
+    pub fn issues_tokens(self) -> bool {
+        self.is_fenced_cluster()
+    }
+
+    /// Position in results tables.
+    pub fn order(self) -> usize {
+        System::ALL.iter().position(|s| *s == self).unwrap_or(0)
+    }
+}
+
+impl fmt::Display for System {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Whether the system named `name` issues fencing tokens (`false` for unknown names).
+pub fn issues_tokens(name: &str) -> bool {
+    System::parse(name).is_some_and(System::issues_tokens)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_classify() {
+        for s in System::ALL {
+            assert_eq!(System::parse(s.name()), Some(s));
+        }
+        assert_eq!(System::parse("etcd"), None);
+        let cluster: Vec<_> = System::ALL
+            .into_iter()
+            .filter(|s| s.is_fenced_cluster())
+            .map(System::name)
+            .collect();
+        assert_eq!(cluster, ["fenced", "fenced-resp", "fenced-setnx"]);
+        assert!(issues_tokens("fenced-setnx") && !issues_tokens("redlock"));
+        assert!(System::FencedResp.is_fenced_resp() && !System::Fenced.is_fenced_resp());
+    }
+}
