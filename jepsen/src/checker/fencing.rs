@@ -1,5 +1,6 @@
-//! Fencing: tokens strictly increase per lock, and protected storage never accepts a token
-//! lower than one it has already accepted. Plus the question fencing exists to answer:
+//! Fencing: tokens strictly increase per lock, a token identifies one grant (no two processes
+//! are handed the same token), and protected storage never accepts a token lower than one it
+//! has already accepted. Plus the question fencing exists to answer:
 //! did storage accept a write from a holder whose grant had been superseded (a *stale write*)?
 //!
 //! Ops used: `acquire` oks (granted `token`), and writes to storage: `fenced-write` (an
@@ -40,19 +41,28 @@ fn max_completed_before(items: &[(u64, u64, u64)]) -> Vec<Option<(u64, u64)>> {
     res
 }
 
-/// Tokens strictly increase per lock; storage never goes back to a lower token.
+/// Tokens strictly increase per lock; no token is granted to two processes; storage never
+/// goes back to a lower token.
+///
+/// The second rule catches what the first cannot when the grants overlap in time: a client
+/// that reads its token in a second round trip (`SET NX`, then `FENCE.TOKEN`) after its lease
+/// ran out and someone else took the lock is handed the new holder's token; both then pass
+/// storage's check.
 pub fn check(ops: &[Op], issues_tokens: bool) -> Verdict {
     if !issues_tokens {
         return Verdict::not_applicable("fencing", "the lock issues no fencing tokens");
     }
     let mut anomalies = 0u64;
     let mut examples = Vec::new();
-    // 1. Grants per lock.
-    let mut grants: BTreeMap<&str, Vec<(u64, u64, u64)>> = BTreeMap::new();
+    // 1. Grants per lock: (invoke, ok, token, process).
+    let mut grants: BTreeMap<&str, Vec<(u64, u64, u64, u64)>> = BTreeMap::new();
     let mut missing = 0u64;
     for op in ops.iter().filter(|o| o.f == "acquire" && o.is_ok()) {
         match (op.key.as_deref(), op.complete, op.token) {
-            (Some(k), Some(c), Some(t)) => grants.entry(k).or_default().push((op.invoke, c, t)),
+            (Some(k), Some(c), Some(t)) => grants
+                .entry(k)
+                .or_default()
+                .push((op.invoke, c, t, op.process)),
             _ => missing += 1,
         }
     }
@@ -63,19 +73,36 @@ pub fn check(ops: &[Op], issues_tokens: bool) -> Verdict {
     let mut n_grants = 0;
     for (key, items) in &grants {
         n_grants += items.len();
-        for (i, prev) in max_completed_before(items).into_iter().enumerate() {
-            if let Some((pt, pc)) = prev {
-                let (inv, _, t) = items[i];
-                if t <= pt {
-                    anomalies += 1;
-                    if examples.len() < MAX_EXAMPLES {
-                        examples.push(format!(
-                            "lock {key}: grant with token {t} (invoked at {} ms) after a grant \
-                             with token {pt} had been acknowledged at {} ms",
-                            ms(inv),
-                            ms(pc)
-                        ));
-                    }
+        // The first acknowledged grant of each token: (ok, process).
+        let mut first: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        for &(_, c, t, p) in items {
+            let e = first.entry(t).or_insert((c, p));
+            if c < e.0 {
+                *e = (c, p);
+            }
+        }
+        let triples: Vec<(u64, u64, u64)> = items.iter().map(|&(i, c, t, _)| (i, c, t)).collect();
+        for (i, prev) in max_completed_before(&triples).into_iter().enumerate() {
+            let (inv, c, t, p) = items[i];
+            if let Some((pt, pc)) = prev.filter(|(pt, _)| t <= *pt) {
+                anomalies += 1;
+                if examples.len() < MAX_EXAMPLES {
+                    examples.push(format!(
+                        "lock {key}: grant with token {t} (invoked at {} ms) after a grant \
+                         with token {pt} had been acknowledged at {} ms",
+                        ms(inv),
+                        ms(pc)
+                    ));
+                }
+            } else if let Some(&(fc, fp)) = first.get(&t).filter(|(_, fp)| *fp != p) {
+                anomalies += 1;
+                if examples.len() < MAX_EXAMPLES {
+                    examples.push(format!(
+                        "lock {key}: token {t} granted to process {p} (acknowledged at {} ms) \
+                         and to process {fp} (acknowledged at {} ms)",
+                        ms(c),
+                        ms(fc)
+                    ));
                 }
             }
         }
@@ -252,6 +279,23 @@ mod tests {
         acquire(&mut h, 3, "L", 40, 50, Some(3), 100);
         let v = check(&pair(&h.sorted()), true);
         assert_eq!(v.anomalies, 2, "{v:?}");
+    }
+
+    #[test]
+    fn fails_on_one_token_for_two_processes() {
+        let mut h = H::new();
+        // p1 sends SET NX at 0 and is stalled before reading its token; its lease ends, p2
+        // takes the lock (token 9); p1's FENCE.TOKEN then answers 9 too. Neither grant was
+        // acknowledged before the other was invoked: only the shared token gives it away.
+        h.ev(1, Kind::Invoke, "acquire", "L", 0).ttl_ms = Some(100);
+        acquire(&mut h, 2, "L", 50, 160, Some(9), 100);
+        h.ev(1, Kind::Ok, "acquire", "L", 170).token = Some(9);
+        let v = check(&pair(&h.sorted()), true);
+        assert_eq!(v.anomalies, 1, "{v:?}");
+        assert!(
+            v.examples[0].contains("token 9 granted to process 1"),
+            "{v:?}"
+        );
     }
 
     #[test]
