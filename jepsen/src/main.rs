@@ -28,13 +28,14 @@ enum Cmd {
     /// Run a test (or --runs N of them) and write history.jsonl, results.json, report.html.
     Test(TestArgs),
     /// Re-run the checkers over an existing history.jsonl (writes results.json, report.html
-    /// next to it).
+    /// next to it). System and workload default to the run's own (results.json), else
+    /// fenced / lock.
     Check {
         history: PathBuf,
-        #[arg(long, default_value = "fenced")]
-        system: String,
-        #[arg(long, default_value = "lock")]
-        workload: String,
+        #[arg(long)]
+        system: Option<String>,
+        #[arg(long)]
+        workload: Option<String>,
         #[arg(long, default_value_t = 5)]
         clients: u64,
     },
@@ -419,11 +420,18 @@ fn main() -> ExitCode {
                 .ok()
                 .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
                 .map(|r| r["meta"].clone())
-                .filter(|m| m.is_object())
-                .unwrap_or_else(|| {
-                    serde_json::json!({"system": system, "workload": workload,
-                        "clients": clients, "nemesis": "?", "seed": null})
-                });
+                .filter(|m| m.is_object());
+            let of_run = |k: &str| meta.as_ref().and_then(|m| m[k].as_str()).map(str::to_owned);
+            let system = system
+                .or_else(|| of_run("system"))
+                .unwrap_or("fenced".into());
+            let workload = workload
+                .or_else(|| of_run("workload"))
+                .unwrap_or("lock".into());
+            let meta = meta.unwrap_or_else(|| {
+                serde_json::json!({"system": system, "workload": workload,
+                    "clients": clients, "nemesis": "?", "seed": null})
+            });
             let r = report::write(&dir, &events, &system, &workload, meta)?;
             println!("{}", serde_json::to_string_pretty(&r["anomalies"])?);
             Ok(r["valid"].as_bool() == Some(true))
