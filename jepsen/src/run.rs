@@ -650,6 +650,11 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         "schedule": schedule,
     });
     let results = report::write(out, &events, o.system.name(), &o.workload, meta)?;
+    // The private binary copies are ~275 MB (debug builds): keep them only as evidence of an
+    // invalid run.
+    if results["valid"] == true {
+        let _ = std::fs::remove_dir_all(out.join("bin"));
+    }
     Ok(RunSummary {
         out: out.clone(),
         seed: o.seed,
