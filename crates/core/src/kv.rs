@@ -23,7 +23,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::{Index, Millis, Token};
 
-pub use exec::{command_class, command_table, CommandClass};
+pub use exec::{
+    command_class, command_keys, command_table, key_spec, noperm_command, CommandClass, KeySpec,
+    Keys, NOPERM_CHANNEL, NOPERM_KEY,
+};
 pub use glob::glob_match;
 
 /// One byte string (a key, a value, an argument).
@@ -57,6 +60,32 @@ pub enum KvCommand {
         watches: Vec<(Bytes, Index)>,
         cmds: Vec<Argv>,
     },
+    /// `cmd` on behalf of an ACL-restricted RESP user: before every command it runs —
+    /// `redis.call` inside scripts included — the state machine checks `limits`
+    /// ([`Restriction::check`]) and answers a refused one with its `NOPERM` error instead
+    /// (a script sees that as a failed call). Replies are `cmd`'s. Appended last, so entries
+    /// written before it existed still decode.
+    Restricted {
+        limits: Restriction,
+        cmd: Box<KvCommand>,
+    },
+}
+
+/// What an ACL-restricted user may do, enforced inside `apply` by
+/// [`KvCommand::Restricted`] (deterministically, so scripts cannot get around it). `None`
+/// in a field: no limit of that kind.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct Restriction {
+    /// The user's name, for the `NOPERM` error text.
+    pub user: String,
+    /// Glob patterns; every key a command names ([`command_keys`]) must match one, and
+    /// commands on the whole keyspace ([`Keys::Whole`]) are refused.
+    pub keys: Option<Vec<Bytes>>,
+    /// Glob patterns for `PUBLISH`/`SUBSCRIBE` channels; `PSUBSCRIBE` patterns must be one of
+    /// them literally.
+    pub channels: Option<Vec<Bytes>>,
+    /// Names of the commands allowed (any case).
+    pub commands: Option<Vec<String>>,
 }
 
 /// The replies of a [`KvCommand`], one per command of a batch (one array for a `Multi`).
@@ -234,23 +263,34 @@ impl Keyspace {
                 now,
                 events: &mut kv_events,
                 in_script: false,
+                limits: Vec::new(),
             };
-            match cmd {
-                KvCommand::Batch(cmds) => cmds.iter().map(|argv| ctx.exec(argv)).collect(),
-                KvCommand::Multi { watches, cmds } => {
-                    let intact = watches
-                        .iter()
-                        .all(|(k, rev)| ctx.ks.mod_revision(k, now) == *rev);
-                    if intact {
-                        vec![Reply::Array(cmds.iter().map(|a| ctx.exec(a)).collect())]
-                    } else {
-                        vec![Reply::NilArray]
-                    }
-                }
-            }
+            Self::run(&mut ctx, cmd)
         };
         events.extend(kv_events.into_iter().map(crate::Event::Kv));
         KvResponse { replies }
+    }
+
+    fn run<'a>(ctx: &mut exec::Ctx<'a>, cmd: &'a KvCommand) -> Vec<Reply> {
+        match cmd {
+            KvCommand::Batch(cmds) => cmds.iter().map(|argv| ctx.exec(argv)).collect(),
+            KvCommand::Multi { watches, cmds } => {
+                let intact = watches
+                    .iter()
+                    .all(|(k, rev)| ctx.ks.mod_revision(k, ctx.now) == *rev);
+                if intact {
+                    vec![Reply::Array(cmds.iter().map(|a| ctx.exec(a)).collect())]
+                } else {
+                    vec![Reply::NilArray]
+                }
+            }
+            KvCommand::Restricted { limits, cmd } => {
+                ctx.limits.push(limits);
+                let replies = Self::run(ctx, cmd);
+                ctx.limits.pop();
+                replies
+            }
+        }
     }
 
     /// Answer a read-only command at log time `now` (keys expired at `now` are absent).

@@ -145,6 +145,7 @@ const TABLE: &[(&str, i32, CommandClass)] = &[
     ("UNSUBSCRIBE", -1, Connection),
     ("PSUBSCRIBE", -2, Connection),
     ("PUNSUBSCRIBE", -1, Connection),
+    ("ACL", -2, Connection),
 ];
 
 /// Every command of the table: `(name, arity, class)`.
@@ -188,6 +189,154 @@ pub fn command_class(argv: &[Bytes]) -> Result<CommandClass, String> {
         return Ok(Read);
     }
     Ok(*class)
+}
+
+// ---- keys and ACL restrictions -----------------------------------------------------------
+
+/// Reply text when a restricted user names a key outside its patterns (Redis 7.2's).
+pub const NOPERM_KEY: &str = "NOPERM No permissions to access a key";
+/// Reply text when a restricted user names a channel outside its patterns (Redis 7.2's).
+pub const NOPERM_CHANNEL: &str = "NOPERM No permissions to access a channel";
+
+/// Reply text when `user` may not run `cmd` (Redis 7.2's).
+pub fn noperm_command(user: &str, cmd: &[u8]) -> String {
+    format!(
+        "NOPERM User {user} has no permissions to run the '{}' command",
+        String::from_utf8_lossy(cmd).to_ascii_lowercase()
+    )
+}
+
+/// Where a command's keys are in its argument vector: what ACL key patterns are checked
+/// against (on the front end and inside `apply`) and what `COMMAND INFO` reports. Lock names
+/// (`LOCK.*`) count as keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySpec {
+    /// No keys: connection, server, pub/sub and script-cache commands, `TIME`.
+    None,
+    /// The whole keyspace without naming keys: `KEYS`, `SCAN`, `DBSIZE`, `FLUSHDB`,
+    /// `FLUSHALL`. Refused to users restricted to key patterns.
+    Whole,
+    /// One key, `argv[1]`.
+    First,
+    /// Every argument (`DEL`, `UNLINK`, `EXISTS`, `MGET`, `WATCH`).
+    All,
+    /// `argv[1]`, `argv[3]`, … (`MSET`).
+    EveryOther,
+    /// Every argument but the last (`BLPOP`/`BRPOP` and their timeout).
+    AllButLast,
+    /// `EVAL`/`EVALSHA`: `argv[2]` is `numkeys`, the keys follow it.
+    Script,
+}
+
+/// The key specification of command `name` (any case). Commands that are not in the table
+/// have none.
+pub fn key_spec(name: &str) -> KeySpec {
+    let upper = name.to_ascii_uppercase();
+    let Some((_, _, class)) = TABLE.iter().find(|(n, _, _)| *n == upper) else {
+        return KeySpec::None;
+    };
+    match upper.as_str() {
+        "KEYS" | "SCAN" | "DBSIZE" | "FLUSHDB" | "FLUSHALL" => KeySpec::Whole,
+        "DEL" | "UNLINK" | "EXISTS" | "MGET" | "WATCH" => KeySpec::All,
+        "MSET" => KeySpec::EveryOther,
+        "BLPOP" | "BRPOP" => KeySpec::AllButLast,
+        "EVAL" | "EVALSHA" => KeySpec::Script,
+        "TIME" | "SCRIPT" | "PUBLISH" => KeySpec::None,
+        // Anything else that reaches the keyspace or the lock table names its key first;
+        // a new command defaults to that (the restrictive side for ACLs).
+        _ if *class == Connection => KeySpec::None,
+        _ => KeySpec::First,
+    }
+}
+
+/// The keys `argv` touches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Keys<'a> {
+    /// No key.
+    None,
+    /// The whole keyspace, without naming keys.
+    Whole,
+    /// These keys (possibly none, e.g. `EVAL` with `numkeys` 0).
+    Args(Vec<&'a [u8]>),
+}
+
+/// The keys of `argv` according to [`key_spec`]. Malformed argument vectors (wrong arity, a
+/// bad `numkeys`) give the keys that can be read; such commands fail before touching any.
+pub fn command_keys(argv: &[Bytes]) -> Keys<'_> {
+    let Some(name) = argv.first() else {
+        return Keys::None;
+    };
+    let args = &argv[1..];
+    let keys: Vec<&[u8]> = match key_spec(&String::from_utf8_lossy(name)) {
+        KeySpec::None => return Keys::None,
+        KeySpec::Whole => return Keys::Whole,
+        KeySpec::First => args.iter().take(1).map(|k| k.as_slice()).collect(),
+        KeySpec::All => args.iter().map(|k| k.as_slice()).collect(),
+        KeySpec::EveryOther => args.iter().step_by(2).map(|k| k.as_slice()).collect(),
+        KeySpec::AllButLast => args[..args.len().saturating_sub(1)]
+            .iter()
+            .map(|k| k.as_slice())
+            .collect(),
+        KeySpec::Script => {
+            let n = args
+                .get(1)
+                .and_then(|n| parse_i64(n).ok())
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|n| *n <= args.len().saturating_sub(2))
+                .unwrap_or(0);
+            args.iter().skip(2).take(n).map(|k| k.as_slice()).collect()
+        }
+    };
+    Keys::Args(keys)
+}
+
+impl super::Restriction {
+    /// Whether this restriction lets `argv` run: its command, then its keys, then its
+    /// channels (Redis's order). `Err` is the full `NOPERM …` reply text.
+    pub fn check(&self, argv: &[Bytes]) -> Result<(), String> {
+        let Some(name) = argv.first() else {
+            return Ok(());
+        };
+        if let Some(allowed) = &self.commands {
+            let upper = String::from_utf8_lossy(name).to_ascii_uppercase();
+            if !allowed.iter().any(|c| c.eq_ignore_ascii_case(&upper)) {
+                return Err(noperm_command(&self.user, name));
+            }
+        }
+        if let Some(patterns) = &self.keys {
+            let ok = match command_keys(argv) {
+                Keys::None => true,
+                Keys::Whole => false,
+                Keys::Args(keys) => keys
+                    .iter()
+                    .all(|k| patterns.iter().any(|p| super::glob_match(p, k))),
+            };
+            if !ok {
+                return Err(NOPERM_KEY.into());
+            }
+        }
+        if let Some(patterns) = &self.channels {
+            let upper = name.to_ascii_uppercase();
+            let args = &argv[1..];
+            let ok = match upper.as_slice() {
+                // A channel must match one of the patterns.
+                b"PUBLISH" => args
+                    .iter()
+                    .take(1)
+                    .all(|c| patterns.iter().any(|p| super::glob_match(p, c))),
+                b"SUBSCRIBE" => args
+                    .iter()
+                    .all(|c| patterns.iter().any(|p| super::glob_match(p, c))),
+                // A subscription pattern must be one of the patterns, literally (Redis).
+                b"PSUBSCRIBE" => args.iter().all(|c| patterns.contains(c)),
+                _ => true,
+            };
+            if !ok {
+                return Err(NOPERM_CHANNEL.into());
+            }
+        }
+        Ok(())
+    }
 }
 
 // ---- argument parsing ---------------------------------------------------------------------
@@ -693,6 +842,9 @@ pub(crate) struct Ctx<'a> {
     pub events: &'a mut Vec<KvEvent>,
     /// Inside a Lua script: scripting, blocking and connection commands are refused.
     pub in_script: bool,
+    /// ACL restrictions of the entry ([`super::KvCommand::Restricted`], nested ones all
+    /// apply): checked before every command, `redis.call` inside scripts included.
+    pub limits: Vec<&'a super::Restriction>,
 }
 
 impl Ctx<'_> {
@@ -703,6 +855,9 @@ impl Ctx<'_> {
 
     fn exec_inner(&mut self, argv: &[Bytes]) -> R {
         let class = command_class(argv)?;
+        for l in &self.limits {
+            l.check(argv)?;
+        }
         let name = upper(&argv[0]);
         match class {
             Read => return read_cmd(self.ks, self.now, argv),

@@ -672,3 +672,344 @@ fn cjson_is_bounded_by_the_script_budgets() {
         "{r:?}"
     );
 }
+
+// ---- ACL restrictions (KvCommand::Restricted) ------------------------------------------
+
+fn only_keys(user: &str, patterns: &[&str]) -> Restriction {
+    Restriction {
+        user: user.into(),
+        keys: Some(patterns.iter().map(|p| p.as_bytes().to_vec()).collect()),
+        channels: None,
+        commands: None,
+    }
+}
+
+fn restricted(limits: &Restriction, cmds: Vec<Argv>) -> KvCommand {
+    KvCommand::Restricted {
+        limits: limits.clone(),
+        cmd: Box::new(KvCommand::Batch(cmds)),
+    }
+}
+
+fn eval_argv(script: &str, keys: &[&str], args: &[&str]) -> Argv {
+    let mut a: Argv = vec![
+        b"EVAL".to_vec(),
+        script.as_bytes().to_vec(),
+        keys.len().to_string().into_bytes(),
+    ];
+    a.extend(keys.iter().map(|k| k.as_bytes().to_vec()));
+    a.extend(args.iter().map(|k| k.as_bytes().to_vec()));
+    a
+}
+
+impl T {
+    fn apply(&mut self, cmd: &KvCommand) -> Vec<Reply> {
+        self.index += 1;
+        self.ks.expire_due(self.now);
+        self.ks
+            .apply(self.index, self.now, cmd, &mut self.events)
+            .replies
+    }
+}
+
+#[test]
+fn command_keys_follow_the_key_specs() {
+    let keys = |s: &str| -> Vec<String> {
+        match command_keys(&argv(s)) {
+            Keys::Args(k) => k
+                .iter()
+                .map(|k| String::from_utf8_lossy(k).into_owned())
+                .collect(),
+            other => panic!("{s}: {other:?}"),
+        }
+    };
+    assert_eq!(keys("GET a"), ["a"]);
+    assert_eq!(keys("set a v NX PX 10"), ["a"]);
+    assert_eq!(keys("HSET h f v"), ["h"]);
+    assert_eq!(keys("DEL a b c"), ["a", "b", "c"]);
+    assert_eq!(keys("MGET a b"), ["a", "b"]);
+    assert_eq!(keys("EXISTS a b"), ["a", "b"]);
+    assert_eq!(keys("WATCH a b"), ["a", "b"]);
+    assert_eq!(keys("MSET a 1 b 2"), ["a", "b"]);
+    assert_eq!(keys("BLPOP a b 0"), ["a", "b"]);
+    assert_eq!(keys("EVAL s 2 a b c"), ["a", "b"]);
+    assert_eq!(keys("EVALSHA s 0 c"), Vec::<String>::new());
+    assert_eq!(keys("EVAL s x a"), Vec::<String>::new(), "bad numkeys");
+    assert_eq!(
+        keys("EVAL s 3 a"),
+        Vec::<String>::new(),
+        "numkeys too large"
+    );
+    assert_eq!(keys("EVAL s -1 a"), Vec::<String>::new());
+    assert_eq!(keys("LOCK.ACQUIRE job alice 100"), ["job"]);
+    assert_eq!(keys("FENCE.SET k v 3"), ["k"]);
+    assert_eq!(keys("FENCE.TOKEN k"), ["k"]);
+    for whole in ["KEYS *", "SCAN 0", "DBSIZE", "FLUSHDB", "FLUSHALL"] {
+        assert_eq!(command_keys(&argv(whole)), Keys::Whole, "{whole}");
+    }
+    for none in [
+        "TIME",
+        "PUBLISH ch m",
+        "SCRIPT FLUSH",
+        "PING",
+        "SUBSCRIBE a",
+        "ACL WHOAMI",
+        "NOSUCH a",
+    ] {
+        assert_eq!(command_keys(&argv(none)), Keys::None, "{none}");
+    }
+    // Every keyspace and lock command has a spec other than None, except these.
+    for (name, _, class) in command_table() {
+        let spec = key_spec(name);
+        let keyless = matches!(*name, "TIME" | "SCRIPT" | "PUBLISH");
+        match class {
+            CommandClass::Connection => {
+                assert!(
+                    spec == KeySpec::None || *name == "WATCH",
+                    "{name}: {spec:?}"
+                )
+            }
+            _ if keyless => assert_eq!(spec, KeySpec::None, "{name}"),
+            _ => assert_ne!(spec, KeySpec::None, "{name}"),
+        }
+    }
+}
+
+#[test]
+fn restriction_checks_commands_keys_and_channels() {
+    let r = Restriction {
+        user: "u".into(),
+        keys: Some(vec![b"lock:*".to_vec()]),
+        channels: Some(vec![b"news.*".to_vec(), b"ch?".to_vec()]),
+        commands: Some(vec![
+            "GET".into(),
+            "set".into(),
+            "PUBLISH".into(),
+            "PSUBSCRIBE".into(),
+        ]),
+    };
+    assert_eq!(r.check(&argv("get lock:a")), Ok(()));
+    assert_eq!(r.check(&argv("SET lock:a v")), Ok(()));
+    assert_eq!(r.check(&argv("GET other")), Err(NOPERM_KEY.into()));
+    assert_eq!(
+        r.check(&argv("INCR lock:a")),
+        Err("NOPERM User u has no permissions to run the 'incr' command".into())
+    );
+    assert_eq!(r.check(&argv("PUBLISH news.x m")), Ok(()));
+    assert_eq!(r.check(&argv("PUBLISH chx m")), Ok(()));
+    assert_eq!(
+        r.check(&argv("PUBLISH sports m")),
+        Err(NOPERM_CHANNEL.into())
+    );
+    // PSUBSCRIBE patterns are compared literally.
+    assert_eq!(r.check(&argv("PSUBSCRIBE news.*")), Ok(()));
+    assert_eq!(
+        r.check(&argv("PSUBSCRIBE news.a*")),
+        Err(NOPERM_CHANNEL.into())
+    );
+    let all_cmds = Restriction {
+        commands: None,
+        ..r.clone()
+    };
+    assert_eq!(all_cmds.check(&argv("SUBSCRIBE news.a ch1")), Ok(()));
+    assert_eq!(
+        all_cmds.check(&argv("SUBSCRIBE news.a other")),
+        Err(NOPERM_CHANNEL.into())
+    );
+    assert_eq!(all_cmds.check(&argv("KEYS lock:*")), Err(NOPERM_KEY.into()));
+    assert_eq!(
+        all_cmds.check(&argv("MSET lock:a 1 x 2")),
+        Err(NOPERM_KEY.into())
+    );
+    assert_eq!(all_cmds.check(&argv("MSET lock:a 1 lock:b x")), Ok(()));
+    assert_eq!(
+        all_cmds.check(&argv("DEL lock:a x")),
+        Err(NOPERM_KEY.into())
+    );
+    assert_eq!(all_cmds.check(&argv("PING")), Ok(()));
+}
+
+#[test]
+fn restricted_direct_commands_are_refused_in_apply() {
+    let mut t = T::new();
+    t.run("SET other keep");
+    let lim = only_keys("locker", &["lock:*"]);
+    let r = t.apply(&restricted(
+        &lim,
+        vec![
+            argv("SET lock:a 1"),
+            argv("SET other x"),
+            argv("GET other"),
+            argv("DEL lock:a other"),
+            argv("FLUSHALL"),
+            argv("INCR lock:n"),
+        ],
+    ));
+    let noperm = Reply::err(NOPERM_KEY);
+    assert_eq!(
+        r,
+        vec![
+            Reply::ok(),
+            noperm.clone(),
+            noperm.clone(),
+            noperm.clone(),
+            noperm,
+            Reply::Int(1)
+        ]
+    );
+    assert_eq!(
+        t.read("GET other"),
+        bulk("keep"),
+        "FLUSHALL/SET/DEL refused"
+    );
+    assert_eq!(t.read("GET lock:a"), bulk("1"));
+    // MULTI under a restriction: the refused command fails, the others run.
+    let m = KvCommand::Restricted {
+        limits: lim.clone(),
+        cmd: Box::new(KvCommand::Multi {
+            watches: vec![],
+            cmds: vec![argv("INCR lock:n"), argv("DEL other"), argv("INCR lock:n")],
+        }),
+    };
+    assert_eq!(
+        t.apply(&m),
+        vec![Reply::Array(vec![
+            Reply::Int(2),
+            Reply::err(NOPERM_KEY),
+            Reply::Int(3)
+        ])]
+    );
+    // Unrestricted commands afterwards are not limited (the restriction is per entry).
+    assert_eq!(t.run("SET other y"), Reply::ok());
+}
+
+#[test]
+fn restricted_script_is_refused_at_the_forbidden_call() {
+    let lim = only_keys("locker", &["lock:*"]);
+    let script = "redis.call('SET', KEYS[1], 'before'); \
+                  redis.call('SET', 'other', 'x'); \
+                  redis.call('SET', KEYS[1], 'after'); return 1";
+    let entry = restricted(&lim, vec![eval_argv(script, &["lock:a"], &[])]);
+    let mut t = T::new();
+    let r = t.apply(&entry);
+    assert_eq!(
+        r,
+        vec![Reply::err(NOPERM_KEY)],
+        "redis.call raises the error"
+    );
+    assert_eq!(t.read("GET lock:a"), bulk("before"), "earlier writes stay");
+    assert_eq!(
+        t.read("EXISTS other"),
+        Reply::Int(0),
+        "forbidden write refused"
+    );
+    // Deterministic: the same entry on another replica gives the same keyspace.
+    let mut u = T::new();
+    assert_eq!(u.apply(&entry), r);
+    assert_eq!(t.ks, u.ks);
+    // Without the restriction the same script writes `other`.
+    let mut free = T::new();
+    assert_eq!(
+        free.runv(eval_argv(script, &["lock:a"], &[])),
+        Reply::Int(1)
+    );
+    assert_eq!(free.read("GET other"), bulk("x"));
+
+    // redis.pcall returns the refusal as an error table; the script goes on.
+    let pcall = "local r = redis.pcall('GET', 'other'); \
+                 redis.call('SET', KEYS[1], 'after-pcall'); return r['err']";
+    let r = t.apply(&restricted(&lim, vec![eval_argv(pcall, &["lock:a"], &[])]));
+    assert_eq!(r, vec![bulk(NOPERM_KEY)]);
+    assert_eq!(t.read("GET lock:a"), bulk("after-pcall"));
+    // Declaring a forbidden key is refused before the script runs.
+    let r = t.apply(&restricted(
+        &lim,
+        vec![eval_argv("redis.call('SET','lock:b','1')", &["other"], &[])],
+    ));
+    assert_eq!(r, vec![Reply::err(NOPERM_KEY)]);
+    assert_eq!(t.read("EXISTS lock:b"), Reply::Int(0));
+    // Whole-keyspace commands inside a script are refused too.
+    let r = t.apply(&restricted(
+        &lim,
+        vec![eval_argv("return redis.call('KEYS', '*')", &[], &[])],
+    ));
+    assert_eq!(r, vec![Reply::err(NOPERM_KEY)]);
+}
+
+#[test]
+fn restricted_scripts_keep_command_and_channel_limits() {
+    let lim = Restriction {
+        user: "locker".into(),
+        keys: None,
+        channels: Some(vec![b"ok.*".to_vec()]),
+        commands: Some(vec!["EVAL".into(), "SET".into(), "PUBLISH".into()]),
+    };
+    let mut t = T::new();
+    let r = t.apply(&restricted(
+        &lim,
+        vec![eval_argv(
+            "redis.call('SET', 'a', '1'); return redis.call('INCR', 'n')",
+            &["a"],
+            &[],
+        )],
+    ));
+    assert_eq!(
+        r,
+        vec![Reply::err(
+            "NOPERM User locker has no permissions to run the 'incr' command"
+        )]
+    );
+    assert_eq!(t.read("GET a"), bulk("1"));
+    assert_eq!(t.read("EXISTS n"), Reply::Int(0));
+    t.events.clear();
+    let r = t.apply(&restricted(
+        &lim,
+        vec![eval_argv(
+            "redis.call('PUBLISH', 'ok.1', 'm'); return redis.call('PUBLISH', 'secret', 'm')",
+            &[],
+            &[],
+        )],
+    ));
+    assert_eq!(r, vec![Reply::err(NOPERM_CHANNEL)]);
+    let published: Vec<_> = t
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            crate::Event::Kv(KvEvent::Published { channel, .. }) => Some(channel.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(published, vec![b"ok.1".to_vec()]);
+}
+
+#[test]
+fn nested_restrictions_all_apply() {
+    let mut t = T::new();
+    let entry = KvCommand::Restricted {
+        limits: only_keys("a", &["x*"]),
+        cmd: Box::new(restricted(
+            &only_keys("b", &["*1"]),
+            vec![argv("SET x1 v"), argv("SET x2 v"), argv("SET y1 v")],
+        )),
+    };
+    let noperm = Reply::err(NOPERM_KEY);
+    assert_eq!(t.apply(&entry), vec![Reply::ok(), noperm.clone(), noperm]);
+}
+
+#[test]
+fn restricted_is_appended_so_old_entries_decode() {
+    // Variant indexes of the entries already in logs are unchanged.
+    let batch = bincode::serialize(&KvCommand::Batch(vec![argv("SET a 1")])).expect("encode");
+    assert_eq!(&batch[..4], &0u32.to_le_bytes());
+    let multi = bincode::serialize(&KvCommand::Multi {
+        watches: vec![],
+        cmds: vec![],
+    })
+    .expect("encode");
+    assert_eq!(&multi[..4], &1u32.to_le_bytes());
+    let entry = restricted(&only_keys("u", &["k*"]), vec![argv("SET k 1")]);
+    let bytes = bincode::serialize(&entry).expect("encode");
+    assert_eq!(&bytes[..4], &2u32.to_le_bytes());
+    let back: KvCommand = bincode::deserialize(&bytes).expect("decode");
+    assert_eq!(back, entry);
+}
