@@ -6,7 +6,8 @@
 //! one machine: `FENCED_TEST_NET` if set, else derived from the process id; if any address of
 //! a cluster is taken, the next `run` is tried. Everything stays inside 127.0.0.0/8 (Linux
 //! routes all of it to `lo`). Test numbers in use: cluster.rs 1–9, lock_family.rs 30–39,
-//! kleppmann.rs 40, resp.rs 60–69, tls.rs 70–79; pick a free range for a new file.
+//! kleppmann.rs 40, resp.rs 60–69, tls.rs 70–79, resp_acl.rs 80–89; pick a free range for a
+//! new file.
 //!
 //! Every node's stdout and stderr go to `node-<i>.log` in the cluster's temp dir; when a test
 //! panics, the tail of each log is printed. The [`Cluster`] guard SIGKILLs and reaps every

@@ -14,13 +14,15 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use fenced_core::kv::{
-    command_class, command_table, Argv, CommandClass, KvCommand, KvEvent, Reply,
+    command_class, command_table, key_spec, Argv, CommandClass, KeySpec, KvCommand, KvEvent, Reply,
+    Restriction,
 };
 use fenced_core::RequestId;
 use rand::Rng;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::broadcast;
 
+use crate::acl::User;
 use crate::frame::{encode, encode_push, parse_request, Proto};
 use crate::{ClusterError, Shared};
 
@@ -30,6 +32,7 @@ const MAX_PIPELINE: usize = 1024;
 const MAX_BLOCK: Duration = Duration::from_secs(24 * 3600);
 
 const NOAUTH: &str = "NOAUTH Authentication required.";
+const WRONGPASS: &str = "WRONGPASS invalid username-password pair or user is disabled.";
 const NOT_INT: &str = "ERR value is not an integer or out of range";
 
 struct Multi {
@@ -53,7 +56,9 @@ pub struct Connection {
 
 struct State {
     proto: Proto,
-    authed: bool,
+    /// The authenticated user; `None` until `AUTH`/`HELLO … AUTH` (unless `default` is
+    /// `on nopass`).
+    user: Option<Arc<User>>,
     id: u64,
     name: Option<Vec<u8>>,
     client_id: u64,
@@ -99,6 +104,18 @@ fn parse_u64(b: &[u8]) -> Result<u64, Reply> {
         .ok_or_else(|| Reply::err(NOT_INT))
 }
 
+/// `cmd` as the state machine must run it: wrapped in [`KvCommand::Restricted`] when the
+/// user has limits to enforce there, so that scripts cannot get around them.
+fn restricted(limits: Option<Restriction>, cmd: KvCommand) -> KvCommand {
+    match limits {
+        Some(limits) => KvCommand::Restricted {
+            limits,
+            cmd: Box::new(cmd),
+        },
+        None => cmd,
+    }
+}
+
 fn text(b: &[u8]) -> Result<String, Reply> {
     String::from_utf8(b.to_vec()).map_err(|_| Reply::err("ERR lock names and owners must be UTF-8"))
 }
@@ -111,7 +128,7 @@ impl Connection {
         local: Option<SocketAddr>,
     ) -> Self {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let authed = shared.config.requirepass.is_none();
+        let user = shared.config.acl.initial_user();
         shared.live.fetch_add(1, Ordering::Relaxed);
         Connection {
             shared,
@@ -122,7 +139,7 @@ impl Connection {
             out: Vec::with_capacity(16 * 1024),
             st: State {
                 proto: Proto::Resp2,
-                authed,
+                user,
                 id,
                 name: None,
                 client_id: rand::thread_rng().gen_range(1..u64::MAX),
@@ -266,15 +283,23 @@ impl Connection {
     }
 
     /// Decide how `argv` is served now; `Err` is the reply when it must not run (unknown
-    /// command, auth, subscribed context, queued in MULTI). Queuing happens here.
+    /// command, auth, ACL permissions, subscribed context, queued in MULTI). Queuing happens
+    /// here, after the permission check (so a refused command aborts the transaction).
     fn gate(&mut self, argv: &Argv) -> Result<CommandClass, Reply> {
         let name = upper(&argv[0]);
         let class = command_class(argv).map_err(Reply::Error);
-        if !self.st.authed && !matches!(name.as_str(), "AUTH" | "HELLO" | "QUIT" | "RESET") {
+        let refused = match &self.st.user {
+            None if !matches!(name.as_str(), "AUTH" | "HELLO" | "QUIT" | "RESET") => {
+                Some(Reply::err(NOAUTH))
+            }
+            Some(user) if class.is_ok() => user.check(argv).err().map(Reply::Error),
+            _ => None,
+        };
+        if let Some(e) = refused {
             if let Some(m) = self.st.multi.as_mut() {
                 m.dirty = true;
             }
-            return Err(Reply::err(NOAUTH));
+            return Err(e);
         }
         if let Some(m) = self.st.multi.as_mut() {
             if !matches!(
@@ -321,8 +346,10 @@ impl Connection {
             .iter()
             .map(|a| a[0].eq_ignore_ascii_case(b"PUBLISH").then(|| a[1].clone()))
             .collect();
+        let limits = self.limits_for(&cmds);
+        let cmd = restricted(limits, KvCommand::Batch(cmds));
         let rid = self.st.next_rid();
-        match self.shared.cluster.write(rid, KvCommand::Batch(cmds)).await {
+        match self.shared.cluster.write(rid, cmd).await {
             Ok(resp) if resp.replies.len() == n => resp
                 .replies
                 .into_iter()
@@ -341,6 +368,12 @@ impl Connection {
             ],
             Err(e) => vec![cluster_error(e); n],
         }
+    }
+
+    /// The limits the state machine must enforce on an entry of `argvs` for this
+    /// connection's user (see [`User::limits_for`]).
+    fn limits_for(&self, argvs: &[Argv]) -> Option<Restriction> {
+        self.st.user.as_ref().and_then(|u| u.limits_for(argvs))
     }
 
     async fn read_batch(&mut self, cmds: Vec<Argv>) -> Vec<Reply> {
@@ -499,7 +532,7 @@ impl Connection {
                 st.watches.clear();
                 st.proto = Proto::Resp2;
                 st.name = None;
-                st.authed = self.shared.config.requirepass.is_none();
+                st.user = self.shared.config.acl.initial_user();
                 self.cleanup();
                 self.st.events = None;
                 Reply::Status("RESET".into())
@@ -509,6 +542,10 @@ impl Connection {
                 _ => Reply::err("ERR DB index is out of range"),
             },
             "AUTH" => self.auth(a),
+            "ACL" => match &st.user {
+                Some(me) => self.shared.config.acl.command(me, a),
+                None => Reply::err(NOAUTH),
+            },
             "HELLO" => self.hello(a),
             "CLIENT" => self.client_cmd(a),
             "INFO" => Reply::Bulk(self.info().into_bytes()),
@@ -535,23 +572,20 @@ impl Connection {
             "EXEC" => match st.multi.take() {
                 None => Reply::err("ERR EXEC without MULTI"),
                 Some(m) => {
-                    let watches = std::mem::take(&mut st.watches);
+                    let watches = std::mem::take(&mut self.st.watches);
                     if m.dirty {
                         Reply::err("EXECABORT Transaction discarded because of previous errors.")
                     } else {
-                        let rid = st.next_rid();
-                        match self
-                            .shared
-                            .cluster
-                            .write(
-                                rid,
-                                KvCommand::Multi {
-                                    watches,
-                                    cmds: m.cmds,
-                                },
-                            )
-                            .await
-                        {
+                        let limits = self.limits_for(&m.cmds);
+                        let cmd = restricted(
+                            limits,
+                            KvCommand::Multi {
+                                watches,
+                                cmds: m.cmds,
+                            },
+                        );
+                        let rid = self.st.next_rid();
+                        match self.shared.cluster.write(rid, cmd).await {
                             Ok(mut r) if r.replies.len() == 1 => r.replies.remove(0),
                             Ok(_) => Reply::err("ERR internal: bad EXEC reply"),
                             Err(e) => cluster_error(e),
@@ -668,25 +702,27 @@ impl Connection {
         })
     }
 
-    fn check_password(&self, user: &[u8], pass: &[u8]) -> Result<(), Reply> {
-        match &self.shared.config.requirepass {
-            None => Err(Reply::err(
-                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-            )),
-            Some(p) if user == b"default" && p.as_bytes() == pass => Ok(()),
-            Some(_) => Err(Reply::err("WRONGPASS invalid username-password pair or user is disabled.")),
-        }
+    fn check_password(&self, user: &[u8], pass: &[u8]) -> Result<Arc<User>, Reply> {
+        self.shared
+            .config
+            .acl
+            .authenticate(user, pass)
+            .ok_or_else(|| Reply::err(WRONGPASS))
     }
 
     fn auth(&mut self, a: &[Vec<u8>]) -> Reply {
         let r = match a {
+            // Redis: the one-argument form is an error while `default` needs no password.
+            [_] if self.shared.config.acl.default_is_nopass() => Err(Reply::err(
+                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+            )),
             [pass] => self.check_password(b"default", pass),
             [user, pass] => self.check_password(user, pass),
             _ => Err(Reply::err("ERR syntax error")),
         };
         match r {
-            Ok(()) => {
-                self.st.authed = true;
+            Ok(user) => {
+                self.st.user = Some(user);
                 Reply::ok()
             }
             Err(e) => e,
@@ -717,10 +753,10 @@ impl Connection {
         let mut name = None;
         while i < a.len() {
             if a[i].eq_ignore_ascii_case(b"AUTH") && i + 2 < a.len() {
-                if let Err(e) = self.check_password(&a[i + 1], &a[i + 2]) {
-                    return e;
+                match self.check_password(&a[i + 1], &a[i + 2]) {
+                    Ok(user) => self.st.user = Some(user),
+                    Err(e) => return e,
                 }
-                self.st.authed = true;
                 i += 3;
             } else if a[i].eq_ignore_ascii_case(b"SETNAME") && i + 1 < a.len() {
                 name = Some(a[i + 1].clone());
@@ -732,7 +768,7 @@ impl Connection {
                 ));
             }
         }
-        if !self.st.authed {
+        if self.st.user.is_none() {
             return Reply::err(
                 "NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time",
             );
@@ -758,11 +794,12 @@ impl Connection {
 
     fn client_line(&self) -> String {
         format!(
-            "id={} addr={} laddr={} fd=0 name={} db=0 resp={} lib-name= lib-ver=\n",
+            "id={} addr={} laddr={} fd=0 name={} db=0 user={} resp={} lib-name= lib-ver=\n",
             self.st.id,
             self.peer,
             self.local.map(|a| a.to_string()).unwrap_or_default(),
             String::from_utf8_lossy(self.st.name.as_deref().unwrap_or_default()),
+            self.st.user.as_ref().map_or("default", |u| u.name()),
             if self.st.proto == Proto::Resp3 { 3 } else { 2 },
         )
     }
@@ -859,30 +896,24 @@ fn push_message(st: &State, channel: &[u8], message: &[u8], out: &mut Vec<u8>) {
 }
 
 fn command_info(name: &str, arity: i32, class: CommandClass) -> Reply {
-    let flags = match class {
+    let mut flags = match class {
         CommandClass::Read => vec![Reply::Status("readonly".into())],
         CommandClass::Write | CommandClass::Lock | CommandClass::Blocking => {
             vec![Reply::Status("write".into())]
         }
         CommandClass::Connection => vec![Reply::Status("fast".into())],
     };
-    let keyed = matches!(
-        class,
-        CommandClass::Read | CommandClass::Write | CommandClass::Blocking
-    ) && !matches!(
-        name,
-        "DBSIZE"
-            | "FLUSHDB"
-            | "FLUSHALL"
-            | "TIME"
-            | "SCRIPT"
-            | "PUBLISH"
-            | "KEYS"
-            | "SCAN"
-            | "EVAL"
-            | "EVALSHA"
-    );
-    let (first, last, step) = if keyed { (1, 1, 1) } else { (0, 0, 0) };
+    let (first, last, step) = match key_spec(name) {
+        KeySpec::None | KeySpec::Whole => (0, 0, 0),
+        KeySpec::Script => {
+            flags.push(Reply::Status("movablekeys".into()));
+            (0, 0, 0)
+        }
+        KeySpec::First => (1, 1, 1),
+        KeySpec::All => (1, -1, 1),
+        KeySpec::EveryOther => (1, -1, 2),
+        KeySpec::AllButLast => (1, -2, 1),
+    };
     Reply::Array(vec![
         Reply::bulk(name.to_ascii_lowercase()),
         Reply::Int(arity as i64),

@@ -3,10 +3,12 @@
 //!
 //! Shape (after tokio-rs/mini-redis): [`frame`] parses and encodes RESP2/RESP3, [`conn`]
 //! runs one connection (pipelining, MULTI/WATCH, pub/sub, blocking pops, auth), and
-//! [`serve`] accepts connections with a limit and shuts down gracefully. The cluster is
+//! [`serve`] accepts connections with a limit and shuts down gracefully; [`acl`] holds the
+//! users (`--acl-file`, `--requirepass`) and their permissions. The cluster is
 //! reached through the [`Cluster`] trait, which `fenced-server` implements for its node, so
 //! this crate does not depend on Raft.
 
+pub mod acl;
 pub mod conn;
 pub mod frame;
 
@@ -97,8 +99,9 @@ pub trait Cluster: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct Config {
     pub addr: String,
-    /// `requirepass`: clients must `AUTH` (or `HELLO … AUTH`) first.
-    pub requirepass: Option<String>,
+    /// Users and their permissions: [`acl::Acl::load`] for `--acl-file`, or
+    /// [`acl::Acl::new`] (the `default` user, with `--requirepass`'s password if any).
+    pub acl: Arc<acl::Acl>,
     pub max_connections: usize,
     /// Close connections idle for this long (0: never, like Redis's default). Subscribed
     /// connections and blocked pops do not count as idle.
@@ -116,7 +119,7 @@ impl Config {
     pub fn new(addr: impl Into<String>) -> Self {
         Config {
             addr: addr.into(),
-            requirepass: None,
+            acl: Arc::new(acl::Acl::default()),
             max_connections: 10_000,
             idle_timeout: Duration::ZERO,
             limits: Limits::default(),

@@ -13,6 +13,8 @@ pub struct NodeConfig {
     pub resp_addr: String,
     /// RESP `requirepass`: clients must authenticate first (`AUTH`, or `HELLO … AUTH`).
     pub requirepass: Option<String>,
+    /// RESP ACL users in Redis's aclfile format (`--acl-file`); see [`NodeConfig::resp_acl`].
+    pub acl_file: Option<PathBuf>,
     /// TLS for both listeners and for calls to other nodes (`--tls-cert/--tls-key/--tls-ca`).
     pub tls: Option<fenced_tls::ServerTls>,
     /// Every member's id and gRPC address. Empty: a single-node cluster of this node.
@@ -33,12 +35,24 @@ impl NodeConfig {
             grpc_addr,
             resp_addr,
             requirepass: None,
+            acl_file: None,
             tls: None,
             initial_cluster: BTreeMap::new(),
             snapshot_logs: 5_000,
             keep_logs: 1_000,
             heartbeat_ms: 100,
             election_timeout_ms: (500, 1_000),
+        }
+    }
+
+    /// The RESP users: `--acl-file`'s (with `--requirepass` for a `default` user the file
+    /// does not define), or only `default` (`nopass`, or `--requirepass`'s password).
+    pub fn resp_acl(&self) -> Result<fenced_resp::acl::Acl, StartError> {
+        let pass = self.requirepass.as_deref();
+        match &self.acl_file {
+            None => Ok(fenced_resp::acl::Acl::new(pass)),
+            Some(path) => fenced_resp::acl::Acl::load(path, pass)
+                .map_err(|e| StartError::Config(e.to_string())),
         }
     }
 

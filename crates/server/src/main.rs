@@ -44,6 +44,10 @@ struct ServeArgs {
     /// Require this password from RESP clients (`AUTH`); also read from FENCED_REQUIREPASS.
     #[arg(long, env = "FENCED_REQUIREPASS", hide_env_values = true)]
     requirepass: Option<String>,
+    /// RESP users, permissions and passwords in Redis's aclfile format (`user NAME RULES…`
+    /// per line), read once at startup. Without it, only the `default` user.
+    #[arg(long)]
+    acl_file: Option<PathBuf>,
     #[command(flatten)]
     tls: ServeTlsArgs,
     /// gRPC listen address: client API and node-to-node Raft.
@@ -179,6 +183,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.snapshot_logs = a.snapshot_logs;
     cfg.keep_logs = a.keep_logs;
     cfg.requirepass = a.requirepass;
+    cfg.acl_file = a.acl_file;
+    // A bad ACL file stops the node before it starts anything.
+    cfg.resp_acl()?;
     if let (Some(cert), Some(key), Some(ca)) = (&a.tls.tls_cert, &a.tls.tls_key, &a.tls.tls_ca) {
         cfg.tls = Some(
             fenced_tls::ServerTls::load(cert, key, ca)?

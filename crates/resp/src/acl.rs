@@ -1,0 +1,834 @@
+//! Redis-style ACL users of the RESP front end (`fenced serve --acl-file`).
+//!
+//! * [`Acl::load`] reads Redis's aclfile format: one `user <name> <rule> …` per line, blank
+//!   lines and `#` comments, arguments split like Redis does (`"…"`/`'…'` quoting). Rules are
+//!   applied left to right with Redis's semantics; unsupported ones (`%R~`, `+cmd|sub`,
+//!   selectors, …) are startup errors naming the file, the line and the rule.
+//! * The `default` user is the file's, or `on nopass ~* &* +@all` (with `--requirepass P`:
+//!   `on >P ~* &* +@all`, the behaviour without an ACL file). A file that defines `default`
+//!   together with `--requirepass` is refused as ambiguous.
+//! * Passwords are kept as SHA-256 digests and compared in constant time.
+//! * Command categories are derived here, once, from the core command table
+//!   ([`fenced_core::kv::command_table`]) and a few name lists ([`category_commands`]).
+//! * [`User::check`] is the front end's permission check: the command, then its keys
+//!   ([`fenced_core::kv::command_keys`]), then its channels. Writes of restricted users are
+//!   also sent as [`KvCommand::Restricted`](fenced_core::kv::KvCommand::Restricted) so that
+//!   the state machine enforces the same limits on every command a script runs
+//!   ([`User::limits_for`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fenced_core::kv::{command_table, noperm_command, Argv, CommandClass, Reply, Restriction};
+use sha2::{Digest, Sha256};
+
+/// Reply to `ACL SETUSER/DELUSER/LOAD/SAVE`.
+pub const NOT_AT_RUNTIME: &str =
+    "ERR ACL rules are read from --acl-file at startup; fenced does not change them at run time";
+
+/// Commands every connection may run, authenticated and permitted or not (as in Redis).
+const ALWAYS_ALLOWED: &[&str] = &["AUTH", "HELLO", "QUIT", "RESET"];
+
+/// Categories in the order `ACL CAT` lists them (`all` is accepted but not listed, as in
+/// Redis).
+const CATEGORIES: &[&str] = &[
+    "keyspace",
+    "read",
+    "write",
+    "sortedset",
+    "list",
+    "hash",
+    "string",
+    "pubsub",
+    "admin",
+    "blocking",
+    "dangerous",
+    "connection",
+    "transaction",
+    "scripting",
+    "fencing",
+];
+
+/// Why an ACL file was refused.
+#[derive(thiserror::Error, Debug)]
+pub enum AclError {
+    #[error("cannot read ACL file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("ACL file {file}, line {line}: {reason}")]
+    Line {
+        file: String,
+        line: usize,
+        reason: String,
+    },
+    #[error("ACL file {file}, line {line}: rule '{rule}': {reason}")]
+    Rule {
+        file: String,
+        line: usize,
+        rule: String,
+        reason: String,
+    },
+    #[error(
+        "ACL file {file} defines the 'default' user and --requirepass is given too; \
+         set the default user's password in the file instead"
+    )]
+    RequirepassAndDefault { file: String },
+}
+
+/// Whether command `name` (upper case, of class `class`) is in category `cat` (lower case).
+/// The one definition of the categories.
+fn in_category(cat: &str, name: &str, class: CommandClass) -> bool {
+    let is = |names: &[&str]| names.contains(&name);
+    match cat {
+        "all" => true,
+        // Redis's @read/@write do not include scripting or pub/sub; TIME is only @fast.
+        "read" => (class == CommandClass::Read && name != "TIME") || name == "LOCK.INFO",
+        "write" => {
+            (matches!(class, CommandClass::Write | CommandClass::Blocking)
+                && !is(&["EVAL", "EVALSHA", "SCRIPT", "PUBLISH"]))
+                || is(&["LOCK.ACQUIRE", "LOCK.RELEASE", "LOCK.RENEW"])
+        }
+        "keyspace" => is(&[
+            "DEL",
+            "UNLINK",
+            "EXISTS",
+            "TYPE",
+            "KEYS",
+            "SCAN",
+            "EXPIRE",
+            "PEXPIRE",
+            "EXPIREAT",
+            "PEXPIREAT",
+            "TTL",
+            "PTTL",
+            "EXPIRETIME",
+            "PEXPIRETIME",
+            "PERSIST",
+            "DBSIZE",
+            "FLUSHDB",
+            "FLUSHALL",
+        ]),
+        "string" => is(&[
+            "GET", "SET", "SETNX", "SETEX", "PSETEX", "GETDEL", "GETSET", "INCR", "INCRBY", "DECR",
+            "DECRBY", "APPEND", "STRLEN", "MGET", "MSET",
+        ]),
+        "hash" => is(&[
+            "HSET", "HMSET", "HSETNX", "HGET", "HMGET", "HDEL", "HEXISTS", "HINCRBY", "HGETALL",
+            "HLEN", "HKEYS", "HVALS",
+        ]),
+        "list" => is(&[
+            "LPUSH", "RPUSH", "LPOP", "RPOP", "LLEN", "LRANGE", "LINDEX", "LSET", "LREM", "LTRIM",
+            "BLPOP", "BRPOP",
+        ]),
+        "sortedset" => is(&[
+            "ZADD",
+            "ZINCRBY",
+            "ZREM",
+            "ZCARD",
+            "ZSCORE",
+            "ZRANGE",
+            "ZRANGEBYSCORE",
+            "ZREMRANGEBYSCORE",
+            "ZCOUNT",
+        ]),
+        "pubsub" => is(&[
+            "PUBLISH",
+            "SUBSCRIBE",
+            "UNSUBSCRIBE",
+            "PSUBSCRIBE",
+            "PUNSUBSCRIBE",
+        ]),
+        "scripting" => is(&["EVAL", "EVALSHA", "SCRIPT"]),
+        "transaction" => is(&["MULTI", "EXEC", "DISCARD", "WATCH", "UNWATCH"]),
+        "connection" => is(&[
+            "PING", "ECHO", "HELLO", "AUTH", "SELECT", "QUIT", "RESET", "CLIENT", "COMMAND",
+        ]),
+        // LOCK.ACQUIRE … WAIT blocks too.
+        "blocking" => class == CommandClass::Blocking || name == "LOCK.ACQUIRE",
+        "dangerous" => is(&["FLUSHDB", "FLUSHALL", "KEYS", "CONFIG", "INFO", "ACL"]),
+        "admin" => is(&["CONFIG", "ACL"]),
+        "fencing" => name.starts_with("LOCK.") || name.starts_with("FENCE."),
+        _ => false,
+    }
+}
+
+/// The commands (upper case, table order) of category `cat` (any case; `all` included).
+/// `None` if there is no such category.
+pub fn category_commands(cat: &str) -> Option<Vec<&'static str>> {
+    let cat = cat.to_ascii_lowercase();
+    if cat != "all" && !CATEGORIES.contains(&cat.as_str()) {
+        return None;
+    }
+    Some(
+        command_table()
+            .iter()
+            .filter(|(n, _, c)| in_category(&cat, n, *c))
+            .map(|(n, _, _)| *n)
+            .collect(),
+    )
+}
+
+/// The categories `ACL CAT` lists.
+pub fn categories() -> &'static [&'static str] {
+    CATEGORIES
+}
+
+type Digest32 = [u8; 32];
+
+fn sha256(b: &[u8]) -> Digest32 {
+    Sha256::digest(b).into()
+}
+
+fn ct_eq(a: &Digest32, b: &Digest32) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+fn hex(d: &Digest32) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_hash(h: &[u8]) -> Result<Digest32, String> {
+    let bad = || {
+        "the password hash must be exactly 64 characters and contain only lowercase \
+         hexadecimal characters"
+            .to_string()
+    };
+    if h.len() != 64 || !h.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (i, pair) in h.chunks(2).enumerate() {
+        let s = std::str::from_utf8(pair).map_err(|_| bad())?;
+        out[i] = u8::from_str_radix(s, 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+/// One ACL user, as its rules left it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct User {
+    name: String,
+    enabled: bool,
+    nopass: bool,
+    passwords: Vec<Digest32>,
+    allkeys: bool,
+    keys: Vec<Vec<u8>>,
+    allchannels: bool,
+    channels: Vec<Vec<u8>>,
+    /// Allowed commands (upper-case table names).
+    commands: BTreeSet<&'static str>,
+    /// The command rules as given since the last `+@all`/`-@all` (for `ACL LIST`).
+    command_rules: Vec<String>,
+    /// Key/channel limits for [`Restriction::check`]; `None` with `allkeys allchannels`.
+    data_limits: Option<Restriction>,
+    /// `+@all ~* &*`: nothing to check (the fast path of [`User::check`]).
+    unrestricted: bool,
+}
+
+impl User {
+    /// A new user with Redis's defaults: off, no passwords, no keys, no channels, no commands.
+    fn new(name: &str) -> User {
+        User {
+            name: name.to_owned(),
+            enabled: false,
+            nopass: false,
+            passwords: Vec::new(),
+            allkeys: false,
+            keys: Vec::new(),
+            allchannels: false,
+            channels: Vec::new(),
+            commands: BTreeSet::new(),
+            command_rules: vec!["-@all".into()],
+            data_limits: None,
+            unrestricted: false,
+        }
+    }
+
+    /// The `default` user without an ACL file: `on nopass ~* &* +@all`, or with
+    /// `--requirepass P`, `on >P ~* &* +@all`.
+    fn default_user(requirepass: Option<&str>) -> User {
+        let mut u = User::new("default");
+        u.enabled = true;
+        u.allkeys = true;
+        u.allchannels = true;
+        u.set_all_commands(true);
+        match requirepass {
+            None => u.nopass = true,
+            Some(p) => u.passwords.push(sha256(p.as_bytes())),
+        }
+        u.finish();
+        u
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Apply one rule (Redis semantics). `Err` is why it was refused.
+    fn apply_rule(&mut self, rule: &[u8]) -> Result<(), String> {
+        match rule.to_ascii_lowercase().as_slice() {
+            b"on" => self.enabled = true,
+            b"off" => self.enabled = false,
+            b"nopass" => {
+                self.passwords.clear();
+                self.nopass = true;
+            }
+            b"resetpass" => {
+                self.passwords.clear();
+                self.nopass = false;
+            }
+            b"allkeys" => self.key_pattern(b"*")?,
+            b"resetkeys" => {
+                self.allkeys = false;
+                self.keys.clear();
+            }
+            b"allchannels" => self.channel_pattern(b"*")?,
+            b"resetchannels" => {
+                self.allchannels = false;
+                self.channels.clear();
+            }
+            b"allcommands" => self.set_all_commands(true),
+            b"nocommands" => self.set_all_commands(false),
+            b"reset" => *self = User::new(&self.name),
+            b"clearselectors" => return Err("selectors are not supported by fenced".into()),
+            _ => {
+                let Some((&first, body)) = rule.split_first() else {
+                    return Err("empty rule".into());
+                };
+                match first {
+                    b'>' => self.add_password(sha256(body)),
+                    b'#' => self.add_password(parse_hash(body)?),
+                    b'<' => self.remove_password(&sha256(body))?,
+                    b'!' => self.remove_password(&parse_hash(body)?)?,
+                    b'~' => self.key_pattern(body)?,
+                    b'&' => self.channel_pattern(body)?,
+                    b'%' => {
+                        return Err("key permissions by access type (%R~, %W~, %RW~) are not \
+                                    supported by fenced"
+                            .into())
+                    }
+                    b'(' => return Err("selectors are not supported by fenced".into()),
+                    b'+' | b'-' => self.command_rule(first == b'+', body)?,
+                    _ => return Err("unknown or unsupported ACL rule".into()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn add_password(&mut self, d: Digest32) {
+        self.nopass = false;
+        if !self.passwords.contains(&d) {
+            self.passwords.push(d);
+        }
+    }
+
+    fn remove_password(&mut self, d: &Digest32) -> Result<(), String> {
+        let before = self.passwords.len();
+        self.passwords.retain(|p| p != d);
+        if self.passwords.len() == before {
+            return Err("the password to remove does not exist for this user".into());
+        }
+        Ok(())
+    }
+
+    fn key_pattern(&mut self, p: &[u8]) -> Result<(), String> {
+        if self.allkeys {
+            return Err(
+                "adding a pattern after the * pattern (or the 'allkeys' flag) is not \
+                        valid and does not have any effect; use 'resetkeys' first"
+                    .into(),
+            );
+        }
+        if p == b"*" {
+            self.allkeys = true;
+            self.keys.clear();
+        } else if !self.keys.iter().any(|k| k == p) {
+            self.keys.push(p.to_vec());
+        }
+        Ok(())
+    }
+
+    fn channel_pattern(&mut self, p: &[u8]) -> Result<(), String> {
+        if self.allchannels {
+            return Err(
+                "adding a pattern after the * pattern (or the 'allchannels' flag) \
+                        is not valid and does not have any effect; use 'resetchannels' first"
+                    .into(),
+            );
+        }
+        if p == b"*" {
+            self.allchannels = true;
+            self.channels.clear();
+        } else if !self.channels.iter().any(|c| c == p) {
+            self.channels.push(p.to_vec());
+        }
+        Ok(())
+    }
+
+    fn set_all_commands(&mut self, allow: bool) {
+        self.commands = if allow {
+            command_table().iter().map(|(n, _, _)| *n).collect()
+        } else {
+            BTreeSet::new()
+        };
+        self.command_rules = vec![if allow { "+@all" } else { "-@all" }.into()];
+    }
+
+    fn command_rule(&mut self, allow: bool, body: &[u8]) -> Result<(), String> {
+        if body.contains(&b'|') {
+            return Err(
+                "subcommand rules (+command|subcommand) are not supported by fenced".into(),
+            );
+        }
+        let text = std::str::from_utf8(body)
+            .map_err(|_| "command and category names are ASCII".to_string())?
+            .to_ascii_lowercase();
+        let sign = if allow { '+' } else { '-' };
+        if let Some(cat) = text.strip_prefix('@') {
+            if cat == "all" {
+                self.set_all_commands(allow);
+                return Ok(());
+            }
+            let cmds = category_commands(cat)
+                .ok_or_else(|| format!("unknown command category '{cat}'"))?;
+            for c in cmds {
+                if allow {
+                    self.commands.insert(c);
+                } else {
+                    self.commands.remove(c);
+                }
+            }
+        } else {
+            let upper = text.to_ascii_uppercase();
+            let (name, _, _) = command_table()
+                .iter()
+                .find(|(n, _, _)| *n == upper)
+                .ok_or_else(|| format!("unknown command '{text}'"))?;
+            if allow {
+                self.commands.insert(name);
+            } else {
+                self.commands.remove(name);
+            }
+        }
+        self.command_rules.push(format!("{sign}{text}"));
+        Ok(())
+    }
+
+    /// Precompute what the checks need once the rules are applied.
+    fn finish(&mut self) {
+        self.data_limits = (!self.allkeys || !self.allchannels).then(|| Restriction {
+            user: self.name.clone(),
+            keys: (!self.allkeys).then(|| self.keys.clone()),
+            channels: (!self.allchannels).then(|| self.channels.clone()),
+            commands: None,
+        });
+        self.unrestricted = self.data_limits.is_none() && self.all_commands();
+    }
+
+    fn password_ok(&self, pass: &[u8]) -> bool {
+        let d = sha256(pass);
+        if self.nopass {
+            return true;
+        }
+        // No early exit: every stored digest is compared.
+        self.passwords
+            .iter()
+            .fold(false, |found, p| ct_eq(p, &d) | found)
+    }
+
+    fn all_commands(&self) -> bool {
+        self.commands.len() == command_table().len()
+    }
+
+    /// May this user run `argv`? Its command first, then its keys, then its channels
+    /// (Redis's order). `Err` is the full `NOPERM …` error text. `AUTH`, `HELLO`, `QUIT` and
+    /// `RESET` are always allowed.
+    pub fn check(&self, argv: &[Vec<u8>]) -> Result<(), String> {
+        let Some(name) = argv.first() else {
+            return Ok(());
+        };
+        if self.unrestricted {
+            return Ok(());
+        }
+        let upper = String::from_utf8_lossy(name).to_ascii_uppercase();
+        if ALWAYS_ALLOWED.contains(&upper.as_str()) {
+            return Ok(());
+        }
+        if !self.commands.contains(upper.as_str()) {
+            return Err(noperm_command(&self.name, name));
+        }
+        match &self.data_limits {
+            Some(l) => l.check(argv),
+            None => Ok(()),
+        }
+    }
+
+    /// The restriction to send with an entry of `cmds` (a batch, or a transaction's
+    /// commands) so that the state machine enforces it, or `None` if nothing needs enforcing
+    /// there. Key patterns always go along (the state machine refuses keys outside them for
+    /// every command); channel and command limits only with a script (`EVAL`/`EVALSHA`),
+    /// since every other command was checked here already.
+    pub fn limits_for<'a>(&self, cmds: impl IntoIterator<Item = &'a Argv>) -> Option<Restriction> {
+        if self.unrestricted {
+            return None;
+        }
+        let scripted = cmds.into_iter().any(|a| {
+            a.first().is_some_and(|n| {
+                n.eq_ignore_ascii_case(b"EVAL") || n.eq_ignore_ascii_case(b"EVALSHA")
+            })
+        });
+        let r = Restriction {
+            user: self.name.clone(),
+            keys: (!self.allkeys).then(|| self.keys.clone()),
+            channels: (scripted && !self.allchannels).then(|| self.channels.clone()),
+            commands: (scripted && !self.all_commands())
+                .then(|| self.commands.iter().map(|c| c.to_string()).collect()),
+        };
+        (r.keys.is_some() || r.channels.is_some() || r.commands.is_some()).then_some(r)
+    }
+
+    fn keys_text(&self) -> String {
+        if self.allkeys {
+            return "~*".into();
+        }
+        let pats: Vec<String> = self
+            .keys
+            .iter()
+            .map(|k| format!("~{}", String::from_utf8_lossy(k)))
+            .collect();
+        pats.join(" ")
+    }
+
+    fn channels_text(&self) -> String {
+        if self.allchannels {
+            return "&*".into();
+        }
+        let pats: Vec<String> = self
+            .channels
+            .iter()
+            .map(|c| format!("&{}", String::from_utf8_lossy(c)))
+            .collect();
+        pats.join(" ")
+    }
+
+    /// The user as `ACL LIST` shows it (Redis's rendering; passwords as `#<sha256>`).
+    pub fn describe(&self) -> String {
+        let mut parts = vec![
+            format!("user {}", self.name),
+            if self.enabled { "on" } else { "off" }.to_string(),
+        ];
+        if self.nopass {
+            parts.push("nopass".into());
+        }
+        parts.extend(self.passwords.iter().map(|d| format!("#{}", hex(d))));
+        let keys = self.keys_text();
+        if !keys.is_empty() {
+            parts.push(keys);
+        }
+        if !self.allchannels {
+            parts.push("resetchannels".into());
+        }
+        let channels = self.channels_text();
+        if !channels.is_empty() {
+            parts.push(channels);
+        }
+        parts.extend(self.command_rules.iter().cloned());
+        parts.join(" ")
+    }
+
+    /// `ACL GETUSER`'s reply.
+    fn getuser(&self) -> Reply {
+        let mut flags = vec![Reply::bulk(if self.enabled { "on" } else { "off" })];
+        if self.nopass {
+            flags.push(Reply::bulk("nopass"));
+        }
+        Reply::Map(vec![
+            (Reply::bulk("flags"), Reply::Array(flags)),
+            (
+                Reply::bulk("passwords"),
+                Reply::Array(self.passwords.iter().map(|d| Reply::bulk(hex(d))).collect()),
+            ),
+            (
+                Reply::bulk("commands"),
+                Reply::bulk(self.command_rules.join(" ")),
+            ),
+            (Reply::bulk("keys"), Reply::bulk(self.keys_text())),
+            (Reply::bulk("channels"), Reply::bulk(self.channels_text())),
+            (Reply::bulk("selectors"), Reply::Array(vec![])),
+        ])
+    }
+}
+
+/// Split an aclfile line into arguments like Redis's `sdssplitargs`: whitespace separates,
+/// `"…"` understands `\n \r \t \b \a \\ \" \xHH`, `'…'` understands `\'`; a closing quote
+/// must be followed by whitespace or the end of the line.
+fn split_args(line: &str) -> Result<Vec<Vec<u8>>, String> {
+    let b = line.as_bytes();
+    let hexval = |c: Option<&u8>| c.and_then(|c| (*c as char).to_digit(16)).map(|v| v as u8);
+    let mut out = Vec::new();
+    let mut i = 0;
+    loop {
+        while i < b.len() && b[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i >= b.len() {
+            return Ok(out);
+        }
+        let mut cur = Vec::new();
+        let (mut inq, mut insq) = (false, false);
+        loop {
+            let c = b.get(i).copied();
+            if inq {
+                match c {
+                    None => return Err("unbalanced quotes".into()),
+                    Some(b'\\') if b.get(i + 1) == Some(&b'x') => {
+                        match (hexval(b.get(i + 2)), hexval(b.get(i + 3))) {
+                            (Some(h), Some(l)) => {
+                                cur.push(h * 16 + l);
+                                i += 3;
+                            }
+                            _ => cur.push(b'\\'),
+                        }
+                    }
+                    Some(b'\\') if i + 1 < b.len() => {
+                        i += 1;
+                        cur.push(match b[i] {
+                            b'n' => b'\n',
+                            b'r' => b'\r',
+                            b't' => b'\t',
+                            b'b' => 8,
+                            b'a' => 7,
+                            other => other,
+                        });
+                    }
+                    Some(b'"') => {
+                        if b.get(i + 1).is_some_and(|c| !c.is_ascii_whitespace()) {
+                            return Err("a closing quote must be followed by a space".into());
+                        }
+                        i += 1;
+                        break;
+                    }
+                    Some(c) => cur.push(c),
+                }
+            } else if insq {
+                match c {
+                    None => return Err("unbalanced quotes".into()),
+                    Some(b'\\') if b.get(i + 1) == Some(&b'\'') => {
+                        i += 1;
+                        cur.push(b'\'');
+                    }
+                    Some(b'\'') => {
+                        if b.get(i + 1).is_some_and(|c| !c.is_ascii_whitespace()) {
+                            return Err("a closing quote must be followed by a space".into());
+                        }
+                        i += 1;
+                        break;
+                    }
+                    Some(c) => cur.push(c),
+                }
+            } else {
+                match c {
+                    None => break,
+                    Some(c) if c.is_ascii_whitespace() => break,
+                    Some(b'"') => inq = true,
+                    Some(b'\'') => insq = true,
+                    Some(c) => cur.push(c),
+                }
+            }
+            i += 1;
+        }
+        out.push(cur);
+    }
+}
+
+/// Every user of the RESP front end.
+#[derive(Clone, Debug)]
+pub struct Acl {
+    users: BTreeMap<String, Arc<User>>,
+}
+
+impl Default for Acl {
+    fn default() -> Self {
+        Acl::new(None)
+    }
+}
+
+impl Acl {
+    /// Only the `default` user (no ACL file): `nopass`, or `--requirepass`'s password.
+    pub fn new(requirepass: Option<&str>) -> Acl {
+        let default = User::default_user(requirepass);
+        Acl {
+            users: BTreeMap::from([(default.name.clone(), Arc::new(default))]),
+        }
+    }
+
+    /// Read an ACL file (see the module docs).
+    pub fn load(path: &Path, requirepass: Option<&str>) -> Result<Acl, AclError> {
+        let text = std::fs::read_to_string(path).map_err(|source| AclError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::parse(&text, &path.display().to_string(), requirepass)
+    }
+
+    /// Parse the text of an ACL file; `file` names it in errors.
+    pub fn parse(text: &str, file: &str, requirepass: Option<&str>) -> Result<Acl, AclError> {
+        let mut users: BTreeMap<String, User> = BTreeMap::new();
+        for (i, raw) in text.lines().enumerate() {
+            let line = i + 1;
+            let trimmed = raw.trim();
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                continue;
+            }
+            let line_err = |reason: String| AclError::Line {
+                file: file.to_owned(),
+                line,
+                reason,
+            };
+            let words = split_args(trimmed).map_err(line_err)?;
+            let (Some(keyword), Some(name)) = (words.first(), words.get(1)) else {
+                return Err(line_err("expected 'user <name> <rules…>'".into()));
+            };
+            if !keyword.eq_ignore_ascii_case(b"user") {
+                return Err(line_err(
+                    "a line must start with 'user' followed by the user name".into(),
+                ));
+            }
+            let name = std::str::from_utf8(name)
+                .ok()
+                .filter(|n| {
+                    !n.is_empty() && !n.chars().any(|c| c.is_whitespace() || c.is_control())
+                })
+                .ok_or_else(|| {
+                    line_err(format!(
+                        "invalid user name '{}'",
+                        String::from_utf8_lossy(name)
+                    ))
+                })?;
+            if users.contains_key(name) {
+                return Err(line_err(format!("duplicate user '{name}'")));
+            }
+            let mut user = User::new(name);
+            for rule in &words[2..] {
+                user.apply_rule(rule).map_err(|reason| AclError::Rule {
+                    file: file.to_owned(),
+                    line,
+                    rule: String::from_utf8_lossy(rule).into_owned(),
+                    reason,
+                })?;
+            }
+            users.insert(name.to_owned(), user);
+        }
+        if users.contains_key("default") {
+            if requirepass.is_some() {
+                return Err(AclError::RequirepassAndDefault {
+                    file: file.to_owned(),
+                });
+            }
+        } else {
+            users.insert("default".into(), User::default_user(requirepass));
+        }
+        Ok(Acl {
+            users: users
+                .into_iter()
+                .map(|(n, mut u)| {
+                    u.finish();
+                    (n, Arc::new(u))
+                })
+                .collect(),
+        })
+    }
+
+    pub fn user(&self, name: &str) -> Option<&Arc<User>> {
+        self.users.get(name)
+    }
+
+    /// The user a new connection (or `RESET`) starts as: `default` if it is `on` and
+    /// `nopass`, else none (not authenticated).
+    pub fn initial_user(&self) -> Option<Arc<User>> {
+        self.users
+            .get("default")
+            .filter(|u| u.enabled && u.nopass)
+            .cloned()
+    }
+
+    /// Whether the `default` user is `nopass` (one-argument `AUTH` is then an error, as in
+    /// Redis).
+    pub fn default_is_nopass(&self) -> bool {
+        self.users.get("default").is_some_and(|u| u.nopass)
+    }
+
+    /// `AUTH user pass`: the user if it exists, is `on` and `pass` is one of its passwords
+    /// (or it is `nopass`).
+    pub fn authenticate(&self, user: &[u8], pass: &[u8]) -> Option<Arc<User>> {
+        let u = std::str::from_utf8(user)
+            .ok()
+            .and_then(|n| self.users.get(n))?;
+        (u.password_ok(pass) && u.enabled).then(|| u.clone())
+    }
+
+    /// `ACL <subcommand> …` for the connection's user `me`.
+    pub fn command(&self, me: &User, a: &[Vec<u8>]) -> Reply {
+        let Some(sub) = a.first() else {
+            return Reply::err("ERR wrong number of arguments for 'acl' command");
+        };
+        let sub_lc = String::from_utf8_lossy(sub).to_ascii_lowercase();
+        let arity_ok = match sub_lc.as_str() {
+            "whoami" | "users" | "list" => a.len() == 1,
+            "cat" => a.len() <= 2,
+            "getuser" => a.len() == 2,
+            _ => true,
+        };
+        if !arity_ok {
+            return Reply::err(format!(
+                "ERR wrong number of arguments for 'acl|{sub_lc}' command"
+            ));
+        }
+        match sub_lc.as_str() {
+            "whoami" => Reply::bulk(&me.name),
+            "users" => Reply::Array(self.users.keys().map(Reply::bulk).collect()),
+            "list" => Reply::Array(
+                self.users
+                    .values()
+                    .map(|u| Reply::bulk(u.describe()))
+                    .collect(),
+            ),
+            "cat" => match a.get(1) {
+                None => Reply::Array(CATEGORIES.iter().map(Reply::bulk).collect()),
+                Some(cat) => match category_commands(&String::from_utf8_lossy(cat)) {
+                    Some(cmds) => Reply::Array(
+                        cmds.iter()
+                            .map(|c| Reply::bulk(c.to_ascii_lowercase()))
+                            .collect(),
+                    ),
+                    None => Reply::err(format!(
+                        "ERR Unknown category '{}'",
+                        String::from_utf8_lossy(cat)
+                    )),
+                },
+            },
+            "getuser" => match self.users.get(String::from_utf8_lossy(&a[1]).as_ref()) {
+                Some(u) => u.getuser(),
+                None => Reply::Nil,
+            },
+            "setuser" | "deluser" | "load" | "save" => Reply::err(NOT_AT_RUNTIME),
+            "log" => Reply::err("ERR ACL LOG is not supported by fenced"),
+            _ => Reply::err(format!(
+                "ERR unknown subcommand '{}'. Try ACL HELP.",
+                String::from_utf8_lossy(sub)
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
