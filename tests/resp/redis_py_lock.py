@@ -31,8 +31,9 @@ name = f"pylock-{proto}"
 l1 = r.lock(name, timeout=5)
 assert l1.acquire(blocking=False), "first acquire"
 assert l1.owned() and l1.locked()
-token = r.execute_command("FENCE.TOKEN", name)
+token = r.execute_command("FENCE.TOKEN", name, l1.local.token)
 assert isinstance(token, int) and token > 0, token
+assert r.execute_command("FENCE.TOKEN", name, "not-the-holder") is None, "token only for its holder"
 
 l2 = r2.lock(name, timeout=5)
 assert not l2.acquire(blocking=False), "second owner must not get it"
@@ -57,7 +58,7 @@ t = threading.Thread(target=release_soon)
 t.start()
 assert l2.acquire(blocking=True, blocking_timeout=5), "acquire after release"
 t.join()
-assert r.execute_command("FENCE.TOKEN", name) > token, "a new grant has a larger token"
+assert r.execute_command("FENCE.TOKEN", name, l2.local.token) > token, "a new grant has a larger token"
 l2.release()
 
 # Token mismatch: l1's lease runs out, l2 takes the lock; l1 still has its old token.

@@ -66,10 +66,13 @@ impl RedisLock {
         Ok(l)
     }
 
-    async fn fence_token(&self, key: &str) -> Result<Option<u64>, LockError> {
+    /// `FENCE.TOKEN key value`: the token of *our* grant — nil if the lease already ran out
+    /// (asking without the value could return the next holder's token).
+    async fn fence_token(&self, key: &str, value: &str) -> Result<Option<u64>, LockError> {
         let mut c = self.conn.clone();
         let t: Option<i64> = redis::cmd("FENCE.TOKEN")
             .arg(key)
+            .arg(value)
             .query_async(&mut c)
             .await
             .map_err(|e| map_redis(self.name, e))?;
@@ -115,14 +118,18 @@ impl DistLock for RedisLock {
             let sent = Instant::now();
             if self.try_set(key, &value, ms).await? {
                 let token = if self.fence_token {
-                    let t = self.fence_token(key).await?;
-                    if t.is_none() {
-                        return Err(LockError::Backend {
-                            backend: self.name,
-                            message: format!("FENCE.TOKEN {key}: no token after SET NX"),
-                        });
+                    match self.fence_token(key, &value).await? {
+                        Some(t) => Some(t),
+                        // The lease ran out before we learned the token: not ours any more.
+                        None => {
+                            return Err(LockError::Backend {
+                                backend: self.name,
+                                message: format!(
+                                    "FENCE.TOKEN {key}: the lease ran out right after SET NX"
+                                ),
+                            })
+                        }
                     }
-                    t
                 } else {
                     None
                 };

@@ -119,7 +119,7 @@ const TABLE: &[(&str, i32, CommandClass)] = &[
     ("PUBLISH", 3, Write),
     // fencing
     ("FENCE.SET", 4, Write),
-    ("FENCE.TOKEN", 2, Read),
+    ("FENCE.TOKEN", -2, Read),
     ("LOCK.ACQUIRE", -4, Lock),
     ("LOCK.RELEASE", 4, Lock),
     ("LOCK.RENEW", 5, Lock),
@@ -669,9 +669,17 @@ fn read_cmd(ks: &Keyspace, now: Millis, argv: &[Bytes]) -> R {
         }
         "ZRANGE" => zrange(get(&a[0]), &a[1..], false)?,
         "ZRANGEBYSCORE" => zrange(get(&a[0]), &a[1..], true)?,
-        "FENCE.TOKEN" => match get(&a[0]) {
-            Some(e) => Reply::Int(e.create_revision as i64),
-            None => Reply::Nil,
+        // `FENCE.TOKEN key [value]`: with `value`, only while the key still holds exactly that
+        // value — so a client whose `SET NX` lease ran out cannot read the next holder's token.
+        "FENCE.TOKEN" => match (get(&a[0]), a.get(1)) {
+            _ if a.len() > 2 => return Err(SYNTAX.into()),
+            (None, _) => Reply::Nil,
+            (Some(e), None) => Reply::Int(e.create_revision as i64),
+            (Some(e), Some(want)) => match &e.value {
+                Value::Str(v) if v == want => Reply::Int(e.create_revision as i64),
+                Value::Str(_) => Reply::Nil,
+                _ => return Err(WRONGTYPE.into()),
+            },
         },
         "SCRIPT" => {
             // SCRIPT EXISTS sha...

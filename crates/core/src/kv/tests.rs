@@ -78,6 +78,35 @@ fn strings_and_revisions() {
     assert_eq!(t.read("FENCE.TOKEN k"), Reply::Nil);
 }
 
+/// `FENCE.TOKEN key value` answers only for the value's holder: a client whose `SET NX` lease
+/// ran out before it asked must not get the next holder's token.
+#[test]
+fn fence_token_for_a_value() {
+    let mut t = T::new();
+    assert_eq!(t.run("SET lk alice NX PX 100"), Reply::ok());
+    assert_eq!(t.read("FENCE.TOKEN lk alice"), Reply::Int(1));
+    assert_eq!(t.read("FENCE.TOKEN lk bob"), Reply::Nil);
+    t.now += 200; // alice's lease runs out; bob takes the lock
+    assert_eq!(t.run("SET lk bob NX PX 100"), Reply::ok());
+    assert_eq!(
+        t.read("FENCE.TOKEN lk alice"),
+        Reply::Nil,
+        "alice must not get bob's token"
+    );
+    assert_eq!(t.read("FENCE.TOKEN lk bob"), Reply::Int(2));
+    assert_eq!(t.read("FENCE.TOKEN lk"), Reply::Int(2));
+    assert_eq!(t.run("SET lk carol XX KEEPTTL"), Reply::ok());
+    assert_eq!(
+        t.read("FENCE.TOKEN lk bob"),
+        Reply::Nil,
+        "overwritten by another value"
+    );
+    assert_eq!(t.read("FENCE.TOKEN nope bob"), Reply::Nil);
+    assert_eq!(t.run("HSET h f v"), Reply::Int(1));
+    assert_eq!(t.read("FENCE.TOKEN h x"), Reply::err(exec::WRONGTYPE));
+    assert_eq!(t.read("FENCE.TOKEN lk a b"), Reply::err("ERR syntax error"));
+}
+
 #[test]
 fn expiry_is_evaluated_at_the_read_time() {
     let mut t = T::new();
