@@ -228,7 +228,9 @@ async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
         },
     )?;
     let opts = LockOptions::wait(Duration::from_millis(a.wait_ms));
-    let Some(mut guard) = client.lock(&a.name, opts).await? else {
+    let tls = a.tls.tls_ca.is_some();
+    let locked = client.lock(&a.name, opts).await;
+    let Some(mut guard) = locked.map_err(|e| tls_hint(e, tls))? else {
         eprintln!("fenced: lock {} not acquired", a.name);
         return Ok(ExitCode::from(EXIT_NOT_ACQUIRED));
     };
@@ -263,6 +265,19 @@ async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// A plaintext client meeting a TLS port (or the reverse) fails deep inside HTTP/2 or TLS;
+/// say what to check.
+fn tls_hint(e: fenced_client::ClientError, tls: bool) -> anyhow::Error {
+    let msg = e.to_string();
+    if !tls && msg.contains("h2 protocol error") {
+        anyhow::anyhow!("{msg} (does the cluster use TLS? then pass --tls-ca)")
+    } else if tls && msg.contains("InvalidContentType") {
+        anyhow::anyhow!("{msg} (the endpoint does not speak TLS: drop --tls-ca)")
+    } else {
+        e.into()
+    }
+}
+
 async fn status(a: StatusArgs) -> anyhow::Result<()> {
     let client = Client::connect_with(
         &a.endpoints,
@@ -271,7 +286,10 @@ async fn status(a: StatusArgs) -> anyhow::Result<()> {
             ..ClientOptions::default()
         },
     )?;
-    let s = client.status().await?;
+    let s = client
+        .status()
+        .await
+        .map_err(|e| tls_hint(e, a.tls.tls_ca.is_some()))?;
     let members: Vec<serde_json::Value> = s
         .members
         .iter()
