@@ -1,7 +1,8 @@
-//! Replaying the same log gives the same keyspace, Lua scripts included, and a snapshot taken
-//! anywhere continues identically.
+//! Replaying the same log gives the same keyspace, Lua scripts included (also under an ACL
+//! restriction that refuses some of their calls), and a snapshot taken anywhere continues
+//! identically.
 
-use fenced_core::kv::{Argv, KvCommand};
+use fenced_core::kv::{Argv, KvCommand, Restriction};
 use fenced_core::{Command, Request, RequestId, StateMachine};
 use proptest::prelude::*;
 
@@ -71,14 +72,28 @@ fn cmd_strategy() -> impl Strategy<Value = Argv> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
     #[test]
-    fn replay_is_deterministic(cmds in prop::collection::vec((cmd_strategy(), 0u64..200), 1..60), cut in 0usize..60) {
+    fn replay_is_deterministic(cmds in prop::collection::vec((cmd_strategy(), 0u64..200, any::<bool>()), 1..60), cut in 0usize..60) {
         let mut time = 1_000_000u64;
-        let log: Vec<Request> = cmds.into_iter().enumerate().map(|(i, (argv, dt))| {
+        let log: Vec<Request> = cmds.into_iter().enumerate().map(|(i, (argv, dt, restricted))| {
             time += dt;
+            let mut cmd = KvCommand::Batch(vec![argv]);
+            if restricted {
+                // Keys a, b and h only: commands on c or l are refused, and a script on c
+                // fails at its first call (one on a may still write h first).
+                cmd = KvCommand::Restricted {
+                    limits: Restriction {
+                        user: "u".into(),
+                        keys: Some(vec![b"a".to_vec(), b"b".to_vec(), b"h".to_vec()]),
+                        channels: None,
+                        commands: None,
+                    },
+                    cmd: Box::new(cmd),
+                };
+            }
             Request {
                 time_ms: time,
                 client: Some(RequestId { client_id: 7, seq: i as u64 + 1 }),
-                cmd: Command::Kv(KvCommand::Batch(vec![argv])),
+                cmd: Command::Kv(cmd),
             }
         }).collect();
         let mut a = StateMachine::new();
