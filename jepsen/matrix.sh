@@ -1,24 +1,54 @@
 #!/usr/bin/env bash
 # The long runs behind docs/jepsen.md: every system × nemesis, 5 runs each (seeds 1..5),
-# the counter workload (mutual exclusion, fencing, stale writes, lost updates, availability)
-# and the register workload (linearizability). About 30 s per run; LANES runs in parallel
-# (each in its own namespaces). Results: $OUT/<system>-<workload>-<nemesis>/summary.json.
+# the counter workload (mutual exclusion, fencing, stale writes, lost updates, availability),
+# the lock workload for fenced's three clients (gRPC, RESP LOCK.*, RESP SET NX), and the
+# register workload (linearizability).
+# About 30 s per run; LANES runs in parallel (each in its own namespaces).
+# Results: $OUT/<system>-<workload>-<nemesis>/summary.json.
 #   OUT=/tmp/fj-matrix LANES=3 bash jepsen/matrix.sh
+# Only some rows: the product SYSTEMS × WORKLOADS × NEMESES (each a space-separated list), e.g.
+#   SYSTEMS="fenced-resp fenced-setnx" WORKLOADS="counter lock" \
+#     NEMESES="partition kill pause clock" OUT=/tmp/fj-resp bash jepsen/matrix.sh
+# BIN_DIR: take fenced and fenced-guard from there instead of this tree's target/debug (e.g. a
+# build of a clean checkout while the tree is being edited). SEED: the first seed (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-jepsen/store/matrix}
 LANES=${LANES:-2}
 RUNS=${RUNS:-5}
 TIME=${TIME:-30}
-cargo build -q -p fenced-server -p fenced-guard -p fenced-jepsen
+SEED=${SEED:-1}
+if [ -n "${BIN_DIR:-}" ]; then
+    cargo build -q -p fenced-jepsen
+else
+    cargo build -q -p fenced-server -p fenced-guard -p fenced-jepsen
+    BIN_DIR=target/debug
+fi
 mkdir -p "$OUT/bin"
 # Private copies: rebuilding the tree during the matrix must not change what runs.
-cp target/debug/fenced target/debug/fenced-guard target/debug/fenced-jepsen "$OUT/bin/"
+cp "$BIN_DIR/fenced" "$BIN_DIR/fenced-guard" target/debug/fenced-jepsen "$OUT/bin/"
 BIN=$OUT/bin/fenced-jepsen
-trap '"$BIN" cleanup --prefix fjm >/dev/null 2>&1 || true' EXIT
+cleanup() {
+    for l in $(seq 0 $((LANES - 1))); do "$BIN" cleanup --prefix "fjm$l" >/dev/null 2>&1 || true; done
+}
+trap cleanup EXIT
 
 jobs_list() {
+    if [ -n "${SYSTEMS:-}${WORKLOADS:-}${NEMESES:-}" ]; then
+        for s in ${SYSTEMS:-fenced}; do
+            for w in ${WORKLOADS:-counter}; do
+                for n in ${NEMESES:-none}; do echo "$s $w $n"; done
+            done
+        done
+        return
+    fi
     for n in none partition kill pause clock; do echo "fenced counter $n"; done
+    for n in partition kill pause clock; do echo "fenced lock $n"; done
+    for s in fenced-resp fenced-setnx; do
+        for w in counter lock; do
+            for n in partition kill pause clock; do echo "$s $w $n"; done
+        done
+    done
     for s in redis redlock; do
         for n in none partition kill pause clock restart-empty restart-delayed; do echo "$s counter $n"; done
     done
@@ -34,7 +64,7 @@ lane() { # lane number
         local dir="$OUT/$sys-$wl-$nem"
         [ -f "$dir/summary.json" ] && continue
         "$BIN" test --system "$sys" --workload "$wl" --nemesis "$nem" --time-limit "$TIME" \
-            --seed 1 --runs "$RUNS" --prefix "fjm$1" --bin-dir "$OUT/bin" --out "$dir" \
+            --seed "$SEED" --runs "$RUNS" --prefix "fjm$1" --bin-dir "$OUT/bin" --out "$dir" \
             >"$dir.log" 2>&1 || true
         echo "done $sys $wl $nem: $(tr -d '\n ' <"$dir/summary.json" 2>/dev/null | head -c 300)"
     done
