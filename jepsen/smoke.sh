@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fault-injection smoke run for CI (about 65 s plus the build): the pause nemesis (SIGSTOP/SIGCONT of nodes
-# and clients) on the counter workload, against fenced and against Redlock.
-#  - fenced must come out valid (exit 0): an anomaly there is a real bug.
+# Fault-injection smoke run for CI (about 80 s plus the build): the pause nemesis (SIGSTOP/SIGCONT of nodes
+# and clients) on the counter workload, against fenced (gRPC client), fenced through its RESP
+# front end (LOCK.ACQUIRE/RELEASE, client pinned to one node, failing over) and Redlock.
+#  - both fenced runs must come out valid (exit 0): an anomaly there is a real bug.
 #  - Redlock may show anomalies (exit 1: that is the point of the comparison); only a
 #    harness error (exit 2) fails the smoke.
 # Everything runs in network namespaces named fjci<pid>-* (root) or on 127.0.x.x (not root);
@@ -40,6 +41,7 @@ run() { # system seed
 }
 
 run fenced 2
+run fenced-resp 2
 set +e
 run redlock 2
 rc=$?
@@ -48,4 +50,4 @@ if [ "$rc" -gt 1 ]; then
     echo "jepsen smoke: the Redlock run failed to run (rc $rc)" >&2
     exit "$rc"
 fi
-echo "jepsen smoke: fenced valid under pause; Redlock run completed (exit $rc: 1 = anomalies found)"
+echo "jepsen smoke: fenced and fenced-resp valid under pause; Redlock run completed (exit $rc: 1 = anomalies found)"
