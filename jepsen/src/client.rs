@@ -764,7 +764,7 @@ mod tests {
         let busy = "ResponseError: too many waiters";
         assert_eq!(kind(lock_res(System::FencedResp, backend(busy))), "fail");
         assert_eq!(kind(acquire_res(System::FencedResp, backend(busy))), "fail");
-        let gone = "FENCE.TOKEN L: no token after SET NX";
+        let gone = "FENCE.TOKEN L: the lease ran out right after SET NX";
         assert_eq!(
             kind(acquire_res(System::FencedSetnx, backend(gone))),
             "info"

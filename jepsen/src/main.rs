@@ -62,7 +62,8 @@ enum Cmd {
 #[derive(clap::Args)]
 struct TestArgs {
     /// fenced (gRPC) | fenced-resp (RESP LOCK.*) | fenced-setnx (RESP SET NX PX + Lua,
-    /// FENCE.TOKEN) | redis | redlock. The three fenced systems share one cluster setup.
+    /// FENCE.TOKEN key value) | redis | redlock. The three fenced systems share one cluster
+    /// setup.
     #[arg(long)]
     system: String,
     /// lock | counter | counter-unfenced | register

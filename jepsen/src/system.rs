@@ -8,7 +8,7 @@
 //! * `fenced`: gRPC (`fenced_dlock::FencedGrpc`), any node, the client goes to the leader;
 //! * `fenced-resp`: RESP `LOCK.ACQUIRE/RELEASE/RENEW` (`fenced_redlock::FencedResp`);
 //! * `fenced-setnx`: the unchanged Redis lock pattern — `SET key value NX PX ttl`, Lua
-//!   compare-and-delete — pointed at fenced's RESP port, token from `FENCE.TOKEN key`
+//!   compare-and-delete — pointed at fenced's RESP port, token from `FENCE.TOKEN key value`
 //!   (`fenced_redlock::RedisLock::fenced_setnx`).
 //!
 //! A RESP client talks to one node at a time, as Redis clients do (see `client.rs`).
