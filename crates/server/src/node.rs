@@ -236,6 +236,7 @@ impl Node {
         cmd: Command,
     ) -> Result<Response, NodeError> {
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
+        let mut unknown = None;
         loop {
             let attempt = match self.propose_local(rid, cmd.clone()).await {
                 Err(NodeError::NotLeader { leader: Some(addr) }) => {
@@ -243,12 +244,11 @@ impl Node {
                 }
                 other => other,
             };
-            match attempt {
-                Err(NodeError::NotLeader { .. }) if Instant::now() < give_up => {}
-                Err(NodeError::Unknown(_)) if rid.is_some() && Instant::now() < give_up => {}
-                other => return other,
+            let retry = Instant::now() < give_up;
+            match settle(attempt, &mut unknown, rid.is_some(), retry) {
+                Some(done) => return done,
+                None => tokio::time::sleep(RETRY_PAUSE).await,
             }
-            tokio::time::sleep(RETRY_PAUSE).await;
         }
     }
 
@@ -584,5 +584,70 @@ pub fn status_to_error(status: &tonic::Status) -> NodeError {
         }
         tonic::Code::InvalidArgument => NodeError::Invalid(status.message().to_owned()),
         _ => NodeError::Unknown(format!("{}: {}", status.code(), status.message())),
+    }
+}
+
+/// One attempt of [`Node::propose`]: `None` to try again, or the answer. `unknown` remembers
+/// that an earlier attempt may have taken effect: once it is set, giving up on "not the
+/// leader" must still say "outcome unknown" — "not the leader" alone tells clients (RESP
+/// `-TRYAGAIN`) that nothing was applied.
+fn settle(
+    attempt: Result<Response, NodeError>,
+    unknown: &mut Option<String>,
+    has_id: bool,
+    retry: bool,
+) -> Option<Result<Response, NodeError>> {
+    match attempt {
+        Err(NodeError::NotLeader { .. }) if retry => None,
+        Err(NodeError::Unknown(m)) if has_id && retry => {
+            *unknown = Some(m);
+            None
+        }
+        Err(NodeError::NotLeader { leader }) => Some(Err(match unknown.take() {
+            Some(m) => NodeError::Unknown(m),
+            None => NodeError::NotLeader { leader },
+        })),
+        other => Some(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn not_leader() -> Result<Response, NodeError> {
+        Err(NodeError::NotLeader { leader: None })
+    }
+
+    #[test]
+    fn giving_up_after_an_unknown_attempt_stays_unknown() {
+        let mut unknown = None;
+        let timed_out = Err(NodeError::Unknown("timed out on the leader".into()));
+        assert!(settle(timed_out, &mut unknown, true, true).is_none());
+        assert!(settle(not_leader(), &mut unknown, true, true).is_none());
+        match settle(not_leader(), &mut unknown, true, false) {
+            Some(Err(NodeError::Unknown(m))) => assert!(m.contains("timed out"), "{m}"),
+            other => panic!("expected outcome unknown, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn not_leader_throughout_means_not_applied() {
+        let mut unknown = None;
+        assert!(settle(not_leader(), &mut unknown, true, true).is_none());
+        assert!(matches!(
+            settle(not_leader(), &mut unknown, true, false),
+            Some(Err(NodeError::NotLeader { .. }))
+        ));
+        // Without a request id an unknown outcome is not retried: it is the answer.
+        let timed_out = Err(NodeError::Unknown("t".into()));
+        assert!(matches!(
+            settle(timed_out, &mut unknown, false, true),
+            Some(Err(NodeError::Unknown(_)))
+        ));
+        assert!(matches!(
+            settle(Ok(Response::Pending), &mut unknown, true, true),
+            Some(Ok(Response::Pending))
+        ));
     }
 }
