@@ -4,10 +4,11 @@
 //!   server-side, FIFO; the reply is the fencing token), `LOCK.RELEASE name owner token`,
 //!   `LOCK.RENEW name owner token ttl_ms`;
 //! * the plain Redis pattern against fenced is [`RedisLock::fenced_setnx`](crate::RedisLock):
-//!   `SET NX PX` + Lua release/extend, plus `FENCE.TOKEN key` for the token (the key's create
+//!   `SET NX PX` + Lua release/extend, plus `FENCE.TOKEN key value` for the token (the key's create
 //!   revision).
 //!
-//! fenced's own error prefixes are mapped by their meaning, not by redis-rs's kind:
+//! fenced's own error prefixes are mapped by their meaning, not by redis-rs's kind (in
+//! `map_redis`, shared with `fenced_setnx`):
 //! `-TIMEOUT outcome unknown: …` (the entry may or may not commit) is
 //! [`LockError::Unavailable`], like a client-side timeout; so is `-TRYAGAIN cluster
 //! unavailable: …` (no leader or quorum in time), which — like gRPC's `UNAVAILABLE` — can
@@ -52,7 +53,7 @@ impl FencedResp {
         fut: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, LockError> {
         match tokio::time::timeout(limit, fut).await {
-            Ok(r) => r.map_err(map_resp),
+            Ok(r) => r.map_err(|e| map_redis(NAME, e)),
             Err(_) => Err(LockError::Unavailable {
                 backend: NAME,
                 message: format!("no answer within {limit:?}"),
@@ -65,18 +66,6 @@ impl FencedResp {
             .token
             .ok_or_else(|| LockError::Invalid("fenced grant without a token".into()))
     }
-}
-
-/// [`map_redis`], plus fenced's `-TIMEOUT` / `-TRYAGAIN` replies as outcome unknown (a
-/// redis-rs server error of an unknown code would otherwise be a definite `Backend` answer).
-fn map_resp(e: redis::RedisError) -> LockError {
-    if matches!(e.code(), Some("TIMEOUT" | "TRYAGAIN")) {
-        return LockError::Unavailable {
-            backend: NAME,
-            message: e.to_string(),
-        };
-    }
-    map_redis(NAME, e)
 }
 
 #[async_trait]

@@ -68,8 +68,16 @@ pub fn connect(
 }
 
 /// Map a redis-rs error: transport problems are `Unavailable` (outcome unknown).
+/// A redis-rs error as a [`LockError`]: transport trouble, and fenced's `-TIMEOUT` (the entry
+/// may still commit) and `-TRYAGAIN` replies, are `Unavailable` (outcome unknown); any other
+/// server reply is a definite `Backend` answer.
 pub(crate) fn map_redis(backend: &'static str, e: redis::RedisError) -> LockError {
-    if e.is_timeout() || e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+    if e.is_timeout()
+        || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(e.code(), Some("TIMEOUT" | "TRYAGAIN"))
+    {
         LockError::Unavailable {
             backend,
             message: e.to_string(),
