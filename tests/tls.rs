@@ -10,8 +10,9 @@
 //!   certificate, even over TLS: no client can read or change Raft internals.
 //! * RESP over TLS with unchanged clients: redis-cli `--tls` and redis-py's `Lock`
 //!   (`ssl=True`).
-//! * `--tls-require-client-cert`: API and RESP clients without a certificate are refused,
-//!   with one they are served.
+//! * `--tls-require-client-cert --tls-client-ca`: API and RESP clients without a certificate
+//!   are refused, with one of the client CA they are served — and that certificate does not
+//!   open the node-to-node services.
 
 mod support;
 
@@ -73,15 +74,18 @@ impl Pki {
     }
 }
 
-/// Start a TLS cluster: the cluster CA `good-ca.pem`, node certificate `node.pem` for the
-/// three IPs, a client certificate `client.pem`, and a second, unrelated CA `rogue-ca.pem`
-/// with its own client certificate `rogue.pem`.
-fn start(k: u8, test: &str, extra: &[&str]) -> Cluster {
-    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+/// Start a TLS cluster: the cluster (node) CA `good-ca.pem`, node certificate `node.pem` for
+/// the three IPs, a client certificate `client.pem` of the node CA, a client CA
+/// `clients-ca.pem` with its certificate `member.pem`, and an unrelated CA `rogue-ca.pem` with
+/// its certificate `rogue.pem`. `mtls`: clients must present a certificate, of the client CA
+/// (`--tls-require-client-cert --tls-client-ca`); the harness's clients present `member.pem`.
+fn start(k: u8, test: &str, mtls: bool) -> Cluster {
     Cluster::start_with(k, test, move |dir, ips| {
         let good = Pki::new(dir, "good");
         let (cert, key) = good.issue("node", ips);
         good.issue("client", &["client".to_string()]);
+        let clients = Pki::new(dir, "clients");
+        clients.issue("member", &["client".to_string()]);
         let rogue = Pki::new(dir, "rogue");
         rogue.issue("rogue", &["client".to_string()]);
         let mut args = vec![
@@ -92,13 +96,15 @@ fn start(k: u8, test: &str, extra: &[&str]) -> Cluster {
             "--tls-ca".into(),
             good.path("good-ca.pem"),
         ];
-        args.extend(extra);
         let mut tls = ClientTls::load(Path::new(&good.path("good-ca.pem"))).expect("client CA");
-        if args.iter().any(|a| a == "--tls-require-client-cert") {
+        if mtls {
+            args.push("--tls-require-client-cert".into());
+            args.push("--tls-client-ca".into());
+            args.push(clients.path("clients-ca.pem"));
             tls = tls
                 .with_identity(
-                    Path::new(&good.path("client.pem")),
-                    Path::new(&good.path("client.key")),
+                    Path::new(&clients.path("member.pem")),
+                    Path::new(&clients.path("member.key")),
                 )
                 .expect("client identity");
         }
@@ -163,7 +169,7 @@ fn raw_channel(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_cluster_end_to_end() {
-    let c = start(70, "tls", &[]);
+    let c = start(70, "tls", false);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let follower = follower_of(leader);
 
@@ -265,7 +271,7 @@ async fn tls_cluster_end_to_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_require_client_cert() {
-    let c = start(71, "tls_mtls", &["--tls-require-client-cert"]);
+    let c = start(71, "tls_mtls", true);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let good_ca = file(&c, "good-ca.pem");
 
@@ -280,8 +286,31 @@ async fn tls_require_client_cert() {
         .expect("acquire with a client certificate");
     assert!(token.is_some());
 
+    // A client certificate (of the client CA) is not a node certificate.
+    let (member, member_key) = (file(&c, "member.pem"), file(&c, "member.key"));
+    let denied = RaftClient::new(raw_channel(
+        &c,
+        leader,
+        &good_ca,
+        Some((&member, &member_key)),
+    ))
+    .vote(RaftRequest { data: vec![] })
+    .await
+    .expect_err("Raft vote with a client certificate");
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    // Node-CA certificates still reach the API (nodes forward to each other through it).
+    let (node_ca_client, node_ca_key) = (file(&c, "client.pem"), file(&c, "client.key"));
+    let other = ClientTls::load(Path::new(&good_ca))
+        .and_then(|t| t.with_identity(Path::new(&node_ca_client), Path::new(&node_ca_key)))
+        .expect("identity");
+    let accepted = try_acquire(&client_with(&c, leader, Some(other)), "m2").await;
+    assert!(
+        accepted.is_ok(),
+        "a node-CA certificate at the API: {accepted:?}"
+    );
+
     if have("redis-cli", &["--version"]) {
-        let (cert, key) = (file(&c, "client.pem"), file(&c, "client.key"));
+        let (cert, key) = (member.clone(), member_key.clone());
         let base = ["--tls", "--cacert", good_ca.as_str(), "-h"];
         let mut with = Command::new("redis-cli");
         with.args(base)

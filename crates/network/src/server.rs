@@ -31,17 +31,17 @@ impl RaftService {
 }
 
 /// The tonic service to add to the node's gRPC router, with the transport's message-size
-/// limits ([`MAX_MESSAGE_SIZE`]) applied. With `tls` on, only callers presenting a
-/// certificate signed by the cluster CA (other nodes) get through.
+/// limits ([`MAX_MESSAGE_SIZE`]) applied, behind `check` (with TLS, only callers holding a
+/// node certificate get through).
 pub fn raft_server(
     raft: Raft,
-    tls: bool,
+    check: PeerCertCheck,
 ) -> InterceptedService<RaftServer<RaftService>, PeerCertCheck> {
     InterceptedService::new(
         RaftServer::new(RaftService::new(raft))
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE),
-        PeerCertCheck { tls },
+        check,
     )
 }
 

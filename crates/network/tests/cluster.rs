@@ -81,7 +81,7 @@ async fn start_node_with(id: NodeId, chunk: u64) -> anyhow::Result<Node> {
     let raft = Raft::new(id, config(chunk)?, NetworkFactory::new(id), log, sm).await?;
     let (stop, server) = serve(
         listener,
-        Server::builder().add_service(raft_server(raft.clone(), false)),
+        Server::builder().add_service(raft_server(raft.clone(), fenced_tls::PeerCertCheck::open())),
     );
     Ok(Node {
         id,

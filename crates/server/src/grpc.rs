@@ -49,12 +49,12 @@ pub fn cluster_server(node: Node) -> ClusterServer<Api> {
 /// Node-to-node forwarding; with TLS, only for callers with a node certificate.
 pub fn forward_server(
     node: Node,
-    tls: bool,
+    check: PeerCertCheck,
 ) -> InterceptedService<ForwardServer<Api>, PeerCertCheck> {
     InterceptedService::new(
         ForwardServer::new(Api { node })
             .max_decoding_message_size(fenced_network::MAX_MESSAGE_SIZE),
-        PeerCertCheck { tls },
+        check,
     )
 }
 

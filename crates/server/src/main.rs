@@ -76,9 +76,14 @@ struct ServeTlsArgs {
     /// The private key of --tls-cert (PEM).
     #[arg(long, requires = "tls_cert")]
     tls_key: Option<PathBuf>,
-    /// The CA (PEM) that signed every node's certificate (and client certificates).
+    /// The CA (PEM) that signed every node's certificate (and client certificates, unless
+    /// --tls-client-ca).
     #[arg(long, requires = "tls_cert")]
     tls_ca: Option<PathBuf>,
+    /// The CA (PEM) of API and RESP client certificates, when not --tls-ca: then no client
+    /// certificate can pass for a node's at the node-to-node services.
+    #[arg(long, requires = "tls_cert")]
+    tls_client_ca: Option<PathBuf>,
     /// Also refuse API and RESP clients that present no CA-signed certificate.
     #[arg(long, requires = "tls_cert")]
     tls_require_client_cert: bool,
@@ -187,10 +192,12 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     // A bad ACL file stops the node before it starts anything.
     cfg.resp_acl()?;
     if let (Some(cert), Some(key), Some(ca)) = (&a.tls.tls_cert, &a.tls.tls_key, &a.tls.tls_ca) {
-        cfg.tls = Some(
-            fenced_tls::ServerTls::load(cert, key, ca)?
-                .require_client_cert(a.tls.tls_require_client_cert),
-        );
+        let mut tls = fenced_tls::ServerTls::load(cert, key, ca)?
+            .require_client_cert(a.tls.tls_require_client_cert);
+        if let Some(client_ca) = &a.tls.tls_client_ca {
+            tls = tls.with_client_ca(client_ca)?;
+        }
+        cfg.tls = Some(tls);
     }
     let running = Node::start(cfg.clone())
         .await

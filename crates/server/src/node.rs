@@ -142,16 +142,19 @@ impl Node {
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let mut tasks = Vec::new();
         {
-            let tls = cfg.tls.is_some();
             let mut builder = tonic::transport::Server::builder();
+            let mut check = fenced_tls::PeerCertCheck::open();
             if let Some(t) = &cfg.tls {
                 builder = builder
                     .tls_config(t.grpc_server())
                     .map_err(|e| StartError::Config(format!("TLS: {e}")))?;
+                check = t
+                    .peer_check()
+                    .map_err(|e| StartError::Config(format!("TLS: {e}")))?;
             }
             let router = builder
-                .add_service(raft_server(raft.clone(), tls))
-                .add_service(crate::grpc::forward_server(node.clone(), tls))
+                .add_service(raft_server(raft.clone(), check.clone()))
+                .add_service(crate::grpc::forward_server(node.clone(), check))
                 .add_service(crate::grpc::lock_server(node.clone()))
                 .add_service(crate::grpc::session_server(node.clone()))
                 .add_service(crate::grpc::kv_server(node.clone()))

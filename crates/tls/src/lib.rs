@@ -4,10 +4,12 @@
 //!
 //! * serves **gRPC** (client API and node-to-node Raft on the same port) and **RESP** over TLS
 //!   only — no plaintext listener is left;
-//! * asks every client for a certificate signed by the CA. Ordinary API clients may go
-//!   without one (unless `--tls-require-client-cert`), but the node-to-node services (Raft
-//!   and forwarding) refuse any caller that did not present one ([`require_peer_cert`]):
-//!   holding the CA-signed node certificate is what makes a caller a member;
+//! * asks every client for a certificate. Ordinary API clients may go without one (unless
+//!   `--tls-require-client-cert`); their certificates are checked against `--tls-client-ca`
+//!   if given, else against `--tls-ca`. The node-to-node services (Raft and forwarding)
+//!   refuse any caller whose certificate does not chain to `--tls-ca` ([`PeerCertCheck`]):
+//!   holding a certificate of the node CA is what makes a caller a member. With a separate
+//!   client CA, a client certificate therefore never passes for a node;
 //! * presents its own certificate when it calls other nodes ([`ServerTls::peer_client`]) and
 //!   verifies theirs against the same CA (by the address it dials: a node certificate must
 //!   name every address peers and clients use for it, as DNS or IP subject-alt-names).
@@ -119,6 +121,8 @@ pub struct ServerTls {
     cert: Pem,
     key: Pem,
     ca: Pem,
+    /// CA of client certificates, when not the node CA.
+    client_ca: Option<Pem>,
     require_client_cert: bool,
 }
 
@@ -130,10 +134,26 @@ impl ServerTls {
             cert: Pem::read("certificate", cert)?,
             key: Pem::read("key", key)?,
             ca: Pem::read("CA", ca)?,
+            client_ca: None,
             require_client_cert: false,
         };
         tls.rustls_server()?;
+        tls.peer_check()?;
         Ok(tls)
+    }
+
+    /// Check API and RESP clients' certificates against this CA instead of the node CA, so
+    /// that no client certificate can pass for a node's.
+    pub fn with_client_ca(mut self, client_ca: &Path) -> Result<ServerTls, TlsError> {
+        let pem = Pem::read("client CA", client_ca)?;
+        roots(&pem)?;
+        self.client_ca = Some(pem);
+        Ok(self)
+    }
+
+    /// The CA that client certificates (RESP) must chain to.
+    fn clients_ca(&self) -> &Pem {
+        self.client_ca.as_ref().unwrap_or(&self.ca)
     }
 
     /// Refuse clients (gRPC and RESP) that present no CA-signed certificate.
@@ -146,8 +166,32 @@ impl ServerTls {
     pub fn grpc_server(&self) -> ServerTlsConfig {
         ServerTlsConfig::new()
             .identity(Identity::from_pem(&self.cert.bytes, &self.key.bytes))
-            .client_ca_root(Certificate::from_pem(&self.ca.bytes))
+            .client_ca_root(Certificate::from_pem(self.grpc_client_roots()))
             .client_auth_optional(!self.require_client_cert)
+    }
+
+    /// gRPC callers are clients or other nodes: both CAs, PEM after PEM.
+    fn grpc_client_roots(&self) -> Vec<u8> {
+        let mut pem = self.ca.bytes.clone();
+        if let Some(c) = &self.client_ca {
+            pem.push(b'\n');
+            pem.extend_from_slice(&c.bytes);
+        }
+        pem
+    }
+
+    /// The interceptor for the node-to-node services: callers must present a certificate
+    /// that chains to the node CA.
+    pub fn peer_check(&self) -> Result<PeerCertCheck, TlsError> {
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots(&self.ca)?),
+            provider(),
+        )
+        .build()
+        .map_err(|e| TlsError::Config(format!("peer verifier: {e}")))?;
+        Ok(PeerCertCheck {
+            nodes: Some(verifier),
+        })
     }
 
     /// For this node's calls to other nodes (Raft, forwarding): trust the CA, present the
@@ -166,7 +210,7 @@ impl ServerTls {
     fn rustls_server(&self) -> Result<rustls::ServerConfig, TlsError> {
         let provider = provider();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots(&self.ca)?),
+            Arc::new(roots(self.clients_ca())?),
             provider.clone(),
         );
         let verifier = if self.require_client_cert {
@@ -241,25 +285,47 @@ impl ClientTls {
     }
 }
 
-/// Whether the caller presented a certificate that the server verified against the CA
-/// (tonic only records certificates that passed verification).
-pub fn has_peer_cert<T>(req: &tonic::Request<T>) -> bool {
-    req.peer_certs().is_some_and(|c| !c.is_empty())
+/// A tonic interceptor for the node-to-node services: with TLS on, refuse callers whose
+/// certificate does not chain to the node CA. Without TLS ([`PeerCertCheck::open`]) it lets
+/// everything through, like the rest of a plaintext cluster (see the README on network trust).
+#[derive(Clone)]
+pub struct PeerCertCheck {
+    nodes: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
 }
 
-/// A tonic interceptor for the node-to-node services: with TLS on, refuse callers without a
-/// CA-signed certificate. Without TLS it lets everything through, like the rest of a
-/// plaintext cluster (see the README on network trust).
-#[derive(Clone, Copy, Debug)]
-pub struct PeerCertCheck {
-    pub tls: bool,
+impl PeerCertCheck {
+    /// No check: a plaintext cluster.
+    pub fn open() -> PeerCertCheck {
+        PeerCertCheck { nodes: None }
+    }
+
+    fn allows(&self, chain: Option<&[CertificateDer<'static>]>) -> bool {
+        let Some(verifier) = &self.nodes else {
+            return true;
+        };
+        match chain {
+            Some([leaf, intermediates @ ..]) => verifier
+                .verify_client_cert(leaf, intermediates, rustls_pki_types::UnixTime::now())
+                .is_ok(),
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Debug for PeerCertCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerCertCheck")
+            .field("tls", &self.nodes.is_some())
+            .finish()
+    }
 }
 
 impl tonic::service::Interceptor for PeerCertCheck {
     fn call(&mut self, req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if self.tls && !has_peer_cert(&req) {
+        let chain = req.peer_certs();
+        if !self.allows(chain.as_deref().map(Vec::as_slice)) {
             return Err(tonic::Status::permission_denied(
-                "node-to-node service: present the cluster's node certificate",
+                "node-to-node service: present a certificate of the cluster's node CA",
             ));
         }
         Ok(req)
@@ -323,6 +389,26 @@ mod tests {
             .unwrap()
             .with_identity(&d.path().join("c.pem"), &d.path().join("k.pem"))
             .unwrap();
+    }
+
+    #[test]
+    fn peer_check_wants_a_node_ca_chain() {
+        let d = tempfile::tempdir().unwrap();
+        let (ca, cert, key) = ca_and_leaf();
+        let (_, other_leaf, _) = ca_and_leaf();
+        let tls = ServerTls::load(
+            &write(d.path(), "c.pem", &cert),
+            &write(d.path(), "k.pem", &key),
+            &write(d.path(), "ca.pem", &ca),
+        )
+        .unwrap();
+        let der = |pem: &str| CertificateDer::from_pem_slice(pem.as_bytes()).unwrap();
+        let check = tls.peer_check().unwrap();
+        assert!(check.allows(Some(&[der(&cert)])), "a node certificate");
+        assert!(!check.allows(Some(&[der(&other_leaf)])), "another CA's");
+        assert!(!check.allows(Some(&[])), "an empty chain");
+        assert!(!check.allows(None), "no certificate");
+        assert!(PeerCertCheck::open().allows(None), "plaintext: no check");
     }
 
     #[test]
