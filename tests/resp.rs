@@ -14,35 +14,12 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
-use support::{have, run_bounded, wait_for, within, Cluster, LEADER_TIMEOUT};
+use support::{
+    follower_of, have, resp_cmd as cmd, resp_connect as connect, run_bounded, wait_for, within,
+    Cluster, LEADER_TIMEOUT,
+};
 
 const STEP: Duration = Duration::from_secs(20);
-
-async fn connect(c: &Cluster, id: u64) -> MultiplexedConnection {
-    let url = format!("redis://{}/", c.resp_addr(id));
-    let client = redis::Client::open(url).expect("redis url");
-    // redis-rs gives up on a reply after 500 ms by default; a write during an election, or
-    // while 15 test nodes share 2 cores and a disk, can take longer. Hangs are still caught by
-    // STEP.
-    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(STEP));
-    wait_for(&format!("RESP connection to node {id}"), STEP, || async {
-        client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await
-            .map_err(|e| e.to_string())
-    })
-    .await
-}
-
-async fn cmd<T: redis::FromRedisValue>(con: &mut MultiplexedConnection, args: &[&str]) -> T {
-    let mut c = redis::cmd(args[0]);
-    for a in &args[1..] {
-        c.arg(*a);
-    }
-    within(&format!("{args:?}"), STEP, c.query_async::<T>(con))
-        .await
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
-}
 
 async fn cmd_err(con: &mut MultiplexedConnection, args: &[&str]) -> String {
     let mut c = redis::cmd(args[0]);
@@ -52,14 +29,6 @@ async fn cmd_err(con: &mut MultiplexedConnection, args: &[&str]) -> String {
     match within(&format!("{args:?}"), STEP, c.query_async::<Value>(con)).await {
         Ok(v) => panic!("{args:?}: expected an error, got {v:?}"),
         Err(e) => e.to_string(),
-    }
-}
-
-fn follower_of(leader: u64) -> u64 {
-    if leader == 1 {
-        2
-    } else {
-        1
     }
 }
 

@@ -16,7 +16,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use support::{have, run_bounded, wait_for, within, Cluster, LEADER_TIMEOUT};
+use support::{
+    follower_of, have, resp_cmd as cmd, resp_connect_with, run_bounded, within, Cluster,
+    LEADER_TIMEOUT,
+};
 
 const STEP: Duration = Duration::from_secs(20);
 
@@ -127,38 +130,7 @@ impl Raw {
 }
 
 async fn connect_as(c: &Cluster, id: u64, user: &str, pass: &str) -> MultiplexedConnection {
-    let url = format!("redis://{user}:{pass}@{}/", c.resp_addr(id));
-    let client = redis::Client::open(url).expect("redis url");
-    let config = redis::AsyncConnectionConfig::new().set_response_timeout(Some(STEP));
-    wait_for(
-        &format!("RESP connection to node {id} as {user}"),
-        STEP,
-        || async {
-            client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(|e| e.to_string())
-        },
-    )
-    .await
-}
-
-async fn cmd<T: redis::FromRedisValue>(con: &mut MultiplexedConnection, args: &[&str]) -> T {
-    let mut c = redis::cmd(args[0]);
-    for a in &args[1..] {
-        c.arg(*a);
-    }
-    within(&format!("{args:?}"), STEP, c.query_async::<T>(con))
-        .await
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
-}
-
-fn follower_of(leader: u64) -> u64 {
-    if leader == 1 {
-        2
-    } else {
-        1
-    }
+    resp_connect_with(c, id, Some((user, pass))).await
 }
 
 /// redis-py as `locker`: its `Lock` (SET NX PX, then EVALSHA scripts) on `lock:*` works, on

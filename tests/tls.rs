@@ -24,7 +24,7 @@ use fenced_client::{Client, ClientOptions, ClientTls};
 use fenced_proto::raft::forward_client::ForwardClient;
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::{ProposeRequest, RaftRequest};
-use support::{have, run_bounded, Cluster, LEADER_TIMEOUT};
+use support::{follower_of, have, run_bounded, Cluster, LEADER_TIMEOUT};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -138,14 +138,6 @@ async fn try_acquire(client: &Client, name: &str) -> Result<Option<u64>, String>
     .map_err(|_| "acquire hung".to_string())?
     .map(|g| g.map(|g| g.token))
     .map_err(|e| e.to_string())
-}
-
-fn follower_of(leader: u64) -> u64 {
-    if leader == 1 {
-        2
-    } else {
-        1
-    }
 }
 
 /// A raw channel to node `id`'s gRPC port over TLS trusting `ca`, presenting `identity`.
