@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use crate::StartError;
 
@@ -11,10 +12,9 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     pub grpc_addr: String,
     pub resp_addr: String,
-    /// RESP `requirepass`: clients must authenticate first (`AUTH`, or `HELLO … AUTH`).
-    pub requirepass: Option<String>,
-    /// RESP ACL users in Redis's aclfile format (`--acl-file`); see [`NodeConfig::resp_acl`].
-    pub acl_file: Option<PathBuf>,
+    /// RESP users: `--acl-file`'s, or only `default` (`nopass`, or `--requirepass`'s
+    /// password), loaded and checked before the node starts.
+    pub resp_acl: Arc<fenced_resp::acl::Acl>,
     /// TLS for both listeners and for calls to other nodes (`--tls-cert/--tls-key/--tls-ca`).
     pub tls: Option<fenced_tls::ServerTls>,
     /// Every member's id and gRPC address. Empty: a single-node cluster of this node.
@@ -34,25 +34,13 @@ impl NodeConfig {
             data_dir,
             grpc_addr,
             resp_addr,
-            requirepass: None,
-            acl_file: None,
+            resp_acl: Arc::default(),
             tls: None,
             initial_cluster: BTreeMap::new(),
             snapshot_logs: 5_000,
             keep_logs: 1_000,
             heartbeat_ms: 100,
             election_timeout_ms: (500, 1_000),
-        }
-    }
-
-    /// The RESP users: `--acl-file`'s (with `--requirepass` for a `default` user the file
-    /// does not define), or only `default` (`nopass`, or `--requirepass`'s password).
-    pub fn resp_acl(&self) -> Result<fenced_resp::acl::Acl, StartError> {
-        let pass = self.requirepass.as_deref();
-        match &self.acl_file {
-            None => Ok(fenced_resp::acl::Acl::new(pass)),
-            Some(path) => fenced_resp::acl::Acl::load(path, pass)
-                .map_err(|e| StartError::Config(e.to_string())),
         }
     }
 

@@ -3,11 +3,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use fenced_client::{Client, ClientOptions, LockOptions};
+use fenced_resp::acl::Acl;
 use fenced_server::config::parse_cluster;
 use fenced_server::{Node, NodeConfig};
 
@@ -187,10 +189,12 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.initial_cluster = a.initial_cluster.unwrap_or_default();
     cfg.snapshot_logs = a.snapshot_logs;
     cfg.keep_logs = a.keep_logs;
-    cfg.requirepass = a.requirepass;
-    cfg.acl_file = a.acl_file;
     // A bad ACL file stops the node before it starts anything.
-    cfg.resp_acl()?;
+    let pass = a.requirepass.as_deref();
+    cfg.resp_acl = Arc::new(match &a.acl_file {
+        None => Acl::new(pass),
+        Some(path) => Acl::load(path, pass)?,
+    });
     if let (Some(cert), Some(key), Some(ca)) = (&a.tls.tls_cert, &a.tls.tls_key, &a.tls.tls_ca) {
         let mut tls = fenced_tls::ServerTls::load(cert, key, ca)?
             .require_client_cert(a.tls.tls_require_client_cert);
