@@ -1,23 +1,37 @@
-//! Raft storage of fenced: log, vote and state machine in one sled `Db`.
+//! Raft storage of fenced: log and state machine in one sled `Db`, the vote and the last
+//! appended log id in the [`hardstate`] file beside it, the member's identity in
+//! [`identity`].
 //!
-//! * tree `log`: key = log index (big-endian `u64`) → bincode [`openraft::Entry`];
-//! * tree `meta`: `vote`, `last_purged`, `committed` (bincode);
-//! * tree `snapshot`: `meta` (bincode [`SnapshotMeta`]) and `data` (bincode
+//! * tree `log`: key = log index (big-endian `u64`) → sealed bincode [`openraft::Entry`];
+//! * tree `meta`: `format`, `last_purged`, `committed` (sealed bincode);
+//! * tree `snapshot`: `meta` (sealed bincode [`SnapshotMeta`]) and `data` (sealed bincode
 //!   [`fenced_core::StateMachine`]), always written together in one transaction.
+//!
+//! Every stored value is sealed by [`frame`]: a format version and a CRC, checked on every
+//! read. [`open`] reads and checks everything once (every log entry, the snapshot, the hard
+//! state) and refuses a data dir whose log has a hole or ends before the last log id recorded
+//! in the hard-state file — sled recovers from a damaged file by silently dropping its tail,
+//! which would otherwise let this node vote from a log shorter than what it acknowledged.
 //!
 //! The state machine lives in memory (see [`SharedState`]) and is rebuilt on [`open`] from the
 //! stored snapshot; openraft re-applies the committed log entries after it.
 //!
-//! Durability: `append`, `save_vote`, `truncate`, `purge`, `build_snapshot` and
+//! Durability: `append` is acknowledged after sled is flushed *and* the hard state records its
+//! last log id; `save_vote` writes the hard state; `truncate`, `purge`, `build_snapshot` and
 //! `install_snapshot` flush the `Db` before they report success. `save_committed` does not flush
 //! (openraft does not need it durable; the next flush carries it). Unreadable bytes on disk
 //! become a [`StorageError`], never a panic, and openraft then stops the node.
 
+pub mod datadir;
+pub mod frame;
+pub mod hardstate;
+pub mod identity;
+
 use std::fmt;
 use std::io::{self, Cursor};
 use std::ops::{Bound, RangeBounds};
-use std::path::Path;
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
 use openraft::{
@@ -51,7 +65,10 @@ pub type EventSink = Arc<dyn Fn(&[fenced_core::Event]) + Send + Sync>;
 /// sled page cache size. sled's default (1 GiB) is far more than a lock service needs.
 pub const CACHE_CAPACITY: u64 = 64 * 1024 * 1024;
 
+/// Legacy (unsealed) location of the vote; moved to the hard-state file on upgrade.
 const KEY_VOTE: &[u8] = b"vote";
+/// [`frame::VERSION`] of the values in this `Db`; absent in a new or a pre-checksum `Db`.
+const KEY_FORMAT: &[u8] = b"format";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_SNAPSHOT_META: &[u8] = b"meta";
@@ -73,6 +90,46 @@ pub enum StoreError {
     },
     #[error("corrupt log: key {key:?} holds an entry with index {index}")]
     LogKeyMismatch { key: Vec<u8>, index: u64 },
+    #[error("corrupt {what}: {detail}")]
+    Checksum { what: &'static str, detail: String },
+    #[error(
+        "{what} has format version {found}, this build reads version {supported}: it was \
+         written by another version of fenced (not corrupt; run that version, or a newer one)"
+    )]
+    UnknownFormat {
+        what: &'static str,
+        found: u32,
+        supported: u32,
+    },
+    #[error("{}: {source}", path.display())]
+    File {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("{} is damaged: {detail}", path.display())]
+    Damaged { path: PathBuf, detail: String },
+    #[error(
+        "the Raft log ends at index {found:?}, but this node recorded appending up to index \
+         {recorded} (hard-state file): entries it acknowledged are missing"
+    )]
+    LogEndsEarly { found: Option<u64>, recorded: u64 },
+    #[error("the Raft log has a hole: index {after} is followed by {next}")]
+    LogHole { after: u64, next: u64 },
+    /// A check of [`open`] failed: the data dir must not be used to vote.
+    #[error(
+        "refusing the data dir {}: {source}. This node must not vote from it; see the \
+         README, 'Losing a disk', for how to replace the member",
+        dir.display()
+    )]
+    Unusable {
+        dir: PathBuf,
+        #[source]
+        source: Box<StoreError>,
+    },
+    /// The data dir cannot be used as it stands (see [`datadir`]).
+    #[error("{0}")]
+    Refused(String),
     #[error("cannot encode {what}: {source}")]
     Encode {
         what: &'static str,
@@ -92,12 +149,30 @@ impl From<TransactionError<StoreError>> for StoreError {
     }
 }
 
+/// bincode, sealed ([`frame::seal`]).
 fn encode<T: Serialize>(what: &'static str, value: &T) -> Result<Vec<u8>, StoreError> {
-    bincode::serialize(value).map_err(|source| StoreError::Encode { what, source })
+    bincode::serialize(value)
+        .map(|b| frame::seal(&b))
+        .map_err(|source| StoreError::Encode { what, source })
 }
 
+/// The inverse of [`encode`]: check the seal, then decode.
 fn decode<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
+    decode_raw(what, frame::unseal(what, bytes)?)
+}
+
+fn decode_raw<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T, StoreError> {
     bincode::deserialize(bytes).map_err(|source| StoreError::Corrupt { what, source })
+}
+
+/// fsync a directory, so that a file created or renamed in it survives a crash.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| StoreError::File {
+            path: dir.to_owned(),
+            source,
+        })
 }
 
 /// One fsync at a time: concurrent `flush_async` calls on one sled `Db` were seen to hang
@@ -134,15 +209,109 @@ fn decode_log_record(key: &[u8], value: &[u8]) -> Result<Entry<TypeConfig>, Stor
     Ok(entry)
 }
 
-/// Open (or create) the store in `dir`. Restores the state machine from the stored snapshot.
+/// Open (or create) the store in `dir`: check every stored record (log entries, snapshot,
+/// hard state), upgrade a data dir written before records were sealed, and restore the state
+/// machine from the stored snapshot.
+///
+/// A damaged data dir — a record that fails its checksum, a hole in the log, a log that ends
+/// before the last log id the hard state recorded, a missing hard-state file — is refused with
+/// [`StoreError::Unusable`], never truncated or repaired: a node that votes from it could elect
+/// a leader that lacks entries this node acknowledged.
 pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStore), StoreError> {
-    let db = sled::Config::new()
-        .path(dir)
-        .cache_capacity(CACHE_CAPACITY)
-        .open()?;
+    open_checked(dir, events).map_err(|e| match e {
+        StoreError::Corrupt { .. }
+        | StoreError::Checksum { .. }
+        | StoreError::LogKeyMismatch { .. }
+        | StoreError::Damaged { .. }
+        | StoreError::LogEndsEarly { .. }
+        | StoreError::LogHole { .. } => StoreError::Unusable {
+            dir: dir.to_owned(),
+            source: Box::new(e),
+        },
+        other => other,
+    })
+}
+
+fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
+    // sled may panic on some damaged files instead of returning an error.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        sled::Config::new()
+            .path(dir)
+            .cache_capacity(CACHE_CAPACITY)
+            .open()
+    }))
+    .unwrap_or_else(|_| Err(sled::Error::Corruption { at: None, bt: () }))
+    .map_err(|e| match e {
+        sled::Error::Corruption { .. } => StoreError::Damaged {
+            path: dir.join("db"),
+            detail: format!("sled cannot read it ({e})"),
+        },
+        e => StoreError::Sled(e),
+    })
+}
+
+fn open_checked(
+    dir: &Path,
+    events: EventSink,
+) -> Result<(LogStore, StateMachineStore), StoreError> {
+    let db = open_sled(dir)?;
     let log = db.open_tree("log")?;
     let meta = db.open_tree("meta")?;
     let snapshot = db.open_tree("snapshot")?;
+
+    let sealed = match meta.get(KEY_FORMAT)? {
+        None => false,
+        Some(v) if v.as_ref() == [frame::VERSION] => true,
+        Some(v) => {
+            return Err(StoreError::UnknownFormat {
+                what: "data dir",
+                found: v.first().copied().map_or(0, u32::from),
+                supported: u32::from(frame::VERSION),
+            })
+        }
+    };
+    let legacy_vote = if sealed {
+        None
+    } else {
+        upgrade_unsealed(&db, &log, &meta, &snapshot)?
+    };
+    let (last_purged, last_in_log) = check_log(&log, &meta)?;
+    let last_index = last_in_log
+        .map(|l| l.index)
+        .max(last_purged.map(|l| l.index));
+    let hard = match hardstate::HardState::open(dir)? {
+        Some(h) => h,
+        None if sealed => {
+            return Err(StoreError::Damaged {
+                path: hardstate::HardState::path_in(dir),
+                detail: "the file is missing (it holds the vote and the last appended log id)"
+                    .into(),
+            })
+        }
+        None => hardstate::HardState::create(
+            dir,
+            hardstate::HardStateValue {
+                vote: legacy_vote,
+                last_log_id: last_in_log.max(last_purged),
+            },
+        )?,
+    };
+    if let Some(recorded) = hard.value().last_log_id {
+        if last_index.is_none_or(|i| i < recorded.index) {
+            return Err(StoreError::LogEndsEarly {
+                found: last_index,
+                recorded: recorded.index,
+            });
+        }
+    }
+    if !sealed {
+        meta.insert(KEY_FORMAT, &[frame::VERSION])?;
+        meta.remove(KEY_VOTE)?;
+        db.flush()?;
+    }
+    if let Some(v) = meta.get(KEY_COMMITTED)? {
+        decode::<Option<LogId<NodeId>>>("committed log id", &v)?;
+    }
 
     let state = match read_snapshot(&snapshot)? {
         Some((meta, data)) => SmState {
@@ -157,6 +326,7 @@ pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStor
         db: db.clone(),
         log,
         meta,
+        hard: Arc::new(Mutex::new(hard)),
         flusher: Arc::new(std::sync::OnceLock::new()),
     };
     let sm_store = StateMachineStore {
@@ -169,6 +339,79 @@ pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStor
     Ok((log_store, sm_store))
 }
 
+/// Read every log record once: each must pass its checksum, sit under its own index, and
+/// follow the previous one without a gap. Returns the last purged and the last stored log id.
+#[allow(clippy::type_complexity)]
+fn check_log(
+    log: &sled::Tree,
+    meta: &sled::Tree,
+) -> Result<(Option<LogId<NodeId>>, Option<LogId<NodeId>>), StoreError> {
+    let last_purged: Option<LogId<NodeId>> = match meta.get(KEY_LAST_PURGED)? {
+        Some(v) => Some(decode("last purged log id", &v)?),
+        None => None,
+    };
+    let mut last: Option<LogId<NodeId>> = None;
+    for record in log.iter() {
+        let (k, v) = record?;
+        let entry = decode_log_record(&k, &v)?;
+        if let Some(prev) = last {
+            if entry.log_id.index != prev.index + 1 {
+                return Err(StoreError::LogHole {
+                    after: prev.index,
+                    next: entry.log_id.index,
+                });
+            }
+        }
+        last = Some(entry.log_id);
+    }
+    Ok((last_purged, last))
+}
+
+/// Seal the values of a data dir written before records carried a checksum (idempotent: a
+/// value that already unseals is left alone). Returns the vote stored there, which moves to
+/// the hard-state file.
+fn upgrade_unsealed(
+    db: &sled::Db,
+    log: &sled::Tree,
+    meta: &sled::Tree,
+    snapshot: &sled::Tree,
+) -> Result<Option<Vote<NodeId>>, StoreError> {
+    fn reseal<T: Serialize + DeserializeOwned>(
+        tree: &sled::Tree,
+        key: &[u8],
+        what: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        let Some(v) = tree.get(key)? else {
+            return Ok(None);
+        };
+        if let Ok(value) = decode::<T>(what, &v) {
+            return Ok(Some(value));
+        }
+        let value: T = decode_raw(what, &v)?;
+        tree.insert(key, encode(what, &value)?)?;
+        Ok(Some(value))
+    }
+    let mut upgraded = 0usize;
+    for key in log.iter().keys() {
+        let key = key?;
+        reseal::<Entry<TypeConfig>>(log, &key, "log entry")?;
+        upgraded += 1;
+    }
+    reseal::<LogId<NodeId>>(meta, KEY_LAST_PURGED, "last purged log id")?;
+    reseal::<Option<LogId<NodeId>>>(meta, KEY_COMMITTED, "committed log id")?;
+    reseal::<Meta>(snapshot, KEY_SNAPSHOT_META, "snapshot meta")?;
+    reseal::<fenced_core::StateMachine>(snapshot, KEY_SNAPSHOT_DATA, "state machine snapshot")?;
+    let vote = reseal::<Vote<NodeId>>(meta, KEY_VOTE, "vote")?;
+    if upgraded > 0 || vote.is_some() {
+        tracing::info!(
+            entries = upgraded,
+            "sealed the records of a data dir from an older format"
+        );
+    }
+    db.flush()?;
+    Ok(vote)
+}
+
 // ---------------------------------------------------------------------------------------------
 // Log
 
@@ -178,41 +421,100 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    /// The vote and the last durable log id ([`hardstate`]); std mutex, only held by
+    /// blocking tasks.
+    hard: Arc<Mutex<hardstate::HardState>>,
     flusher: Arc<std::sync::OnceLock<GroupCommit>>,
 }
 
+/// Update the hard state on a blocking thread (it fsyncs).
+async fn update_hard(
+    hard: &Arc<Mutex<hardstate::HardState>>,
+    f: impl FnOnce(&mut hardstate::HardStateValue) + Send + 'static,
+) -> Result<(), StoreError> {
+    let hard = hard.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut value = h.value().clone();
+        f(&mut value);
+        h.write(value)
+    })
+    .await
+    .map_err(|e| StoreError::File {
+        path: PathBuf::from(hardstate::FILE_NAME),
+        source: io::Error::other(e.to_string()),
+    })?
+}
+
 /// Group commit of appended log entries: `append` writes its entries and queues its
-/// `LogFlushed` callback; one task runs one fsync for everything queued so far and then
-/// acknowledges those appends, in order. An append is never acknowledged before an fsync that
-/// started after its entries were written, and Raft is not held up while the disk works, so
-/// appends that arrive during an fsync share the next one.
+/// `LogFlushed` callback; one task runs one fsync for everything queued so far, records the
+/// last appended log id in the hard state, and then acknowledges those appends, in order. An
+/// append is never acknowledged before an fsync that started after its entries were written,
+/// and Raft is not held up while the disk works, so appends that arrive during an fsync share
+/// the next one.
 ///
-/// Each queued append carries its own handle on the `Db`, so the task holds the database open
-/// only while it has work: once the store is dropped and the last fsync acknowledged, the
+/// Each queued append carries its own handles on the `Db` and the hard state, so the task holds
+/// them only while it has work: once the store is dropped and the last fsync acknowledged, the
 /// directory can be opened again.
 struct GroupCommit {
-    queue: tokio::sync::mpsc::UnboundedSender<(LogFlushed<TypeConfig>, sled::Db)>,
+    queue: tokio::sync::mpsc::UnboundedSender<Flush>,
+}
+
+enum Flush {
+    Append {
+        callback: LogFlushed<TypeConfig>,
+        db: sled::Db,
+        hard: Arc<Mutex<hardstate::HardState>>,
+        last: LogId<NodeId>,
+    },
+    /// Answered once every append queued before it is acknowledged.
+    Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
 impl GroupCommit {
     fn start() -> GroupCommit {
         let (queue, mut rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
-            let mut batch: Vec<(LogFlushed<TypeConfig>, sled::Db)> = Vec::new();
+            let mut batch: Vec<Flush> = Vec::new();
             while rx.recv_many(&mut batch, 4096).await > 0 {
-                let db = batch[0].1.clone();
-                let result = flush_db(&db).await;
-                drop(db);
+                let mut target = None;
+                let mut last = None;
+                for f in &batch {
+                    if let Flush::Append {
+                        db, hard, last: l, ..
+                    } = f
+                    {
+                        target.get_or_insert_with(|| (db.clone(), hard.clone()));
+                        last = Some(*l);
+                    }
+                }
+                let result = match (target, last) {
+                    (Some((db, hard)), Some(last)) => {
+                        let flushed = flush_db(&db).await.map_err(StoreError::from);
+                        drop(db);
+                        match flushed {
+                            Ok(_) => update_hard(&hard, move |v| v.last_log_id = Some(last)).await,
+                            Err(e) => Err(e),
+                        }
+                    }
+                    _ => Ok(()),
+                };
                 if let Err(e) = &result {
                     tracing::error!("log fsync failed: {e}");
                 }
-                let callbacks: Vec<_> = batch.drain(..).map(|(cb, _db)| cb).collect();
-                for callback in callbacks {
-                    let r = match &result {
-                        Ok(_) => Ok(()),
-                        Err(e) => Err(io::Error::other(e.to_string())),
-                    };
-                    callback.log_io_completed(r);
+                for f in batch.drain(..) {
+                    match f {
+                        Flush::Append { callback, .. } => {
+                            let r = match &result {
+                                Ok(()) => Ok(()),
+                                Err(e) => Err(io::Error::other(e.to_string())),
+                            };
+                            callback.log_io_completed(r);
+                        }
+                        Flush::Barrier(done) => {
+                            let _ = done.send(());
+                        }
+                    }
                 }
             }
         });
@@ -227,6 +529,15 @@ impl fmt::Debug for LogStore {
 }
 
 impl LogStore {
+    /// Whether anything of Raft is stored: a vote, a log entry, or a purged prefix.
+    pub fn holds_state(&self) -> bool {
+        let hard = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
+        hard.value().vote.is_some()
+            || hard.value().last_log_id.is_some()
+            || !self.log.is_empty()
+            || self.meta.contains_key(KEY_LAST_PURGED).unwrap_or(true)
+    }
+
     /// Bytes the whole `Db` (log, meta and snapshot trees) takes on disk.
     pub fn size_on_disk(&self) -> Result<u64, StoreError> {
         Ok(self.db.size_on_disk()?)
@@ -258,17 +569,31 @@ impl LogStore {
         Ok(())
     }
 
-    fn write_batch<I>(&self, entries: I) -> Result<(), StoreError>
+    /// Wait until every append queued so far is flushed and acknowledged.
+    async fn drain_appends(&self) {
+        let Some(flusher) = self.flusher.get() else {
+            return;
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if flusher.queue.send(Flush::Barrier(tx)).is_ok() {
+            let _ = rx.await;
+        }
+    }
+
+    /// Write the entries (not flushed); returns the last one's log id.
+    fn write_batch<I>(&self, entries: I) -> Result<Option<LogId<NodeId>>, StoreError>
     where
         I: IntoIterator<Item = Entry<TypeConfig>>,
     {
         let mut batch = sled::Batch::default();
+        let mut last = None;
         for entry in entries {
             let value = encode("log entry", &entry)?;
             batch.insert(&index_key(entry.log_id.index)[..], value);
+            last = Some(entry.log_id);
         }
         self.log.apply_batch(batch)?;
-        Ok(())
+        Ok(last)
     }
 
     /// Remove every log record whose key is in `range`.
@@ -327,18 +652,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
-        self.put_meta(KEY_VOTE, "vote", vote)
-            .map_err(|e| StorageIOError::write_vote(&e))?;
-        self.flush()
+        let vote = *vote;
+        update_hard(&self.hard, move |v| v.vote = Some(vote))
             .await
             .map_err(|e| StorageIOError::write_vote(&e))?;
         Ok(())
     }
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
-        Ok(self
-            .get_meta(KEY_VOTE, "vote")
-            .map_err(|e| StorageIOError::read_vote(&e))?)
+        let hard = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(hard.value().vote)
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
@@ -361,20 +684,37 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        if let Err(e) = self.write_batch(entries) {
-            callback.log_io_completed(Err(io::Error::other(e.to_string())));
-            return Err(StorageIOError::write_logs(&e).into());
-        }
-        // Acknowledged by the group commit once an fsync covering these entries is done.
+        let last = match self.write_batch(entries) {
+            Ok(Some(last)) => last,
+            Ok(None) => {
+                callback.log_io_completed(Ok(()));
+                return Ok(());
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(io::Error::other(e.to_string())));
+                return Err(StorageIOError::write_logs(&e).into());
+            }
+        };
+        // Acknowledged by the group commit once an fsync covering these entries is done and
+        // the hard state records them.
         let flusher = self.flusher.get_or_init(GroupCommit::start);
-        if let Err(unsent) = flusher.queue.send((callback, self.db.clone())) {
+        let queued = flusher.queue.send(Flush::Append {
+            callback,
+            db: self.db.clone(),
+            hard: self.hard.clone(),
+            last,
+        });
+        if let Err(tokio::sync::mpsc::error::SendError(Flush::Append { callback, .. })) = queued {
             // The flusher is gone (runtime shutting down): flush here instead.
-            let result = self.flush().await;
+            let result = match self.flush().await {
+                Ok(()) => update_hard(&self.hard, move |v| v.last_log_id = Some(last)).await,
+                Err(e) => Err(e),
+            };
             let r = result
                 .as_ref()
                 .map(|_| ())
                 .map_err(|e| io::Error::other(e.to_string()));
-            unsent.0 .0.log_io_completed(r);
+            callback.log_io_completed(r);
             result.map_err(|e| StorageIOError::write_logs(&e))?;
         }
         Ok(())
@@ -382,6 +722,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         tracing::debug!(%log_id, "truncate log from");
+        // The hard state first records the shorter log: a crash before the entries are gone
+        // leaves a log longer than recorded, which is harmless; the reverse would look like
+        // lost entries. Appends still in the group commit would record their (now removed)
+        // ids after this, so let them finish first.
+        self.drain_appends().await;
+        let before = match log_id.index.checked_sub(1) {
+            Some(prev) => self
+                .try_get_log_entries(prev..=prev)
+                .await?
+                .pop()
+                .map(|e| e.log_id),
+            None => None,
+        };
+        let last_purged: Option<LogId<NodeId>> = self
+            .get_meta(KEY_LAST_PURGED, "last purged log id")
+            .map_err(|e| StorageIOError::read_logs(&e))?;
+        let remaining = before.max(last_purged);
+        update_hard(&self.hard, move |v| v.last_log_id = remaining)
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
         self.remove_range((Bound::Included(index_key(log_id.index)), Bound::Unbounded))
             .map_err(|e| StorageIOError::write_logs(&e))?;
         self.flush()
@@ -400,6 +760,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.flush()
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
+        // Purging past the last entry (after a snapshot was installed) makes the purged id the
+        // last log id.
+        update_hard(&self.hard, move |v| {
+            if v.last_log_id.is_none_or(|l| l.index < log_id.index) {
+                v.last_log_id = Some(log_id);
+            }
+        })
+        .await
+        .map_err(|e| StorageIOError::write_logs(&e))?;
         Ok(())
     }
 }

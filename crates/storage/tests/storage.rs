@@ -250,49 +250,182 @@ async fn stale_snapshot_build_does_not_overwrite_newer() {
     assert_eq!(cur.meta, new.meta);
 }
 
-/// Write raw bytes into the `log` tree of a closed store.
-fn poke_log(dir: &Path, index: u64, value: &[u8]) {
+/// Write raw bytes into the `log` tree of a closed store (`None`: remove the record).
+fn poke_log(dir: &Path, index: u64, value: Option<&[u8]>) {
     let db = sled::open(dir).unwrap();
     let log = db.open_tree("log").unwrap();
-    log.insert(index.to_be_bytes(), value).unwrap();
+    match value {
+        Some(v) => log.insert(index.to_be_bytes(), v).unwrap(),
+        None => log.remove(index.to_be_bytes()).unwrap(),
+    };
     db.flush().unwrap();
 }
 
-#[tokio::test]
-async fn corrupt_log_is_an_error_not_a_panic() {
-    let dir = TempDir::new().unwrap();
-    let entries = history();
-    {
-        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
-        log.blocking_append(entries.clone()).await.unwrap();
+/// A data dir with the six entries of [`history`], closed.
+async fn stored_history(dir: &Path) {
+    let (mut log, _sm) = open(dir, no_events()).unwrap();
+    log.blocking_append(history()).await.unwrap();
+    log.save_vote(&Vote::new(1, 1)).await.unwrap();
+}
+
+/// `open` refuses the dir, for the reason `want` picks out.
+fn assert_refused(dir: &Path, want: impl Fn(&StoreError) -> bool) {
+    match open(dir, no_events()) {
+        Err(StoreError::Unusable { dir: d, source }) => {
+            assert_eq!(d, dir);
+            assert!(want(&source), "refused for another reason: {source}");
+            let msg = StoreError::Unusable { dir: d, source }.to_string();
+            assert!(msg.contains(&dir.display().to_string()), "{msg}");
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("opened a damaged data dir"),
     }
+}
+
+#[tokio::test]
+async fn damaged_log_is_refused_at_open_never_truncated() {
+    let entries = history();
 
     // A garbage value in the middle of the log.
-    poke_log(dir.path(), 3, &[0xff, 0x00, 0x13]);
-    {
-        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
-        assert!(log.try_get_log_entries(..).await.is_err());
-        assert!(log.try_get_log_entries(3..4).await.is_err());
-        assert_eq!(log.try_get_log_entries(1..3).await.unwrap(), entries[..2]);
-        // The last entry is fine, so the log state is readable.
-        assert!(log.get_log_state().await.is_ok());
-    }
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    poke_log(dir.path(), 3, Some(&[0xff, 0x00, 0x13]));
+    assert_refused(dir.path(), |e| matches!(e, StoreError::Checksum { .. }));
 
-    // A garbage last entry: the log state cannot be read.
-    poke_log(dir.path(), 6, b"nonsense");
+    // One flipped bit inside a sealed entry.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
     {
-        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
-        assert!(log.get_log_state().await.is_err());
+        let db = sled::open(dir.path()).unwrap();
+        let log = db.open_tree("log").unwrap();
+        let mut v = log.get(4u64.to_be_bytes()).unwrap().unwrap().to_vec();
+        let last = v.len() - 1;
+        v[last] ^= 0x10;
+        log.insert(4u64.to_be_bytes(), v).unwrap();
+        db.flush().unwrap();
     }
+    assert_refused(dir.path(), |e| matches!(e, StoreError::Checksum { .. }));
 
     // A valid entry stored under the wrong index.
-    let misplaced = bincode::serialize(&entries[0]).unwrap();
-    poke_log(dir.path(), 6, &misplaced);
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    let misplaced = fenced_storage::frame::seal(&bincode::serialize(&entries[0]).unwrap());
+    poke_log(dir.path(), 6, Some(&misplaced));
+    assert_refused(dir.path(), |e| {
+        matches!(e, StoreError::LogKeyMismatch { .. })
+    });
+
+    // A hole.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    poke_log(dir.path(), 3, None);
+    assert_refused(dir.path(), |e| {
+        matches!(e, StoreError::LogHole { after: 2, next: 4 })
+    });
+
+    // The tail is gone (what sled does with a damaged file): the hard state notices.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    poke_log(dir.path(), 6, None);
+    poke_log(dir.path(), 5, None);
+    assert_refused(dir.path(), |e| {
+        matches!(
+            e,
+            StoreError::LogEndsEarly {
+                found: Some(4),
+                recorded: 6
+            }
+        )
+    });
+
+    // The whole sled state is gone, the hard state is not.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    for f in std::fs::read_dir(dir.path()).unwrap() {
+        let p = f.unwrap().path();
+        if p.file_name().unwrap() != "hardstate" {
+            if p.is_dir() {
+                std::fs::remove_dir_all(&p).unwrap();
+            } else {
+                std::fs::remove_file(&p).unwrap();
+            }
+        }
+    }
+    assert_refused(dir.path(), |e| {
+        matches!(
+            e,
+            StoreError::LogEndsEarly {
+                found: None,
+                recorded: 6
+            }
+        )
+    });
+
+    // The hard-state file is gone.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    std::fs::remove_file(dir.path().join("hardstate")).unwrap();
+    assert_refused(dir.path(), |e| matches!(e, StoreError::Damaged { .. }));
+
+    // Intact: opens, with the vote from the hard state and every entry.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(1, 1)));
+    assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries);
+}
+
+#[tokio::test]
+async fn truncate_lowers_the_recorded_end_so_a_restart_is_not_refused() {
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
     {
         let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
-        assert!(log.get_log_state().await.is_err());
-        assert!(log.try_get_log_entries(6..).await.is_err());
+        log.truncate(log_id(1, 4)).await.unwrap();
     }
+    let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+    let state = log.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id, Some(log_id(1, 3)));
+    // Appending again raises it.
+    log.blocking_append([blank(2, 4)]).await.unwrap();
+    drop(log);
+    drop(_sm);
+    let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+    assert_eq!(
+        log.get_log_state().await.unwrap().last_log_id,
+        Some(log_id(2, 4))
+    );
+}
+
+#[tokio::test]
+async fn data_dir_from_before_checksums_is_upgraded() {
+    let dir = TempDir::new().unwrap();
+    let entries = history();
+    let vote = Vote::new(1, 1);
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let log = db.open_tree("log").unwrap();
+        for e in &entries {
+            log.insert(e.log_id.index.to_be_bytes(), bincode::serialize(e).unwrap())
+                .unwrap();
+        }
+        let meta = db.open_tree("meta").unwrap();
+        meta.insert("vote", bincode::serialize(&vote).unwrap())
+            .unwrap();
+        db.flush().unwrap();
+    }
+    {
+        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+        assert_eq!(log.read_vote().await.unwrap(), Some(vote));
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries);
+    }
+    // Upgraded for good: a second open reads the sealed records.
+    let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+    assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries);
+    assert_eq!(
+        log.get_log_state().await.unwrap().last_log_id,
+        Some(log_id(1, 6))
+    );
 }
 
 #[tokio::test]
@@ -313,11 +446,7 @@ async fn corrupt_snapshot_fails_open() {
         snap.insert("data", &b"\xff\xff\xff"[..]).unwrap();
         db.flush().unwrap();
     }
-    match open(dir.path(), no_events()) {
-        Err(StoreError::Corrupt { .. }) => {}
-        Err(e) => panic!("unexpected error {e}"),
-        Ok(_) => panic!("opened a store with a corrupt snapshot"),
-    }
+    assert_refused(dir.path(), |e| matches!(e, StoreError::Checksum { .. }));
 }
 
 #[test]

@@ -1,0 +1,204 @@
+//! Starting from a data dir: bootstrap a new member, resume an existing one, or refuse.
+//!
+//! The rules (README, "Losing a disk"):
+//! * An empty data dir bootstraps only when told to ([`Plan::may_bootstrap`]: the operator's
+//!   `--initial-cluster-state new`, or a single-node cluster of itself). It gets a new
+//!   [`Identity`] with a fresh random incarnation.
+//! * A data dir whose identity says it has state, but whose Raft state is gone, is refused.
+//! * A data dir of another member id, or of a retired member, is refused.
+//! * Damage inside the Raft state is refused by [`crate::open`].
+//!
+//! Nothing is created or changed in a data dir that is refused.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::identity::{self, Identity, IdentityStore, MemberState};
+use crate::{hardstate, EventSink, LogStore, NodeId, StateMachineStore, StoreError};
+
+/// What the operator asked for.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub member_id: NodeId,
+    /// The id of a cluster bootstrapped by this start ([`cluster_id`]).
+    pub cluster_id: u64,
+    /// An empty data dir may bootstrap a new cluster.
+    pub may_bootstrap: bool,
+}
+
+/// A data dir ready for Raft.
+pub struct Opened {
+    pub identity: Arc<IdentityStore>,
+    pub log: LogStore,
+    pub state_machine: StateMachineStore,
+    /// Initialize Raft with the initial membership, then mark the identity
+    /// [`MemberState::Ready`].
+    pub bootstrap: bool,
+}
+
+/// The cluster id of a new cluster: a hash of `--initial-cluster-token` and the initial
+/// members (as etcd derives its cluster id), so every member bootstrapped with the same flags
+/// agrees on it without talking first. Different clusters need different tokens or members.
+pub fn cluster_id(token: &str, members: &BTreeMap<NodeId, String>) -> u64 {
+    let mut h = Sha256::new();
+    h.update(b"fenced-cluster\0");
+    h.update(token.as_bytes());
+    for (id, addr) in members {
+        h.update(b"\0");
+        h.update(id.to_string().as_bytes());
+        h.update(b"=");
+        h.update(addr.as_bytes());
+    }
+    let digest = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    u64::from_be_bytes(first).max(1)
+}
+
+const REPLACE_HINT: &str = "A member that lost its data must not rejoin under its old identity: \
+     it would vote without the entries it acknowledged. Replace it as the README explains \
+     ('Losing a disk')";
+
+fn is_fresh(dir: &Path) -> Result<bool, StoreError> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => Ok(entries.next().is_none()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        Err(source) => Err(StoreError::File {
+            path: dir.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// Open `dir` under `plan`'s rules (see the module docs).
+pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
+    let shown = dir.display();
+    if is_fresh(dir)? {
+        if !plan.may_bootstrap {
+            return Err(StoreError::Refused(format!(
+                "data dir {shown} is empty, and this node is one of several in \
+                 --initial-cluster with --initial-cluster-state existing (the default): it \
+                 will not bootstrap. For a new cluster, start every member once with \
+                 --initial-cluster-state new. {REPLACE_HINT}."
+            )));
+        }
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::File {
+            path: dir.to_owned(),
+            source,
+        })?;
+        return create(dir, plan, events);
+    }
+
+    let loaded = identity::load(dir).map_err(|e| unusable(dir, e))?;
+    let had_hard_state = hardstate::HardState::path_in(dir).exists();
+    let has_sled = dir.join("db").exists() || dir.join("conf").exists();
+    if let Some(id) = &loaded {
+        if id.member_id != plan.member_id {
+            return Err(StoreError::Refused(format!(
+                "data dir {shown} belongs to member {} (cluster {:016x}), not to --id {}",
+                id.member_id, id.cluster_id, plan.member_id
+            )));
+        }
+        if let MemberState::Retired { reason } = &id.state {
+            return Err(StoreError::Refused(format!(
+                "data dir {shown} belongs to a retired incarnation of member {}: {reason}. \
+                 {REPLACE_HINT}.",
+                id.member_id
+            )));
+        }
+        if id.state == MemberState::Ready && !has_sled {
+            return Err(no_state(dir, id));
+        }
+    }
+    let (log, state_machine) = crate::open(dir, events.clone())?;
+    let holds_state = log.holds_state();
+    let identity = match loaded {
+        Some(id) => {
+            if id.state == MemberState::Ready && !holds_state {
+                return Err(no_state(dir, &id));
+            }
+            id
+        }
+        None if !holds_state => {
+            // Files, but no Raft state and no identity: as good as empty.
+            if !plan.may_bootstrap {
+                return Err(StoreError::Refused(format!(
+                    "data dir {shown} holds no Raft state and no identity, and \
+                     --initial-cluster-state is existing: it will not bootstrap. \
+                     {REPLACE_HINT}."
+                )));
+            }
+            drop((log, state_machine));
+            return create(dir, plan, events);
+        }
+        None if had_hard_state => {
+            return Err(unusable(
+                dir,
+                StoreError::Damaged {
+                    path: identity::path_in(dir),
+                    detail: "the file is missing, but the Raft state is there".into(),
+                },
+            ));
+        }
+        None => {
+            // A data dir from before identities: it keeps its state and gets an identity
+            // with a fresh incarnation (peers pin it on first contact).
+            let id = Identity::new(plan.cluster_id, plan.member_id, MemberState::Ready);
+            identity::store(dir, &id)?;
+            tracing::info!(
+                member = id.member_id,
+                incarnation = id.incarnation,
+                "gave an identity to a data dir from an older version"
+            );
+            id
+        }
+    };
+    let bootstrap = identity.state == MemberState::Bootstrapping;
+    Ok(Opened {
+        identity: Arc::new(IdentityStore::new(dir, identity)),
+        log,
+        state_machine,
+        bootstrap,
+    })
+}
+
+fn create(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
+    let id = Identity::new(plan.cluster_id, plan.member_id, MemberState::Bootstrapping);
+    identity::store(dir, &id)?;
+    let (log, state_machine) = crate::open(dir, events)?;
+    tracing::info!(
+        member = id.member_id,
+        cluster = format_args!("{:016x}", id.cluster_id),
+        incarnation = id.incarnation,
+        "new data dir"
+    );
+    Ok(Opened {
+        identity: Arc::new(IdentityStore::new(dir, id)),
+        log,
+        state_machine,
+        bootstrap: true,
+    })
+}
+
+fn no_state(dir: &Path, id: &Identity) -> StoreError {
+    StoreError::Refused(format!(
+        "data dir {} belongs to member {} of cluster {:016x} but holds no Raft state (its \
+         log, vote and snapshot are gone). {REPLACE_HINT}.",
+        dir.display(),
+        id.member_id,
+        id.cluster_id
+    ))
+}
+
+fn unusable(dir: &Path, e: StoreError) -> StoreError {
+    match e {
+        e @ StoreError::Unusable { .. } => e,
+        e => StoreError::Unusable {
+            dir: dir.to_owned(),
+            source: Box::new(e),
+        },
+    }
+}

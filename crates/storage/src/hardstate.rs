@@ -1,0 +1,231 @@
+//! The hard-state file: the vote and the last appended log id, kept *apart from* sled.
+//!
+//! sled recovers from a damaged file by dropping everything after the first bad record, as if
+//! the tail had never been written. For a Raft member that is amnesia: a log that silently
+//! ends early, or a forgotten vote, lets it vote for a candidate that lacks entries it already
+//! acknowledged. This small file is the durable record of what the node acknowledged; on
+//! start, a log that ends before it is refused (see [`crate::open`]).
+//!
+//! Layout: two slots of [`SLOT`] bytes; each write goes to the slot not holding the newest
+//! value and is fdatasync'ed before the caller acknowledges anything, so a torn write leaves
+//! the previous value readable. A slot is `magic | seq u64 | len u32 | crc32 u32 | payload`,
+//! the payload being bincode of [`HardStateValue`]; the valid slot with the larger `seq` wins.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use openraft::{LogId, Vote};
+use serde::{Deserialize, Serialize};
+
+use crate::{NodeId, StoreError};
+
+/// File name inside the data dir.
+pub const FILE_NAME: &str = "hardstate";
+const MAGIC: &[u8; 4] = b"FHS1";
+const SLOT: u64 = 4096;
+const HEADER: usize = 4 + 8 + 4 + 4;
+
+/// What the file records.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HardStateValue {
+    /// The vote, authoritative (sled keeps no copy).
+    pub vote: Option<Vote<NodeId>>,
+    /// The last log id this node has made durable and may have acknowledged. The log on disk
+    /// must reach at least its index.
+    pub last_log_id: Option<LogId<NodeId>>,
+}
+
+/// The open file and its current value. Not synchronized: the owner wraps it in a mutex.
+#[derive(Debug)]
+pub struct HardState {
+    path: PathBuf,
+    file: File,
+    seq: u64,
+    value: HardStateValue,
+}
+
+fn io_err(path: &Path, e: io::Error) -> StoreError {
+    StoreError::File {
+        path: path.to_owned(),
+        source: e,
+    }
+}
+
+impl HardState {
+    pub fn path_in(dir: &Path) -> PathBuf {
+        dir.join(FILE_NAME)
+    }
+
+    /// Create the file with `value` (it must not exist yet), durably.
+    pub fn create(dir: &Path, value: HardStateValue) -> Result<HardState, StoreError> {
+        let path = Self::path_in(dir);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| io_err(&path, e))?;
+        let mut hs = HardState {
+            path,
+            file,
+            seq: 0,
+            value: HardStateValue::default(),
+        };
+        hs.write(value)?;
+        crate::sync_dir(dir)?;
+        Ok(hs)
+    }
+
+    /// Open an existing file; `Ok(None)` if there is none.
+    pub fn open(dir: &Path) -> Result<Option<HardState>, StoreError> {
+        let path = Self::path_in(dir);
+        let file = match OpenOptions::new().read(true).write(true).open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err(&path, e)),
+        };
+        let mut best: Option<(u64, HardStateValue)> = None;
+        for slot in 0..2 {
+            if let Some((seq, value)) = read_slot(&file, slot).map_err(|e| io_err(&path, e))? {
+                if best.as_ref().is_none_or(|(s, _)| seq > *s) {
+                    best = Some((seq, value));
+                }
+            }
+        }
+        let Some((seq, value)) = best else {
+            return Err(StoreError::Damaged {
+                path,
+                detail: "neither copy of the vote and last log id is intact".into(),
+            });
+        };
+        Ok(Some(HardState {
+            path,
+            file,
+            seq,
+            value,
+        }))
+    }
+
+    pub fn value(&self) -> &HardStateValue {
+        &self.value
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Durably replace the value (no-op if unchanged).
+    pub fn write(&mut self, value: HardStateValue) -> Result<(), StoreError> {
+        if value == self.value && self.seq > 0 {
+            return Ok(());
+        }
+        let payload = bincode::serialize(&value).map_err(|source| StoreError::Encode {
+            what: "hard state",
+            source,
+        })?;
+        let seq = self.seq + 1;
+        let mut buf = Vec::with_capacity(HEADER + payload.len());
+        buf.extend_from_slice(MAGIC);
+        buf.extend_from_slice(&seq.to_le_bytes());
+        buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&crc(seq, &payload).to_le_bytes());
+        buf.extend_from_slice(&payload);
+        if buf.len() as u64 > SLOT {
+            return Err(StoreError::Damaged {
+                path: self.path.clone(),
+                detail: format!("hard state of {} bytes does not fit a slot", buf.len()),
+            });
+        }
+        let offset = (seq % 2) * SLOT;
+        self.file
+            .write_all_at(&buf, offset)
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| io_err(&self.path, e))?;
+        self.seq = seq;
+        self.value = value;
+        Ok(())
+    }
+}
+
+fn crc(seq: u64, payload: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&seq.to_le_bytes());
+    h.update(payload);
+    h.finalize()
+}
+
+/// One slot's `(seq, value)`, or `None` if it is empty, torn or damaged.
+fn read_slot(file: &File, slot: u64) -> io::Result<Option<(u64, HardStateValue)>> {
+    let mut buf = vec![0u8; SLOT as usize];
+    let mut filled = 0;
+    while filled < buf.len() {
+        match file.read_at(&mut buf[filled..], slot * SLOT + filled as u64)? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    let buf = &buf[..filled];
+    if buf.len() < HEADER || &buf[..4] != MAGIC {
+        return Ok(None);
+    }
+    let seq = u64::from_le_bytes(buf[4..12].try_into().unwrap_or_default());
+    let len = u32::from_le_bytes(buf[12..16].try_into().unwrap_or_default()) as usize;
+    let stored = u32::from_le_bytes(buf[16..20].try_into().unwrap_or_default());
+    let Some(payload) = buf.get(HEADER..HEADER + len) else {
+        return Ok(None);
+    };
+    if crc(seq, payload) != stored {
+        return Ok(None);
+    }
+    Ok(bincode::deserialize(payload).ok().map(|v| (seq, v)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::CommittedLeaderId;
+
+    fn value(index: u64) -> HardStateValue {
+        HardStateValue {
+            vote: Some(Vote::new(3, 2)),
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(3, 2), index)),
+        }
+    }
+
+    #[test]
+    fn newest_intact_slot_wins_and_a_torn_write_keeps_the_previous_value() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut hs = HardState::create(dir.path(), value(1)).expect("create");
+        hs.write(value(2)).expect("write");
+        hs.write(value(3)).expect("write");
+        drop(hs);
+        let hs = HardState::open(dir.path()).expect("open").expect("exists");
+        assert_eq!(hs.value(), &value(3));
+
+        // Damage the newest slot (seq 3 lives in slot 1): the previous value comes back.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(HardState::path_in(dir.path()))
+            .expect("open");
+        f.write_all_at(b"\xff\xff", SLOT + 30).expect("poke");
+        let hs = HardState::open(dir.path()).expect("open").expect("exists");
+        assert_eq!(hs.value(), &value(2));
+
+        // Both damaged: refused, naming the file.
+        f.write_all_at(b"\xff\xff", 30).expect("poke");
+        match HardState::open(dir.path()) {
+            Err(e @ StoreError::Damaged { .. }) => {
+                assert!(e.to_string().contains(FILE_NAME), "{e}")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn missing_file_is_none() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(HardState::open(dir.path()).expect("open").is_none());
+    }
+}

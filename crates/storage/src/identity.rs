@@ -1,0 +1,315 @@
+//! Who a data dir belongs to: the `identity` file.
+//!
+//! A data dir carries the cluster id, the member id and a random **incarnation** drawn when
+//! the dir was created, plus the incarnations this member has seen of its peers ("pins").
+//! Peers refuse Raft and forwarding calls from a member that reappears with another
+//! incarnation: a member whose disk was wiped (or replaced) comes back with a new one, and
+//! must never vote from its empty log. See `fenced_network::PeerGate` for the checks.
+//!
+//! The file is JSON with a CRC over its content, written atomically (temp file, fsync,
+//! rename, fsync of the dir), so it is either the old or the new version, never half.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::{NodeId, StoreError};
+
+pub const FILE_NAME: &str = "identity";
+const FORMAT: u32 = 1;
+
+/// Where a member stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum MemberState {
+    /// Created for a new cluster; the bootstrap (the first membership entry) may not be on
+    /// disk yet. A start in this state bootstraps again (idempotent).
+    Bootstrapping,
+    /// A member with state: its data dir must hold a Raft log from now on.
+    Ready,
+    /// A peer told this member that the cluster knows it under another incarnation: this data
+    /// dir is not the one the member acknowledged entries from. It never serves again.
+    Retired { reason: String },
+}
+
+/// The content of the identity file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Identity {
+    pub format: u32,
+    pub cluster_id: u64,
+    pub member_id: NodeId,
+    pub incarnation: u64,
+    #[serde(flatten)]
+    pub state: MemberState,
+    pub created_unix_ms: u64,
+    /// Incarnation of each peer, as first seen (directly or through another member).
+    pub peers: BTreeMap<NodeId, u64>,
+}
+
+impl Identity {
+    /// A new identity with a fresh random incarnation.
+    pub fn new(cluster_id: u64, member_id: NodeId, state: MemberState) -> Identity {
+        let created_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        Identity {
+            format: FORMAT,
+            cluster_id,
+            member_id,
+            incarnation: rand::random::<u64>().max(1),
+            state,
+            created_unix_ms,
+            peers: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct OnDisk {
+    identity: Identity,
+    crc32: u32,
+}
+
+fn crc_of(identity: &Identity) -> Result<u32, serde_json::Error> {
+    Ok(crc32fast::hash(&serde_json::to_vec(identity)?))
+}
+
+fn damaged(path: &Path, detail: impl Into<String>) -> StoreError {
+    StoreError::Damaged {
+        path: path.to_owned(),
+        detail: detail.into(),
+    }
+}
+
+fn file_err(path: &Path, source: io::Error) -> StoreError {
+    StoreError::File {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+pub fn path_in(dir: &Path) -> PathBuf {
+    dir.join(FILE_NAME)
+}
+
+/// Read the identity file of `dir`; `Ok(None)` if there is none.
+pub fn load(dir: &Path) -> Result<Option<Identity>, StoreError> {
+    let path = path_in(dir);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(file_err(&path, e)),
+    };
+    let on_disk: OnDisk = serde_json::from_slice(&bytes)
+        .map_err(|e| damaged(&path, format!("not a valid identity file ({e})")))?;
+    let crc = crc_of(&on_disk.identity).map_err(|e| damaged(&path, e.to_string()))?;
+    if crc != on_disk.crc32 {
+        return Err(damaged(
+            &path,
+            format!(
+                "checksum mismatch (stored {:08x}, computed {crc:08x})",
+                on_disk.crc32
+            ),
+        ));
+    }
+    if on_disk.identity.format != FORMAT {
+        return Err(StoreError::UnknownFormat {
+            what: "identity file",
+            found: on_disk.identity.format,
+            supported: FORMAT,
+        });
+    }
+    Ok(Some(on_disk.identity))
+}
+
+/// Write `identity` into `dir` atomically and durably.
+pub fn store(dir: &Path, identity: &Identity) -> Result<(), StoreError> {
+    let path = path_in(dir);
+    let crc32 = crc_of(identity).map_err(|e| damaged(&path, e.to_string()))?;
+    let mut text = serde_json::to_vec_pretty(&OnDisk {
+        identity: identity.clone(),
+        crc32,
+    })
+    .map_err(|e| damaged(&path, e.to_string()))?;
+    text.push(b'\n');
+    let tmp = dir.join(format!("{FILE_NAME}.tmp"));
+    let write = || -> io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(&text)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| file_err(&path, e))?;
+    crate::sync_dir(dir)
+}
+
+/// What [`IdentityStore::learn`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pin {
+    /// The same incarnation as pinned before.
+    Known,
+    /// First sight of this member: now pinned (durably).
+    New,
+    /// The member was pinned with another incarnation.
+    Conflict { pinned: u64 },
+}
+
+/// The loaded identity of a running node: its own ids, its pins, and whether it was retired.
+#[derive(Debug)]
+pub struct IdentityStore {
+    dir: PathBuf,
+    current: Mutex<Identity>,
+    retired: watch::Sender<Option<String>>,
+}
+
+impl IdentityStore {
+    pub fn new(dir: &Path, identity: Identity) -> IdentityStore {
+        let retired = match &identity.state {
+            MemberState::Retired { reason } => Some(reason.clone()),
+            _ => None,
+        };
+        IdentityStore {
+            dir: dir.to_owned(),
+            current: Mutex::new(identity),
+            retired: watch::channel(retired).0,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Identity> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn get(&self) -> Identity {
+        self.lock().clone()
+    }
+
+    pub fn cluster_id(&self) -> u64 {
+        self.lock().cluster_id
+    }
+
+    pub fn member_id(&self) -> NodeId {
+        self.lock().member_id
+    }
+
+    pub fn incarnation(&self) -> u64 {
+        self.lock().incarnation
+    }
+
+    /// The incarnation pinned for `member` (this node's own for its own id).
+    pub fn pinned(&self, member: NodeId) -> Option<u64> {
+        let id = self.lock();
+        if member == id.member_id {
+            return Some(id.incarnation);
+        }
+        id.peers.get(&member).copied()
+    }
+
+    pub fn peers(&self) -> BTreeMap<NodeId, u64> {
+        self.lock().peers.clone()
+    }
+
+    /// Pin `member` at `incarnation` unless it is pinned already; a new pin is on disk
+    /// before this returns.
+    pub fn learn(&self, member: NodeId, incarnation: u64) -> Result<Pin, StoreError> {
+        let mut id = self.lock();
+        let pinned = if member == id.member_id {
+            Some(id.incarnation)
+        } else {
+            id.peers.get(&member).copied()
+        };
+        match pinned {
+            Some(p) if p == incarnation => Ok(Pin::Known),
+            Some(p) => Ok(Pin::Conflict { pinned: p }),
+            None => {
+                let mut next = id.clone();
+                next.peers.insert(member, incarnation);
+                store(&self.dir, &next)?;
+                *id = next;
+                Ok(Pin::New)
+            }
+        }
+    }
+
+    /// Record a new state durably.
+    pub fn set_state(&self, state: MemberState) -> Result<(), StoreError> {
+        let mut id = self.lock();
+        if id.state == state {
+            return Ok(());
+        }
+        let mut next = id.clone();
+        next.state = state;
+        store(&self.dir, &next)?;
+        *id = next;
+        Ok(())
+    }
+
+    /// Retire this member for good (see [`MemberState::Retired`]); [`IdentityStore::retired`]
+    /// watchers are told. The first reason is kept.
+    pub fn retire(&self, reason: &str) {
+        if self.retired.borrow().is_some() {
+            return;
+        }
+        tracing::error!("retiring this member: {reason}");
+        if let Err(e) = self.set_state(MemberState::Retired {
+            reason: reason.to_owned(),
+        }) {
+            tracing::error!("could not record the retirement in the identity file: {e}");
+        }
+        self.retired.send_replace(Some(reason.to_owned()));
+    }
+
+    /// Resolves with the reason once this member is retired.
+    pub fn retired(&self) -> watch::Receiver<Option<String>> {
+        self.retired.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roundtrip_pins_and_damage() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let id = Identity::new(42, 2, MemberState::Ready);
+        store(dir.path(), &id).expect("store");
+        assert_eq!(load(dir.path()).expect("load"), Some(id.clone()));
+
+        let s = IdentityStore::new(dir.path(), id.clone());
+        assert_eq!(s.learn(1, 7).expect("learn"), Pin::New);
+        assert_eq!(s.learn(1, 7).expect("learn"), Pin::Known);
+        assert_eq!(s.learn(1, 8).expect("learn"), Pin::Conflict { pinned: 7 });
+        assert_eq!(
+            s.learn(2, id.incarnation + 1).expect("learn"),
+            Pin::Conflict {
+                pinned: id.incarnation
+            }
+        );
+        let back = load(dir.path()).expect("load").expect("present");
+        assert_eq!(back.peers.get(&1), Some(&7));
+
+        // A half-written or edited file is refused, naming the file.
+        let path = path_in(dir.path());
+        let text = std::fs::read(&path).expect("read");
+        std::fs::write(&path, &text[..text.len() / 2]).expect("truncate");
+        let e = load(dir.path()).expect_err("half a file");
+        assert!(e.to_string().contains(FILE_NAME), "{e}");
+        let edited = String::from_utf8(text)
+            .expect("utf8")
+            .replace("\"member_id\": 2", "\"member_id\": 3");
+        std::fs::write(&path, edited).expect("edit");
+        assert!(matches!(load(dir.path()), Err(StoreError::Damaged { .. })));
+    }
+
+    #[test]
+    fn incarnations_differ() {
+        let a = Identity::new(1, 1, MemberState::Ready);
+        let b = Identity::new(1, 1, MemberState::Ready);
+        assert_ne!(a.incarnation, b.incarnation);
+    }
+}
