@@ -24,7 +24,7 @@ use tonic::transport::{Channel, ClientTlsConfig};
 use tonic::Code;
 
 use crate::codec::{decode, encode};
-use crate::{TransportError, DEFAULT_CONNECT_TIMEOUT, MAX_MESSAGE_SIZE};
+use crate::{PeerGate, TransportError, DEFAULT_CONNECT_TIMEOUT, MAX_MESSAGE_SIZE};
 
 /// Bytes a `RaftRequest` adds around its payload (field tag and length varint), rounded up.
 const ENVELOPE: usize = 16;
@@ -39,17 +39,18 @@ type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E
 #[derive(Clone, Debug)]
 pub struct NetworkFactory {
     id: NodeId,
+    gate: PeerGate,
     connect_timeout: Duration,
     tls: Option<ClientTlsConfig>,
     channels: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
 }
 
 impl NetworkFactory {
-    /// A factory for the node `id` (used in timeouts and logs), with
-    /// [`DEFAULT_CONNECT_TIMEOUT`].
-    pub fn new(id: NodeId) -> Self {
+    /// A factory for the node whose identity `gate` checks, with [`DEFAULT_CONNECT_TIMEOUT`].
+    pub fn new(gate: PeerGate) -> Self {
         Self {
-            id,
+            id: gate.identity().member_id(),
+            gate,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls: None,
             channels: Arc::default(),
@@ -114,6 +115,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             id: self.id,
             target,
             node: node.clone(),
+            gate: self.gate.clone(),
             client,
         }
     }
@@ -130,6 +132,7 @@ pub struct Network {
     id: NodeId,
     target: NodeId,
     node: BasicNode,
+    gate: PeerGate,
     client: Result<RaftClient<Channel>, TransportError>,
 }
 
@@ -173,6 +176,14 @@ impl Network {
         let err = TransportError::Status(status);
         match code {
             _ if deadline_passed => self.timeout(action, ttl),
+            // The peer refused this node's identity (or this node refused its answer): no
+            // vote, no acknowledgement; openraft backs off as from an unreachable node.
+            Code::FailedPrecondition => {
+                if let TransportError::Status(s) = &err {
+                    self.gate.on_refusal(s);
+                }
+                RPCError::Unreachable(Unreachable::new(&err))
+            }
             // Connect failure / refused / connect timeout, keep-alive timeout, or the
             // connection dropped under a pending call (hyper reports that as cancelled).
             Code::Unavailable | Code::Cancelled => RPCError::Unreachable(Unreachable::new(&err)),
@@ -223,7 +234,10 @@ impl Network {
             Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&*e))),
         };
         let ttl = option.hard_ttl();
-        let mut request = tonic::Request::new(RaftRequest { data });
+        let mut request = tonic::Request::new(RaftRequest {
+            data,
+            from: Some(self.gate.envelope(self.target)),
+        });
         // Sent as `grpc-timeout`: tonic enforces it on this side and the peer stops working on
         // a request nobody waits for any more.
         request.set_timeout(ttl);
@@ -245,6 +259,11 @@ impl Network {
             }
             Ok(Ok(reply)) => reply.into_inner(),
         };
+        if let Err(why) = self.gate.accept_reply(self.target, reply.incarnation) {
+            tracing::warn!(id = self.id, target = self.target, %action, "{why}");
+            let refused = TransportError::Status(tonic::Status::failed_precondition(why));
+            return Err(RPCError::Unreachable(Unreachable::new(&refused)));
+        }
 
         if !reply.error.is_empty() {
             let remote: RaftError<NodeId, E> =

@@ -19,11 +19,13 @@
 
 mod client;
 mod codec;
+pub mod gate;
 mod server;
 
 use std::time::Duration;
 
 pub use client::{Network, NetworkFactory};
+pub use gate::PeerGate;
 pub use server::{raft_server, RaftService};
 
 /// Largest gRPC message either end of the Raft transport encodes or decodes (64 MiB).

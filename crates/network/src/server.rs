@@ -12,21 +12,61 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::codec::{decode, encode};
-use crate::MAX_MESSAGE_SIZE;
+use crate::{PeerGate, MAX_MESSAGE_SIZE};
 
 /// Serves openraft's append-entries, vote and install-snapshot RPCs for the local node.
 ///
-/// A request whose payload does not decode is rejected with `INVALID_ARGUMENT`; an error
+/// A caller that fails the identity checks ([`PeerGate::admit`]) is refused with
+/// `FAILED_PRECONDITION`; a request whose payload does not decode is rejected with
+/// `INVALID_ARGUMENT`; an error
 /// returned by openraft (e.g. the node is shutting down) is sent back bincode-encoded in
 /// [`RaftReply::error`] and surfaces on the caller as `RPCError::RemoteError`.
 #[derive(Clone)]
 pub struct RaftService {
     raft: Raft,
+    gate: PeerGate,
 }
 
 impl RaftService {
-    pub fn new(raft: Raft) -> Self {
-        Self { raft }
+    pub fn new(raft: Raft, gate: PeerGate) -> Self {
+        Self { raft, gate }
+    }
+
+    /// Check the caller's identity ([`PeerGate::admit`]) and decode its payload.
+    fn admit<T: DeserializeOwned>(
+        &self,
+        request: Request<RaftRequest>,
+        what: &str,
+    ) -> Result<T, Status> {
+        let req = request.into_inner();
+        {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            self.gate
+                .admit(req.from.as_ref(), metrics.membership_config.membership())?;
+        }
+        decode(&req.data)
+            .map_err(|e| Status::invalid_argument(format!("malformed {what} request: {e}")))
+    }
+
+    fn reply<T: Serialize, E: Error + Serialize>(
+        &self,
+        result: Result<T, E>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let incarnation = self.gate.identity().incarnation();
+        let reply = match result {
+            Ok(resp) => RaftReply {
+                data: encode(&resp).map_err(|e| Status::internal(e.to_string()))?,
+                error: Vec::new(),
+                incarnation,
+            },
+            Err(err) => RaftReply {
+                data: Vec::new(),
+                error: encode(&err).map_err(|e| Status::internal(e.to_string()))?,
+                incarnation,
+            },
+        };
+        Ok(Response::new(reply))
     }
 }
 
@@ -35,38 +75,15 @@ impl RaftService {
 /// node certificate get through).
 pub fn raft_server(
     raft: Raft,
+    gate: PeerGate,
     check: PeerCertCheck,
 ) -> InterceptedService<RaftServer<RaftService>, PeerCertCheck> {
     InterceptedService::new(
-        RaftServer::new(RaftService::new(raft))
+        RaftServer::new(RaftService::new(raft, gate))
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE),
         check,
     )
-}
-
-fn decode_request<T: DeserializeOwned>(
-    request: Request<RaftRequest>,
-    what: &str,
-) -> Result<T, Status> {
-    decode(&request.into_inner().data)
-        .map_err(|e| Status::invalid_argument(format!("malformed {what} request: {e}")))
-}
-
-fn reply<T: Serialize, E: Error + Serialize>(
-    result: Result<T, E>,
-) -> Result<Response<RaftReply>, Status> {
-    let reply = match result {
-        Ok(resp) => RaftReply {
-            data: encode(&resp).map_err(|e| Status::internal(e.to_string()))?,
-            error: Vec::new(),
-        },
-        Err(err) => RaftReply {
-            data: Vec::new(),
-            error: encode(&err).map_err(|e| Status::internal(e.to_string()))?,
-        },
-    };
-    Ok(Response::new(reply))
 }
 
 #[tonic::async_trait]
@@ -75,20 +92,20 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let req = decode_request(request, "append-entries")?;
-        reply(self.raft.append_entries(req).await)
+        let req = self.admit(request, "append-entries")?;
+        self.reply(self.raft.append_entries(req).await)
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        let req = decode_request(request, "vote")?;
-        reply(self.raft.vote(req).await)
+        let req = self.admit(request, "vote")?;
+        self.reply(self.raft.vote(req).await)
     }
 
     async fn install_snapshot(
         &self,
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let req = decode_request(request, "install-snapshot")?;
-        reply(self.raft.install_snapshot(req).await)
+        let req = self.admit(request, "install-snapshot")?;
+        self.reply(self.raft.install_snapshot(req).await)
     }
 }

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use fenced_core::{Command, Request, RequestId};
-use fenced_network::{raft_server, NetworkFactory, SNAPSHOT_CHUNK_SIZE};
+use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE};
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
-use fenced_proto::raft::{RaftReply, RaftRequest};
+use fenced_proto::raft::{PeerIdentity, RaftReply, RaftRequest};
+use fenced_storage::identity::{Identity, IdentityStore, MemberState};
 use fenced_storage::{NodeId, Raft, SharedState};
 use openraft::error::RPCError;
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -68,6 +69,18 @@ fn serve(
     (tx, handle)
 }
 
+/// The identity checks of member `id` of the test cluster, with its identity file in `dir`.
+fn gate(dir: &std::path::Path, id: NodeId, addr: &str) -> anyhow::Result<PeerGate> {
+    let identity = Identity::new(TEST_CLUSTER, id, MemberState::Ready);
+    fenced_storage::identity::store(dir, &identity)?;
+    Ok(PeerGate::new(
+        Arc::new(IdentityStore::new(dir, identity)),
+        addr,
+    ))
+}
+
+const TEST_CLUSTER: u64 = 0x7e57;
+
 async fn start_node(id: NodeId) -> anyhow::Result<Node> {
     start_node_with(id, SNAPSHOT_CHUNK_SIZE).await
 }
@@ -78,10 +91,22 @@ async fn start_node_with(id: NodeId, chunk: u64) -> anyhow::Result<Node> {
     let dir = tempfile::tempdir()?;
     let (log, sm) = fenced_storage::open(dir.path(), Arc::new(|_: &[fenced_core::Event]| {}))?;
     let state = sm.shared();
-    let raft = Raft::new(id, config(chunk)?, NetworkFactory::new(id), log, sm).await?;
+    let gate = gate(dir.path(), id, &addr.to_string())?;
+    let raft = Raft::new(
+        id,
+        config(chunk)?,
+        NetworkFactory::new(gate.clone()),
+        log,
+        sm,
+    )
+    .await?;
     let (stop, server) = serve(
         listener,
-        Server::builder().add_service(raft_server(raft.clone(), fenced_tls::PeerCertCheck::open())),
+        Server::builder().add_service(raft_server(
+            raft.clone(),
+            gate,
+            fenced_tls::PeerCertCheck::open(),
+        )),
     );
     Ok(Node {
         id,
@@ -179,16 +204,22 @@ fn vote_request() -> VoteRequest<NodeId> {
     VoteRequest::new(Vote::new(1, 9), None)
 }
 
-async fn network_to(addr: String, connect_timeout: Duration) -> fenced_network::Network {
-    let mut factory = NetworkFactory::new(9).with_connect_timeout(connect_timeout);
-    factory.new_client(1, &BasicNode::new(addr)).await
+/// A connection of member 9 to member 1 at `addr`, with member 9's identity dir (keep it).
+async fn network_to(
+    addr: String,
+    connect_timeout: Duration,
+) -> (fenced_network::Network, tempfile::TempDir) {
+    let gate_dir = tempfile::tempdir().expect("tempdir");
+    let gate = gate(gate_dir.path(), 9, "127.0.0.1:9").expect("identity");
+    let mut factory = NetworkFactory::new(gate).with_connect_timeout(connect_timeout);
+    (factory.new_client(1, &BasicNode::new(addr)).await, gate_dir)
 }
 
 #[tokio::test]
 async fn refused_connection_is_unreachable() -> anyhow::Result<()> {
     // A port nobody listens on: bind, note the port, close.
     let addr = TcpListener::bind("127.0.0.1:0").await?.local_addr()?;
-    let mut net = network_to(addr.to_string(), Duration::from_secs(1)).await;
+    let (mut net, _dir) = network_to(addr.to_string(), Duration::from_secs(1)).await;
     let err = net
         .vote(vote_request(), RPCOption::new(Duration::from_secs(2)))
         .await
@@ -199,7 +230,7 @@ async fn refused_connection_is_unreachable() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn invalid_address_is_unreachable() {
-    let mut net = network_to("not a valid host:port".into(), Duration::from_secs(1)).await;
+    let (mut net, _dir) = network_to("not a valid host:port".into(), Duration::from_secs(1)).await;
     let err = net
         .vote(vote_request(), RPCOption::new(Duration::from_secs(1)))
         .await
@@ -218,7 +249,7 @@ async fn silent_peer_times_out() -> anyhow::Result<()> {
             held.push(stream);
         }
     });
-    let mut net = network_to(addr.to_string(), Duration::from_secs(5)).await;
+    let (mut net, _dir) = network_to(addr.to_string(), Duration::from_secs(5)).await;
     let ttl = Duration::from_millis(300);
     let started = std::time::Instant::now();
     let err = net
@@ -250,6 +281,7 @@ impl RaftRpc for Garbage {
         Ok(tonic::Response::new(RaftReply {
             data: vec![0xff, 0xff, 0xff],
             error: Vec::new(),
+            incarnation: 1,
         }))
     }
     async fn install_snapshot(
@@ -259,6 +291,7 @@ impl RaftRpc for Garbage {
         Ok(tonic::Response::new(RaftReply {
             data: Vec::new(),
             error: vec![0xff; 40],
+            incarnation: 1,
         }))
     }
 }
@@ -271,7 +304,7 @@ async fn malformed_reply_is_a_network_error() -> anyhow::Result<()> {
         listener,
         Server::builder().add_service(RaftServer::new(Garbage)),
     );
-    let mut net = network_to(addr.to_string(), Duration::from_secs(1)).await;
+    let (mut net, _dir) = network_to(addr.to_string(), Duration::from_secs(1)).await;
     let err = net
         .vote(vote_request(), RPCOption::new(Duration::from_secs(2)))
         .await
@@ -298,18 +331,68 @@ async fn malformed_request_is_invalid_argument_and_stopped_node_is_remote_error(
 ) -> anyhow::Result<()> {
     let mut node = start_node(1).await?;
 
-    // Garbage straight to the server.
+    // Garbage straight to the server, from a caller of the cluster.
     let mut client = RaftClient::connect(format!("http://{}", node.addr)).await?;
+    let caller = PeerIdentity {
+        cluster_id: TEST_CLUSTER,
+        member: 8,
+        incarnation: 5,
+        addr: "127.0.0.1:8".into(),
+        to: 1,
+        to_incarnation: 0,
+        known: Default::default(),
+    };
+    let garbage = |from: PeerIdentity| RaftRequest {
+        data: vec![0xff; 7],
+        from: Some(from),
+    };
     let status = client
-        .vote(RaftRequest {
-            data: vec![0xff; 7],
-        })
+        .vote(garbage(caller.clone()))
         .await
         .expect_err("garbage request");
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
 
+    // Identity checks come first: no identity, another cluster, another member id, and
+    // member 8 again under a new incarnation (its data dir was replaced) are refused.
+    let refused = [
+        RaftRequest {
+            data: vec![0xff; 7],
+            from: None,
+        },
+        garbage(PeerIdentity {
+            cluster_id: TEST_CLUSTER + 1,
+            ..caller.clone()
+        }),
+        garbage(PeerIdentity {
+            to: 2,
+            ..caller.clone()
+        }),
+        garbage(PeerIdentity {
+            incarnation: 6,
+            ..caller.clone()
+        }),
+    ];
+    for req in refused {
+        let status = client.vote(req).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    }
+    let status = client
+        .vote(garbage(PeerIdentity {
+            incarnation: 6,
+            ..caller.clone()
+        }))
+        .await
+        .expect_err("refused");
+    assert!(
+        status
+            .metadata()
+            .get(fenced_network::gate::REFUSED_HEADER)
+            .is_some(),
+        "a stale incarnation is told so: {status:?}"
+    );
+
     // A well-formed vote is answered (the node is uninitialized but still votes).
-    let mut net = network_to(node.addr.to_string(), Duration::from_secs(1)).await;
+    let (mut net, _dir) = network_to(node.addr.to_string(), Duration::from_secs(1)).await;
     net.vote(vote_request(), RPCOption::new(Duration::from_secs(2)))
         .await?;
 
