@@ -114,7 +114,7 @@ if need fenced; then
     for i in 1 2 3; do
         FENCED_LOG=warn "$FENCED" serve --id $i --data-dir "$WORK/fenced-$i" \
             --grpc-addr 127.0.0.1:$((FG + i)) --resp-addr 127.0.0.1:$((FR + i)) \
-            --initial-cluster "$CLUSTER" >"$WORK/fenced-$i.log" 2>&1 &
+            --initial-cluster "$CLUSTER" --initial-cluster-state new >"$WORK/fenced-$i.log" 2>&1 &
         PIDS+=($!)
     done
     wait_for "a fenced leader" 300 sh -c \

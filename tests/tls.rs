@@ -183,7 +183,7 @@ async fn tls_cluster_end_to_end() {
 
     // Node-to-node services: refused without a certificate, and with a foreign one.
     let good_ca = file(&c, "good-ca.pem");
-    let vote = RaftRequest { data: vec![] };
+    let vote = RaftRequest::default();
     let no_cert = RaftClient::new(raw_channel(&c, leader, &good_ca, None))
         .vote(vote.clone())
         .await
@@ -286,7 +286,7 @@ async fn tls_require_client_cert() {
         &good_ca,
         Some((&member, &member_key)),
     ))
-    .vote(RaftRequest { data: vec![] })
+    .vote(RaftRequest::default())
     .await
     .expect_err("Raft vote with a client certificate");
     assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");

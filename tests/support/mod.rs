@@ -5,7 +5,7 @@
 //! parallel without port clashes. `run` (1..=254) separates concurrent runs of the suite on
 //! one machine: `FENCED_TEST_NET` if set, else derived from the process id; if any address of
 //! a cluster is taken, the next `run` is tried. Everything stays inside 127.0.0.0/8 (Linux
-//! routes all of it to `lo`). Test numbers in use: cluster.rs 1–9, lock_family.rs 30–39,
+//! routes all of it to `lo`). Test numbers in use: cluster.rs 1–9, lock_family.rs 30–39, amnesia.rs 90–99,
 //! kleppmann.rs 40, resp.rs 60–69, tls.rs 70–79, resp_acl.rs 80–89; pick a free range for a
 //! new file.
 //!
@@ -67,6 +67,23 @@ fn addresses_free(run: u32, k: u8) -> bool {
     })
 }
 
+/// `127.R.k` such that `127.R.k.1`–`.3` are free on the gRPC and RESP ports: the network of
+/// test number `k` (1..=254; unique per test of the suite) in this run of the suite.
+pub fn free_net(k: u8, test: &str) -> String {
+    assert!((1..=254).contains(&k), "test number {k} out of range");
+    let first = first_run_octet();
+    let run = (0..16)
+        .map(|i| (first - 1 + i) % 254 + 1)
+        .find(|run| addresses_free(*run, k))
+        .unwrap_or_else(|| {
+            panic!(
+                "{test}: no free addresses 127.R.{k}.1-3 (ports {GRPC_PORT}, {RESP_PORT}) \
+                 for R in {first}..+16; set FENCED_TEST_NET to another 1..=254"
+            )
+        });
+    format!("127.{run}.{k}")
+}
+
 struct Proc {
     id: u64,
     child: Option<Child>,
@@ -105,18 +122,7 @@ impl Cluster {
         test: &str,
         setup: impl FnOnce(&Path, &[String]) -> (Vec<String>, Option<ClientTls>),
     ) -> Cluster {
-        assert!((1..=254).contains(&k), "test number {k} out of range");
-        let first = first_run_octet();
-        let run = (0..16)
-            .map(|i| (first - 1 + i) % 254 + 1)
-            .find(|run| addresses_free(*run, k))
-            .unwrap_or_else(|| {
-                panic!(
-                    "{test}: no free addresses 127.R.{k}.1-3 (ports {GRPC_PORT}, {RESP_PORT}) \
-                     for R in {first}..+16; set FENCED_TEST_NET to another 1..=254"
-                )
-            });
-        let net = format!("127.{run}.{k}");
+        let net = free_net(k, test);
         let dir = tempfile::Builder::new()
             .prefix(&format!("fenced-{test}-"))
             .tempdir()
@@ -253,6 +259,10 @@ impl Cluster {
             .arg(self.resp_addr(id))
             .arg("--initial-cluster")
             .arg(self.initial_cluster())
+            // Every start, as an operator who keeps one command line would: a data dir with
+            // state ignores it, and a wiped one must still not vote (see tests/amnesia.rs).
+            .arg("--initial-cluster-state")
+            .arg("new")
             .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log handle"))
@@ -309,6 +319,57 @@ impl Cluster {
     /// Start node `id` again from its data dir.
     pub fn restart(&self, id: u64) {
         self.spawn(id);
+    }
+
+    /// SIGSTOP (`true`) or SIGCONT (`false`) node `id`: a process pause.
+    pub fn pause(&self, id: u64, stop: bool) {
+        let procs = self.procs();
+        let child = procs[(id - 1) as usize]
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("pause({id}): node {id} is not running"));
+        let sig = if stop { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(child.id() as i32, sig) };
+        assert_eq!(rc, 0, "signalling node {id}");
+    }
+
+    /// Node `id`'s data dir.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        self.procs()[(id - 1) as usize].data_dir.clone()
+    }
+
+    /// Delete node `id`'s data dir (the node must be stopped): a lost disk.
+    pub fn wipe(&self, id: u64) {
+        assert!(!self.is_running(id), "wipe({id}): node {id} is running");
+        let dir = self.data_dir(id);
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).expect("wiping the data dir");
+        }
+        std::fs::create_dir_all(&dir).expect("recreating the empty data dir");
+    }
+
+    /// Wait (bounded) for node `id` to exit on its own; reap it and return its status.
+    pub async fn wait_exit(&self, id: u64, timeout: Duration) -> std::process::ExitStatus {
+        let status = wait_for(
+            &format!("{}: node {id} to exit on its own", self.test),
+            timeout,
+            || async {
+                let mut procs = self.procs();
+                let p = &mut procs[(id - 1) as usize];
+                let child = p.child.as_mut().ok_or_else(|| "not running".to_string())?;
+                match child.try_wait() {
+                    Ok(Some(st)) => {
+                        p.child = None;
+                        Ok(st)
+                    }
+                    Ok(None) => Err("still running".to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            },
+        )
+        .await;
+        status
     }
 
     /// Panic if a node the harness started has exited on its own.

@@ -39,7 +39,7 @@ fi
 CL=1=$NET.1:7380,2=$NET.2:7380,3=$NET.3:7380
 for i in 1 2 3; do
     "$F" serve --id $i --data-dir "$DIR/n$i" --grpc-addr $NET.$i:7380 --resp-addr $NET.$i:7379 \
-        --initial-cluster $CL "${FTLS[@]}" >"$DIR/n$i.log" 2>&1 &
+        --initial-cluster $CL --initial-cluster-state new "${FTLS[@]}" >"$DIR/n$i.log" 2>&1 &
     PIDS+=($!)
 done
 redis-server --bind $NET.10 "${REDIS_LISTEN[@]}" --save "" --appendonly no --daemonize no >"$DIR/redis.log" 2>&1 &

@@ -6,6 +6,29 @@ use std::sync::Arc;
 
 use crate::StartError;
 
+/// `--initial-cluster-state`: may an empty data dir bootstrap a new cluster?
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterState {
+    /// Yes: this start creates the cluster (every member's first start).
+    New,
+    /// No: the node belongs to a running cluster; an empty data dir is refused.
+    Existing,
+}
+
+impl std::str::FromStr for ClusterState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "new" => Ok(ClusterState::New),
+            "existing" => Ok(ClusterState::Existing),
+            _ => Err(format!("expected new or existing, got {s:?}")),
+        }
+    }
+}
+
+/// Default `--initial-cluster-token`.
+pub const DEFAULT_CLUSTER_TOKEN: &str = "fenced";
+
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
     pub id: u64,
@@ -19,6 +42,11 @@ pub struct NodeConfig {
     pub tls: Option<fenced_tls::ServerTls>,
     /// Every member's id and gRPC address. Empty: a single-node cluster of this node.
     pub initial_cluster: BTreeMap<u64, String>,
+    /// `None`: `New` for a single-node cluster of this node, else `Existing`.
+    pub initial_cluster_state: Option<ClusterState>,
+    /// Mixed into the cluster id of a new cluster, so that two clusters with the same member
+    /// list get different ids.
+    pub initial_cluster_token: String,
     /// Build a snapshot after this many log entries (and then purge the log before it).
     pub snapshot_logs: u64,
     /// Log entries kept before the last snapshot when purging.
@@ -37,11 +65,24 @@ impl NodeConfig {
             resp_acl: Arc::default(),
             tls: None,
             initial_cluster: BTreeMap::new(),
+            initial_cluster_state: None,
+            initial_cluster_token: DEFAULT_CLUSTER_TOKEN.to_owned(),
             snapshot_logs: 5_000,
             keep_logs: 1_000,
             heartbeat_ms: 100,
             election_timeout_ms: (500, 1_000),
         }
+    }
+
+    /// Whether an empty data dir may bootstrap a new cluster: `--initial-cluster-state new`,
+    /// or, by default, only a cluster of this node alone (a node that names peers may be a
+    /// member that lost its disk, which must never bootstrap and vote again).
+    pub fn may_bootstrap(&self) -> Result<bool, StartError> {
+        Ok(match self.initial_cluster_state {
+            Some(ClusterState::New) => true,
+            Some(ClusterState::Existing) => false,
+            None => self.members()?.keys().all(|id| *id == self.id),
+        })
     }
 
     /// The members this node bootstraps with on first start.

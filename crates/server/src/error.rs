@@ -55,7 +55,7 @@ impl From<NodeError> for Status {
 /// Errors starting a node.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("storage: {0}")]
+    #[error(transparent)]
     Storage(#[from] fenced_storage::StoreError),
     #[error("configuration: {0}")]
     Config(String),

@@ -540,6 +540,7 @@ impl Cluster for Api {
 impl Forward for Api {
     async fn propose(&self, req: Request<ProposeRequest>) -> Reply<ProposeReply> {
         let req = req.into_inner();
+        self.node.admit_peer(req.from.as_ref())?;
         let (rid, cmd): (Option<RequestId>, Command) = bincode::deserialize(&req.data)
             .map_err(|e| Status::invalid_argument(format!("malformed proposal: {e}")))?;
         let queues = matches!(cmd, Command::Acquire { .. } | Command::AcquireWith(_));
@@ -560,7 +561,8 @@ impl Forward for Api {
         Ok(reply)
     }
 
-    async fn read_index(&self, _req: Request<ReadIndexRequest>) -> Reply<ReadIndexReply> {
+    async fn read_index(&self, req: Request<ReadIndexRequest>) -> Reply<ReadIndexReply> {
+        self.node.admit_peer(req.get_ref().from.as_ref())?;
         let index = self.node.read_index_local().await?;
         let time_ms = self.node.leader_time_now();
         Ok(tonic::Response::new(ReadIndexReply { index, time_ms }))

@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 use fenced_client::{Client, ClientOptions, LockOptions};
 use fenced_resp::acl::Acl;
-use fenced_server::config::parse_cluster;
+use fenced_server::config::{parse_cluster, ClusterState, DEFAULT_CLUSTER_TOKEN};
 use fenced_server::{Node, NodeConfig};
 
 /// Exit status of `fenced lock` when the lock was not acquired in time (EX_TEMPFAIL).
@@ -59,6 +59,17 @@ struct ServeArgs {
     /// data dir. Without it: a single-node cluster of this node.
     #[arg(long, value_parser = parse_cluster)]
     initial_cluster: Option<std::collections::BTreeMap<u64, String>>,
+    /// `new`: an empty data dir bootstraps a new cluster from --initial-cluster (give it to
+    /// every member's first start). `existing`: an empty data dir is refused — a member that
+    /// lost its disk must never bootstrap and vote again. Default: `new` for a single-node
+    /// cluster of this node, `existing` as soon as --initial-cluster names peers. A data dir
+    /// that holds state ignores it.
+    #[arg(long, value_parser = clap::value_parser!(ClusterState))]
+    initial_cluster_state: Option<ClusterState>,
+    /// Part of the cluster id of a new cluster: give clusters with the same member list
+    /// different tokens.
+    #[arg(long, default_value = DEFAULT_CLUSTER_TOKEN)]
+    initial_cluster_token: String,
     /// Build a snapshot (and purge the log before it) every N entries.
     #[arg(long, default_value_t = 5_000, hide = true)]
     snapshot_logs: u64,
@@ -187,6 +198,8 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     let mut cfg = NodeConfig::new(a.id, a.data_dir, a.grpc_addr, a.resp_addr);
     cfg.initial_cluster = a.initial_cluster.unwrap_or_default();
+    cfg.initial_cluster_state = a.initial_cluster_state;
+    cfg.initial_cluster_token = a.initial_cluster_token;
     cfg.snapshot_logs = a.snapshot_logs;
     cfg.keep_logs = a.keep_logs;
     // A bad ACL file stops the node before it starts anything.

@@ -7,10 +7,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fenced_core::{Command, Event, RequestId, Response, StateMachine};
-use fenced_network::{raft_server, NetworkFactory, SNAPSHOT_CHUNK_SIZE};
+use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE};
 use fenced_proto::raft::forward_client::ForwardClient;
-use fenced_proto::raft::{ProposeRequest, ReadIndexRequest};
-use fenced_storage::{NodeId, Raft, SharedState};
+use fenced_proto::raft::{PeerIdentity, ProposeRequest, ReadIndexRequest};
+use fenced_storage::identity::MemberState;
+use fenced_storage::{datadir, NodeId, Raft, SharedState};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
@@ -51,6 +52,8 @@ struct Inner {
     hub: Hub,
     clock: LeaderClock,
     peers: Mutex<HashMap<String, ForwardClient<Channel>>>,
+    /// Identity checks of node-to-node calls, both directions.
+    gate: PeerGate,
     /// TLS for forwarding calls to the leader (the node's identity and the cluster CA).
     peer_tls: Option<ClientTlsConfig>,
     /// The largest log time a leader reported with a forwarded answer ([`LOG_TIME_HEADER`]).
@@ -78,20 +81,43 @@ impl Running {
 }
 
 impl Node {
-    /// Open storage, start Raft and the gRPC server (Raft transport, forwarding and client
-    /// API on one port), bootstrap the cluster on first start, start the expiry ticker.
+    /// Open the data dir (under the bootstrap and identity rules of
+    /// [`fenced_storage::datadir`]), start Raft and the gRPC server (Raft transport,
+    /// forwarding and client API on one port), bootstrap a new cluster, start the expiry
+    /// ticker.
     pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
         let members = cfg.members()?;
-        std::fs::create_dir_all(&cfg.data_dir).map_err(|e| {
-            StartError::Config(format!("cannot create {}: {e}", cfg.data_dir.display()))
-        })?;
+        let plan = datadir::Plan {
+            member_id: cfg.id,
+            cluster_id: datadir::cluster_id(&cfg.initial_cluster_token, &members),
+            may_bootstrap: cfg.may_bootstrap()?,
+        };
         let hub = Hub::new();
         let sink_hub = hub.clone();
-        let (log_store, sm_store) = fenced_storage::open(
+        let opened = datadir::open(
             &cfg.data_dir,
+            &plan,
             Arc::new(move |events: &[fenced_core::Event]| sink_hub.deliver(events)),
         )?;
+        let identity = opened.identity.clone();
+        let gate = PeerGate::new(identity.clone(), cfg.grpc_addr.clone());
+        let (log_store, sm_store) = (opened.log, opened.state_machine);
         let state = sm_store.shared();
+
+        // This member's address is fixed by the membership; serving at another one would
+        // make peers refuse it (an address change needs a membership change).
+        let membership = match log_store.last_membership()? {
+            Some(m) => m,
+            None => state.membership().membership().clone(),
+        };
+        if let Some(n) = membership.get_node(&cfg.id) {
+            if n.addr != cfg.grpc_addr {
+                return Err(StartError::Config(format!(
+                    "member {} is at {} in the cluster's membership, but --grpc-addr is {}",
+                    cfg.id, n.addr, cfg.grpc_addr
+                )));
+            }
+        }
 
         let raft_config = Config {
             cluster_name: "fenced".into(),
@@ -109,8 +135,8 @@ impl Node {
             cfg.id,
             Arc::new(raft_config),
             match &cfg.tls {
-                Some(t) => NetworkFactory::new(cfg.id).with_tls(t.peer_client()),
-                None => NetworkFactory::new(cfg.id),
+                Some(t) => NetworkFactory::new(gate.clone()).with_tls(t.peer_client()),
+                None => NetworkFactory::new(gate.clone()),
             },
             log_store,
             sm_store,
@@ -134,6 +160,7 @@ impl Node {
                 hub,
                 clock: LeaderClock::new(),
                 peers: Mutex::new(HashMap::new()),
+                gate: gate.clone(),
                 peer_tls: cfg.tls.as_ref().map(|t| t.peer_client()),
                 leader_log_time: AtomicU64::new(0),
             }),
@@ -153,7 +180,7 @@ impl Node {
                     .map_err(|e| StartError::Config(format!("TLS: {e}")))?;
             }
             let router = builder
-                .add_service(raft_server(raft.clone(), check.clone()))
+                .add_service(raft_server(raft.clone(), gate.clone(), check.clone()))
                 .add_service(crate::grpc::forward_server(node.clone(), check))
                 .add_service(crate::grpc::lock_server(node.clone()))
                 .add_service(crate::grpc::session_server(node.clone()))
@@ -182,11 +209,7 @@ impl Node {
             }));
         }
 
-        if !raft
-            .is_initialized()
-            .await
-            .map_err(|e| StartError::Raft(e.to_string()))?
-        {
+        if opened.bootstrap {
             let nodes: BTreeMap<NodeId, BasicNode> = members
                 .iter()
                 .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
@@ -194,9 +217,11 @@ impl Node {
             tracing::info!(?nodes, "bootstrapping a new cluster");
             match raft.initialize(nodes).await {
                 Ok(()) => {}
+                // Already initialized: a start that crashed before recording `Ready`.
                 Err(RaftError::APIError(e)) => tracing::info!("not initializing: {e}"),
                 Err(e) => return Err(StartError::Raft(e.to_string())),
             }
+            identity.set_state(MemberState::Ready)?;
         }
 
         tasks.push(crate::resp::start(node.clone(), &cfg, shutdown_rx.clone()).await?);
@@ -395,7 +420,11 @@ impl Node {
         let data = bincode::serialize(&(rid, cmd))
             .map_err(|e| NodeError::Invalid(format!("encoding: {e}")))?;
         let mut client = self.peer(addr).await?;
-        let mut req = tonic::Request::new(ProposeRequest { data, wait_ms });
+        let mut req = tonic::Request::new(ProposeRequest {
+            data,
+            wait_ms,
+            from: Some(self.envelope_for(addr)),
+        });
         let waiting = if wait_ms > 0 {
             Duration::from_millis(wait_ms) + WAIT_SLACK
         } else {
@@ -419,7 +448,10 @@ impl Node {
                 bincode::deserialize(&reply.into_inner().data)
                     .map_err(|e| NodeError::Unknown(format!("bad reply from leader: {e}")))
             }
-            Err(status) => Err(status_to_error(&status)),
+            Err(status) => {
+                self.peer_refused(&status);
+                Err(status_to_error(&status))
+            }
         }
     }
 
@@ -494,7 +526,9 @@ impl Node {
 
     async fn forward_read_index(&self, addr: &str) -> Result<(u64, u64), NodeError> {
         let mut client = self.peer(addr).await?;
-        let mut req = tonic::Request::new(ReadIndexRequest {});
+        let mut req = tonic::Request::new(ReadIndexRequest {
+            from: Some(self.envelope_for(addr)),
+        });
         req.set_timeout(PROPOSE_TIMEOUT);
         let reply = tokio::time::timeout(PROPOSE_TIMEOUT, client.read_index(req))
             .await
@@ -504,25 +538,67 @@ impl Node {
                 let r = r.into_inner();
                 Ok((r.index, r.time_ms))
             }
-            Err(status) => Err(status_to_error(&status)),
+            Err(status) => {
+                self.peer_refused(&status);
+                Err(status_to_error(&status))
+            }
         }
     }
 
-    /// Local, possibly stale view of the state machine (no read barrier).
-    /// Resolves when Raft stopped on a fatal error (a storage write failed, a panic): the node
-    /// must not go on serving. Never resolves while the node is healthy.
+    /// Resolves when Raft stopped on a fatal error (a storage write failed, a panic), or when
+    /// this member was retired (a peer knows it under another incarnation): the node must not
+    /// go on serving. Never resolves while the node is healthy.
     pub async fn fatal(&self) -> String {
         let mut metrics = self.inner.raft.metrics();
+        let mut retired = self.inner.gate.identity().retired();
         loop {
             if let Err(e) = &metrics.borrow().running_state {
                 return e.to_string();
             }
-            if metrics.changed().await.is_err() {
-                return "raft stopped".into();
+            if let Some(reason) = retired.borrow().as_ref() {
+                return format!("this member is retired: {reason}");
+            }
+            tokio::select! {
+                changed = metrics.changed() => if changed.is_err() {
+                    return "raft stopped".into();
+                },
+                _ = retired.changed() => {}
             }
         }
     }
 
+    /// Check the identity of a node-to-node call ([`PeerGate::admit`]) against the
+    /// membership this node knows.
+    pub fn admit_peer(&self, from: Option<&PeerIdentity>) -> Result<(), tonic::Status> {
+        let metrics = self.inner.raft.metrics();
+        let metrics = metrics.borrow();
+        self.inner
+            .gate
+            .admit(from, metrics.membership_config.membership())
+    }
+
+    /// The identity to send with a forwarding call to the member serving at `addr`.
+    fn envelope_for(&self, addr: &str) -> PeerIdentity {
+        let to = {
+            let metrics = self.inner.raft.metrics();
+            let metrics = metrics.borrow();
+            let found = metrics
+                .membership_config
+                .membership()
+                .nodes()
+                .find(|(_, n)| n.addr == addr)
+                .map_or(0, |(id, _)| *id);
+            found
+        };
+        self.inner.gate.envelope(to)
+    }
+
+    /// A forwarding call was refused: retire if the peer said this node is stale.
+    fn peer_refused(&self, status: &tonic::Status) {
+        self.inner.gate.on_refusal(status);
+    }
+
+    /// Local, possibly stale view of the state machine (no read barrier).
     pub fn local<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> T {
         self.inner.state.read(f)
     }

@@ -66,9 +66,9 @@ fn is_fresh(dir: &Path) -> Result<bool, StoreError> {
     match std::fs::read_dir(dir) {
         Ok(mut entries) => Ok(entries.next().is_none()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
-        Err(source) => Err(StoreError::File {
+        Err(error) => Err(StoreError::File {
             path: dir.to_owned(),
-            source,
+            error,
         }),
     }
 }
@@ -85,9 +85,9 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
                  --initial-cluster-state new. {REPLACE_HINT}."
             )));
         }
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::File {
+        std::fs::create_dir_all(dir).map_err(|error| StoreError::File {
             path: dir.to_owned(),
-            source,
+            error,
         })?;
         return create(dir, plan, events);
     }
@@ -198,7 +198,7 @@ fn unusable(dir: &Path, e: StoreError) -> StoreError {
         e @ StoreError::Unusable { .. } => e,
         e => StoreError::Unusable {
             dir: dir.to_owned(),
-            source: Box::new(e),
+            reason: Box::new(e),
         },
     }
 }

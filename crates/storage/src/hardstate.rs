@@ -49,7 +49,7 @@ pub struct HardState {
 fn io_err(path: &Path, e: io::Error) -> StoreError {
     StoreError::File {
         path: path.to_owned(),
-        source: e,
+        error: e,
     }
 }
 

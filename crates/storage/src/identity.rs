@@ -89,7 +89,7 @@ fn damaged(path: &Path, detail: impl Into<String>) -> StoreError {
 fn file_err(path: &Path, source: io::Error) -> StoreError {
     StoreError::File {
         path: path.to_owned(),
-        source,
+        error: source,
     }
 }
 

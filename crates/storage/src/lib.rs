@@ -101,12 +101,8 @@ pub enum StoreError {
         found: u32,
         supported: u32,
     },
-    #[error("{}: {source}", path.display())]
-    File {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    #[error("{}: {error}", path.display())]
+    File { path: PathBuf, error: io::Error },
     #[error("{} is damaged: {detail}", path.display())]
     Damaged { path: PathBuf, detail: String },
     #[error(
@@ -118,14 +114,13 @@ pub enum StoreError {
     LogHole { after: u64, next: u64 },
     /// A check of [`open`] failed: the data dir must not be used to vote.
     #[error(
-        "refusing the data dir {}: {source}. This node must not vote from it; see the \
+        "refusing the data dir {}: {reason}. This node must not vote from it; see the \
          README, 'Losing a disk', for how to replace the member",
         dir.display()
     )]
     Unusable {
         dir: PathBuf,
-        #[source]
-        source: Box<StoreError>,
+        reason: Box<StoreError>,
     },
     /// The data dir cannot be used as it stands (see [`datadir`]).
     #[error("{0}")]
@@ -169,9 +164,9 @@ fn decode_raw<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|source| StoreError::File {
+        .map_err(|error| StoreError::File {
             path: dir.to_owned(),
-            source,
+            error,
         })
 }
 
@@ -224,9 +219,10 @@ pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStor
         | StoreError::LogKeyMismatch { .. }
         | StoreError::Damaged { .. }
         | StoreError::LogEndsEarly { .. }
-        | StoreError::LogHole { .. } => StoreError::Unusable {
+        | StoreError::LogHole { .. }
+        | StoreError::Sled(_) => StoreError::Unusable {
             dir: dir.to_owned(),
-            source: Box::new(e),
+            reason: Box::new(e),
         },
         other => other,
     })
@@ -242,11 +238,14 @@ fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
     }))
     .unwrap_or_else(|_| Err(sled::Error::Corruption { at: None, bt: () }))
     .map_err(|e| match e {
-        sled::Error::Corruption { .. } => StoreError::Damaged {
+        sled::Error::Io(error) => StoreError::File {
+            path: dir.to_owned(),
+            error,
+        },
+        e => StoreError::Damaged {
             path: dir.join("db"),
             detail: format!("sled cannot read it ({e})"),
         },
-        e => StoreError::Sled(e),
     })
 }
 
@@ -442,7 +441,7 @@ async fn update_hard(
     .await
     .map_err(|e| StoreError::File {
         path: PathBuf::from(hardstate::FILE_NAME),
-        source: io::Error::other(e.to_string()),
+        error: io::Error::other(e.to_string()),
     })?
 }
 
@@ -536,6 +535,20 @@ impl LogStore {
             || hard.value().last_log_id.is_some()
             || !self.log.is_empty()
             || self.meta.contains_key(KEY_LAST_PURGED).unwrap_or(true)
+    }
+
+    /// The membership this store holds: the last membership entry of the log, else none
+    /// (then the state machine's, [`SharedState::membership`], applies).
+    pub fn last_membership(
+        &self,
+    ) -> Result<Option<openraft::Membership<NodeId, BasicNode>>, StoreError> {
+        for record in self.log.iter().rev() {
+            let (k, v) = record?;
+            if let EntryPayload::Membership(m) = decode_log_record(&k, &v)?.payload {
+                return Ok(Some(m));
+            }
+        }
+        Ok(None)
     }
 
     /// Bytes the whole `Db` (log, meta and snapshot trees) takes on disk.

@@ -271,10 +271,10 @@ async fn stored_history(dir: &Path) {
 /// `open` refuses the dir, for the reason `want` picks out.
 fn assert_refused(dir: &Path, want: impl Fn(&StoreError) -> bool) {
     match open(dir, no_events()) {
-        Err(StoreError::Unusable { dir: d, source }) => {
+        Err(StoreError::Unusable { dir: d, reason }) => {
             assert_eq!(d, dir);
-            assert!(want(&source), "refused for another reason: {source}");
-            let msg = StoreError::Unusable { dir: d, source }.to_string();
+            assert!(want(&reason), "refused for another reason: {reason}");
+            let msg = StoreError::Unusable { dir: d, reason }.to_string();
             assert!(msg.contains(&dir.display().to_string()), "{msg}");
         }
         Err(e) => panic!("unexpected error {e}"),
