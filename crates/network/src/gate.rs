@@ -210,3 +210,79 @@ impl PeerGate {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fenced_storage::identity::{Identity, MemberState};
+    use std::collections::BTreeSet;
+
+    fn gate(dir: &std::path::Path, member: NodeId) -> PeerGate {
+        let id = Identity::new(7, member, MemberState::Ready);
+        fenced_storage::identity::store(dir, &id).expect("store");
+        PeerGate::new(Arc::new(IdentityStore::new(dir, id)), format!("n{member}"))
+    }
+
+    fn membership() -> Membership<NodeId, BasicNode> {
+        let voters: BTreeSet<NodeId> = [1, 2, 3].into_iter().collect();
+        let nodes: std::collections::BTreeMap<NodeId, BasicNode> = (1..=3)
+            .map(|i| (i, BasicNode::new(format!("n{i}"))))
+            .collect();
+        Membership::new(vec![voters], nodes)
+    }
+
+    #[test]
+    fn followers_learn_each_other_through_the_leader_and_a_stale_member_retires() {
+        let (d1, d2, d3) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let (leader, f2, f3) = (gate(d1.path(), 1), gate(d2.path(), 2), gate(d3.path(), 3));
+        let m = membership();
+        // The leader hears from 3 (its reply), then calls 2: 2 learns 3's incarnation.
+        leader
+            .accept_reply(3, f3.identity().incarnation())
+            .expect("first reply");
+        f2.admit(Some(&leader.envelope(2)), &m).expect("admitted");
+        assert_eq!(f2.identity().pinned(3), Some(f3.identity().incarnation()));
+        assert_eq!(
+            f2.identity().pinned(1),
+            Some(leader.identity().incarnation())
+        );
+
+        // Member 3 loses its disk: a new incarnation. 2 (a candidate) expects the old one:
+        // the wiped node refuses and retires; its own calls are refused as stale.
+        let d3b = tempfile::tempdir().expect("tmp");
+        let wiped = gate(d3b.path(), 3);
+        let refusal = wiped
+            .admit(Some(&f2.envelope(3)), &m)
+            .expect_err("a vote request for the old incarnation");
+        assert_eq!(refusal.code(), tonic::Code::FailedPrecondition);
+        assert!(wiped.identity().retired().borrow().is_some());
+
+        let d3c = tempfile::tempdir().expect("tmp");
+        let wiped_again = gate(d3c.path(), 3);
+        let refusal = f2
+            .admit(Some(&wiped_again.envelope(2)), &m)
+            .expect_err("a call from the new incarnation");
+        wiped_again.on_refusal(&refusal);
+        assert!(wiped_again.identity().retired().borrow().is_some());
+        // Its answers do not count either.
+        assert!(f2
+            .accept_reply(3, wiped_again.identity().incarnation())
+            .is_err());
+
+        // Another cluster, an unknown member, another address.
+        let d9 = tempfile::tempdir().expect("tmp");
+        let stranger = gate(d9.path(), 9);
+        assert!(f2.admit(Some(&stranger.envelope(2)), &m).is_err());
+        let mut other = leader.envelope(2);
+        other.cluster_id += 1;
+        assert!(f2.admit(Some(&other), &m).is_err());
+        let mut moved = leader.envelope(2);
+        moved.addr = "elsewhere".into();
+        assert!(f2.admit(Some(&moved), &m).is_err());
+        assert!(f2.admit(None, &m).is_err());
+    }
+}
