@@ -44,6 +44,9 @@ jobs_list() {
     fi
     for n in none partition kill pause clock; do echo "fenced counter $n"; done
     for n in partition kill pause clock; do echo "fenced lock $n"; done
+    for w in counter lock; do
+        for n in restart-empty restart-delayed; do echo "fenced $w $n"; done
+    done
     for s in fenced-resp fenced-setnx; do
         for w in counter lock; do
             for n in partition kill pause clock; do echo "$s $w $n"; done

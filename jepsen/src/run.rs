@@ -154,6 +154,10 @@ fn node_spec(o: &TestOpts, l: &Layout, env: &Env, i: usize) -> anyhow::Result<Sp
                     format!("{ip}:{RESP_PORT}"),
                     "--initial-cluster".into(),
                     cluster.join(","),
+                    // Also on restarts (restart-empty included): a wiped node must still
+                    // not vote.
+                    "--initial-cluster-state".into(),
+                    "new".into(),
                 ],
                 env: vec![("FENCED_TEST_CLOCK_OFFSET_FILE".into(), clock)],
             }
@@ -252,12 +256,14 @@ fn run_helper(
     Ok(false)
 }
 
+/// `retired`: fenced nodes that left for good; kill and restart nemeses leave them alone.
 fn apply(
     env: &mut Env,
     proxies: Option<&Proxies>,
     l: &Layout,
     f: &Fault,
     start: bool,
+    retired: &[String],
 ) -> anyhow::Result<()> {
     match f {
         Fault::Partition { grudge, .. } => match proxies {
@@ -283,7 +289,7 @@ fn apply(
             }
         },
         Fault::Kill { targets } | Fault::RestartEmpty { targets, .. } => {
-            for t in targets {
+            for t in targets.iter().filter(|t| !retired.contains(t)) {
                 if start {
                     env.kill(t)?;
                 } else {
@@ -318,16 +324,33 @@ fn apply(
 }
 
 /// A server process that exited without the nemesis killing it (a crash — or something
-/// outside the harness killing it) is logged in the history and restarted.
+/// outside the harness killing it) is logged in the history and restarted. Except a fenced
+/// node that the nemesis restarted with an empty data dir (`wiped`) and that exits with
+/// status 1: its peers refused its new incarnation and it retired itself, as it must; it is
+/// logged once (`retired`) and stays down.
 fn watchdog(
     env: &mut Env,
     nodes: &[String],
     nem: &mut HistoryWriter,
     clock: &RunClock,
     unexpected: &mut Vec<String>,
+    wiped: &[String],
+    retired: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     for n in nodes {
         if let Some(st) = env.exited(n) {
+            if wiped.contains(n) && st.code() == Some(1) {
+                let what = format!(
+                    "{n} exited ({st}) after a restart with an empty data dir: it refused to \
+                     rejoin under a new incarnation (retired); not restarted"
+                );
+                nem.write(
+                    &Event::new(Process::nemesis(), Kind::Info, "retired", clock.now())
+                        .value(json!(what)),
+                )?;
+                retired.push(n.clone());
+                continue;
+            }
             let what = format!("{n} exited unexpectedly ({st}); restarted");
             nem.write(
                 &Event::new(
@@ -550,10 +573,21 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     steps.sort_by_key(|(t, start, _)| (*t, *start));
     let mut active: Vec<&Scheduled> = vec![];
     let mut unexpected: Vec<String> = vec![];
+    // fenced nodes restarted with an empty data dir, and those of them that retired.
+    let mut wiped: Vec<String> = vec![];
+    let mut retired: Vec<String> = vec![];
     let mut errors = Vec::new();
     for (at, start, s) in steps {
         while clock.now() < at * 1_000_000 && !interrupted() {
-            watchdog(&mut env, &nodes, &mut nem, &clock, &mut unexpected)?;
+            watchdog(
+                &mut env,
+                &nodes,
+                &mut nem,
+                &clock,
+                &mut unexpected,
+                &wiped,
+                &mut retired,
+            )?;
             std::thread::sleep(Duration::from_millis(20));
         }
         if interrupted() {
@@ -567,8 +601,20 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
             clock.now(),
         )
         .value(json!(s.fault.describe()));
-        if let Err(e) = apply(&mut env, proxies.as_ref(), &layout, &s.fault, start) {
+        if let Err(e) = apply(
+            &mut env,
+            proxies.as_ref(),
+            &layout,
+            &s.fault,
+            start,
+            &retired,
+        ) {
             errors.push(format!("{}: {e:#}", s.fault.describe()));
+        }
+        if let Fault::RestartEmpty { targets, .. } = &s.fault {
+            if !start && o.system.is_fenced_cluster() {
+                wiped.extend(targets.iter().cloned());
+            }
         }
         nem.write(&ev)?;
         if start {
@@ -579,7 +625,14 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     }
     // Undo whatever is still active (interrupted runs), then let the clients finish.
     for s in active {
-        let _ = apply(&mut env, proxies.as_ref(), &layout, &s.fault, false);
+        let _ = apply(
+            &mut env,
+            proxies.as_ref(),
+            &layout,
+            &s.fault,
+            false,
+            &retired,
+        );
         let _ = nem.write(
             &Event::new(
                 Process::nemesis(),
@@ -591,7 +644,15 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         );
     }
     while clock.now() < limit_ms * 1_000_000 && !interrupted() {
-        watchdog(&mut env, &nodes, &mut nem, &clock, &mut unexpected)?;
+        watchdog(
+            &mut env,
+            &nodes,
+            &mut nem,
+            &clock,
+            &mut unexpected,
+            &wiped,
+            &mut retired,
+        )?;
         std::thread::sleep(Duration::from_millis(50));
     }
     // One shared grace period for the clients to finish their last op (none if interrupted).
@@ -647,6 +708,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         "net": format!("{:?}", o.net),
         "nemesis_errors": errors,
         "unexpected_exits": unexpected,
+        "retired": retired,
         "schedule": schedule,
     });
     let results = report::write(out, &events, o.system.name(), &o.workload, meta)?;
