@@ -54,7 +54,8 @@ impl System {
     }
 
     /// Runs against a fenced cluster (`fenced serve` nodes with Raft between them): node↔node
-    /// partitions, the clock nemesis through fenced's test hook, no restart-with-empty-disk.
+    /// partitions, the clock nemesis through fenced's test hook, and a node restarted with an
+    /// empty disk retires itself (the harness leaves it down).
     pub fn is_fenced_cluster(self) -> bool {
         matches!(
             self,
