@@ -147,6 +147,69 @@ async fn wiped_follower_restarted_with_its_old_flags_never_votes() {
     assert!(err.contains("retired"), "{err}");
 }
 
+/// Two members lose their disks while the third is down, and both come back with their old
+/// command line (`--initial-cluster-state new` included). They cannot tell this from a first
+/// start — but a new cluster votes only once every member has been heard from, so they wait
+/// for the third, which remembers them and refuses them. (Before that rule the two elected a
+/// leader and granted the lock again with a smaller token.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wiped_majority_waits_for_the_member_that_remembers() {
+    let c = Cluster::start(92, "wiped-majority", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let client = c.client();
+    let mut last = 0;
+    for _ in 0..3 {
+        let g = acquire(&client, "majority", "o", Duration::from_secs(600))
+            .await
+            .expect("acquire")
+            .expect("granted");
+        assert!(client
+            .release("majority", "o", g.token)
+            .await
+            .expect("release"));
+        last = g.token;
+    }
+    let held = acquire(&client, "majority", "holder1", HOLD)
+        .await
+        .expect("acquire")
+        .expect("granted");
+    assert!(held.token > last);
+    c.wait_all_caught_up(leader, LEADER_TIMEOUT).await;
+
+    for id in c.ids() {
+        c.kill(id);
+    }
+    let (w1, w2) = (1, 2);
+    c.wipe(w1);
+    c.wipe(w2);
+    c.restart(w1);
+    c.restart(w2);
+
+    let until = Instant::now() + Duration::from_secs(8);
+    let wiped_client =
+        fenced_client::Client::connect_with(c.endpoints_of(&[w1, w2]), c.client_options())
+            .expect("client");
+    while Instant::now() < until {
+        if let Ok(Some(g)) =
+            acquire(&wiped_client, "majority", "holder2", Duration::from_secs(1)).await
+        {
+            panic!(
+                "two wiped members elected a leader and granted the lock held by holder1 \
+                 (token {}) again, with token {}",
+                held.token, g.token
+            );
+        }
+    }
+
+    // The member that remembers comes back: both wiped members retire.
+    c.restart(3);
+    for w in [w1, w2] {
+        let status = c.wait_exit(w, Duration::from_secs(30)).await;
+        assert!(!status.success(), "wiped member {w} exited with {status}");
+        assert!(c.log_tail(w, 40).contains("retir"), "{}", c.log_tail(w, 40));
+    }
+}
+
 /// `fenced serve ARGS` that is expected to refuse to start: runs it (bounded), returns its
 /// exit code and stderr. Panics if it is still running after 20 s (it started).
 fn serve_once(args: &[&str]) -> (Option<i32>, String) {

@@ -13,11 +13,17 @@
 //! A node that learns that *it* is the stale incarnation (a peer expected another one, or
 //! refused it as such) retires itself for good ([`IdentityStore::retire`]): its data dir is
 //! not the one its member acknowledged entries from.
+//!
+//! A member that bootstraps a new cluster ([`MemberState::Bootstrapping`]) neither votes nor
+//! accepts appends until it has pinned *every* member of the membership. A genuine first start
+//! waits for all members to be up; a majority of wiped members restarted with
+//! `--initial-cluster-state new` while the members that remember them are down waits for
+//! those, which then refuse them — instead of electing a leader among themselves.
 
 use std::sync::Arc;
 
 use fenced_proto::raft::PeerIdentity;
-use fenced_storage::identity::{IdentityStore, Pin};
+use fenced_storage::identity::{IdentityStore, MemberState, Pin};
 use fenced_storage::NodeId;
 use openraft::{BasicNode, Membership};
 use tonic::Status;
@@ -164,6 +170,50 @@ impl PeerGate {
         Ok(())
     }
 
+    /// [`PeerGate::admit`] for a Raft call (vote, append, snapshot): also refused while this
+    /// member bootstraps and has not heard from every member ([`PeerGate::bootstrapped`]).
+    pub fn admit_raft(
+        &self,
+        from: Option<&PeerIdentity>,
+        membership: &Membership<NodeId, BasicNode>,
+    ) -> Result<(), Status> {
+        self.admit(from, membership)?;
+        self.bootstrapped(membership).map_err(|missing| {
+            refuse(format!(
+                "member {} is starting a new cluster and waits to hear from every member \
+                 before it votes or accepts entries (not yet from {missing:?})",
+                self.ids.member_id()
+            ))
+        })
+    }
+
+    /// Whether this member may vote and accept appends: it is past bootstrapping, or it has
+    /// now pinned every member of `membership` (then it records that it is
+    /// [`MemberState::Ready`]). Otherwise the members it has not heard of yet.
+    pub fn bootstrapped(
+        &self,
+        membership: &Membership<NodeId, BasicNode>,
+    ) -> Result<(), Vec<NodeId>> {
+        let me = self.ids.get();
+        if me.state != MemberState::Bootstrapping {
+            return Ok(());
+        }
+        let missing: Vec<NodeId> = membership
+            .nodes()
+            .map(|(id, _)| *id)
+            .filter(|id| *id != me.member_id && !me.peers.contains_key(id))
+            .collect();
+        if !missing.is_empty() || membership.nodes().next().is_none() {
+            return Err(missing);
+        }
+        if let Err(e) = self.ids.set_state(MemberState::Ready) {
+            tracing::error!("recording that this member met every peer: {e}");
+            return Err(missing);
+        }
+        tracing::info!("heard from every member of the new cluster: voting from now on");
+        Ok(())
+    }
+
     fn learn(&self, member: NodeId, incarnation: u64) -> Result<Pin, Status> {
         let pin = self
             .ids
@@ -284,5 +334,34 @@ mod tests {
         moved.addr = "elsewhere".into();
         assert!(f2.admit(Some(&moved), &m).is_err());
         assert!(f2.admit(None, &m).is_err());
+    }
+
+    #[test]
+    fn a_bootstrapping_member_votes_only_after_hearing_from_every_member() {
+        let (d1, d2, d3) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let boot = |dir: &std::path::Path, member: NodeId| {
+            let id = Identity::new(7, member, MemberState::Bootstrapping);
+            fenced_storage::identity::store(dir, &id).expect("store");
+            PeerGate::new(Arc::new(IdentityStore::new(dir, id)), format!("n{member}"))
+        };
+        let (n1, n2, n3) = (boot(d1.path(), 1), boot(d2.path(), 2), boot(d3.path(), 3));
+        let m = membership();
+        // Two wiped members, the third down: they never grant each other a vote.
+        for _ in 0..3 {
+            assert!(n2.admit_raft(Some(&n1.envelope(2)), &m).is_err());
+            assert!(n1.admit_raft(Some(&n2.envelope(1)), &m).is_err());
+        }
+        assert_eq!(n2.identity().get().state, MemberState::Bootstrapping);
+        // The third member shows up: from then on n2 votes, and says so on disk.
+        assert!(n2.admit_raft(Some(&n3.envelope(2)), &m).is_ok());
+        assert!(n2.admit_raft(Some(&n1.envelope(2)), &m).is_ok());
+        let on_disk = fenced_storage::identity::load(d2.path())
+            .expect("load")
+            .expect("present");
+        assert_eq!(on_disk.state, MemberState::Ready);
     }
 }

@@ -32,7 +32,7 @@ impl RaftService {
         Self { raft, gate }
     }
 
-    /// Check the caller's identity ([`PeerGate::admit`]) and decode its payload.
+    /// Check the caller's identity ([`PeerGate::admit_raft`]) and decode its payload.
     fn admit<T: DeserializeOwned>(
         &self,
         request: Request<RaftRequest>,
@@ -43,7 +43,7 @@ impl RaftService {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow();
             self.gate
-                .admit(req.from.as_ref(), metrics.membership_config.membership())?;
+                .admit_raft(req.from.as_ref(), metrics.membership_config.membership())?;
         }
         decode(&req.data)
             .map_err(|e| Status::invalid_argument(format!("malformed {what} request: {e}")))

@@ -221,7 +221,11 @@ impl Node {
                 Err(RaftError::APIError(e)) => tracing::info!("not initializing: {e}"),
                 Err(e) => return Err(StartError::Raft(e.to_string())),
             }
-            identity.set_state(MemberState::Ready)?;
+            // Alone, this member has heard from every member; in a cluster it votes once it
+            // has heard from all of them (`PeerGate::bootstrapped`).
+            if members.keys().all(|id| *id == cfg.id) {
+                identity.set_state(MemberState::Ready)?;
+            }
         }
 
         tasks.push(crate::resp::start(node.clone(), &cfg, shutdown_rx.clone()).await?);

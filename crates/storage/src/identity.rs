@@ -28,9 +28,11 @@ const FORMAT: u32 = 1;
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum MemberState {
     /// Created for a new cluster; the bootstrap (the first membership entry) may not be on
-    /// disk yet. A start in this state bootstraps again (idempotent).
+    /// disk yet (a start in this state bootstraps again, idempotently), and the member has not
+    /// heard from every other member yet: until it has, it neither votes nor accepts entries
+    /// (`fenced_network::PeerGate::bootstrapped`).
     Bootstrapping,
-    /// A member with state: its data dir must hold a Raft log from now on.
+    /// A member with state, past bootstrapping: its data dir must hold a Raft log from now on.
     Ready,
     /// A peer told this member that the cluster knows it under another incarnation: this data
     /// dir is not the one the member acknowledged entries from. It never serves again.
