@@ -212,7 +212,7 @@ async fn wiped_majority_waits_for_the_member_that_remembers() {
 
 /// `fenced serve ARGS` that is expected to refuse to start: runs it (bounded), returns its
 /// exit code and stderr. Panics if it is still running after 20 s (it started).
-fn serve_once(args: &[&str]) -> (Option<i32>, String) {
+fn serve_once<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> (Option<i32>, String) {
     let mut child = Command::new(support::bin())
         .arg("serve")
         .args(args)
@@ -233,9 +233,10 @@ fn serve_once(args: &[&str]) -> (Option<i32>, String) {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
+            let shown: Vec<_> = args.iter().map(|a| a.as_ref().to_string_lossy()).collect();
             panic!(
                 "fenced serve {} kept running: it should have refused",
-                args.join(" ")
+                shown.join(" ")
             );
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -423,7 +424,7 @@ async fn bad_data_dirs_are_refused_naming_the_file() {
     let id_file = copy.join("identity");
     let text = std::fs::read(&id_file).expect("identity");
     std::fs::write(&id_file, &text[..text.len() / 2]).expect("truncate");
-    let (code, err) = serve_once_owned(&single_args(&net, &copy));
+    let (code, err) = serve_once(&single_args(&net, &copy));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains(&id_file.display().to_string()), "{err}");
     assert_eq!(
@@ -435,7 +436,7 @@ async fn bad_data_dirs_are_refused_naming_the_file() {
     // The identity file gone, the Raft state still there.
     let copy = copy_dir(&dir, &tmp.path().join("no-identity"));
     std::fs::remove_file(copy.join("identity")).expect("rm");
-    let (code, err) = serve_once_owned(&single_args(&net, &copy));
+    let (code, err) = serve_once(&single_args(&net, &copy));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("identity"), "{err}");
 
@@ -451,7 +452,7 @@ async fn bad_data_dirs_are_refused_naming_the_file() {
             }
         }
     }
-    let (code, err) = serve_once_owned(&single_args(&net, &copy));
+    let (code, err) = serve_once(&single_args(&net, &copy));
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("holds no Raft state"), "{err}");
     assert_eq!(listing(&copy), ["identity"], "files were created");
@@ -526,11 +527,6 @@ fn single_args(net: &str, dir: &Path) -> Vec<String> {
         "--resp-addr".into(),
         format!("{net}.1:{}", support::RESP_PORT),
     ]
-}
-
-fn serve_once_owned(args: &[String]) -> (Option<i32>, String) {
-    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-    serve_once(&refs)
 }
 
 /// Copy a (stopped) data dir.
