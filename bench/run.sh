@@ -43,6 +43,8 @@ if need redis || need redlock; then
 fi
 if need etcd; then
     command -v etcd >/dev/null || missing+=(etcd-server)
+    # etcdctl (the health check below) is in its own package.
+    command -v etcdctl >/dev/null || missing+=(etcd-client)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
     echo "installing ${missing[*]}" >&2
