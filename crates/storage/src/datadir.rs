@@ -77,24 +77,16 @@ fn is_fresh(dir: &Path) -> Result<bool, StoreError> {
 pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
     let shown = dir.display();
     if is_fresh(dir)? {
-        if !plan.may_bootstrap {
-            return Err(StoreError::Refused(format!(
-                "data dir {shown} is empty, and this node is one of several in \
-                 --initial-cluster with --initial-cluster-state existing (the default): it \
-                 will not bootstrap. For a new cluster, start every member once with \
-                 --initial-cluster-state new. {REPLACE_HINT}."
-            )));
-        }
-        std::fs::create_dir_all(dir).map_err(|error| StoreError::File {
-            path: dir.to_owned(),
-            error,
-        })?;
-        return create(dir, plan, events);
+        return bootstrap_empty(dir, plan, events);
     }
 
     let loaded = identity::load(dir).map_err(|e| unusable(dir, e))?;
     let had_hard_state = hardstate::HardState::path_in(dir).exists();
     let has_sled = dir.join("db").exists() || dir.join("conf").exists();
+    if loaded.is_none() && !had_hard_state && !has_sled {
+        // Other files only (a mount point's lost+found, say): as good as empty.
+        return bootstrap_empty(dir, plan, events);
+    }
     if let Some(id) = &loaded {
         if id.member_id != plan.member_id {
             return Err(StoreError::Refused(format!(
@@ -123,16 +115,9 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
             id
         }
         None if !holds_state => {
-            // Files, but no Raft state and no identity: as good as empty.
-            if !plan.may_bootstrap {
-                return Err(StoreError::Refused(format!(
-                    "data dir {shown} holds no Raft state and no identity, and \
-                     --initial-cluster-state is existing: it will not bootstrap. \
-                     {REPLACE_HINT}."
-                )));
-            }
+            // An empty store and no identity: as good as empty.
             drop((log, state_machine));
-            return create(dir, plan, events);
+            return bootstrap_empty(dir, plan, events);
         }
         None if had_hard_state => {
             return Err(unusable(
@@ -163,6 +148,24 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
         state_machine,
         bootstrap,
     })
+}
+
+/// An empty data dir: a new member of a new cluster, if the plan allows it.
+fn bootstrap_empty(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
+    if !plan.may_bootstrap {
+        return Err(StoreError::Refused(format!(
+            "data dir {} holds no Raft state, and this node is one of several in \
+             --initial-cluster with --initial-cluster-state existing (the default): it will \
+             not bootstrap. For a new cluster, start every member once with \
+             --initial-cluster-state new. {REPLACE_HINT}.",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(|error| StoreError::File {
+        path: dir.to_owned(),
+        error,
+    })?;
+    create(dir, plan, events)
 }
 
 fn create(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
