@@ -217,7 +217,8 @@ impl Node {
             tracing::info!(?nodes, "bootstrapping a new cluster");
             match raft.initialize(nodes).await {
                 Ok(()) => {}
-                // Already initialized: a start that crashed before recording `Ready`.
+                // Already initialized: a restart before this member heard from every member
+                // (it stays `Bootstrapping` until then).
                 Err(RaftError::APIError(e)) => tracing::info!("not initializing: {e}"),
                 Err(e) => return Err(StartError::Raft(e.to_string())),
             }
