@@ -323,6 +323,17 @@ fn apply(
     Ok(())
 }
 
+/// What the watchdog keeps track of across a run.
+#[derive(Default)]
+struct Exits {
+    /// Server exits the nemesis did not cause (for results.json).
+    unexpected: Vec<String>,
+    /// fenced nodes the nemesis restarted with an empty data dir.
+    wiped: Vec<String>,
+    /// Those of them that retired: left down for good.
+    retired: Vec<String>,
+}
+
 /// A server process that exited without the nemesis killing it (a crash — or something
 /// outside the harness killing it) is logged in the history and restarted. Except a fenced
 /// node that the nemesis restarted with an empty data dir (`wiped`) and that exits with
@@ -333,13 +344,11 @@ fn watchdog(
     nodes: &[String],
     nem: &mut HistoryWriter,
     clock: &RunClock,
-    unexpected: &mut Vec<String>,
-    wiped: &[String],
-    retired: &mut Vec<String>,
+    exits: &mut Exits,
 ) -> anyhow::Result<()> {
     for n in nodes {
         if let Some(st) = env.exited(n) {
-            if wiped.contains(n) && st.code() == Some(1) {
+            if exits.wiped.contains(n) && st.code() == Some(1) {
                 let what = format!(
                     "{n} exited ({st}) after a restart with an empty data dir: it refused to \
                      rejoin under a new incarnation (retired); not restarted"
@@ -348,7 +357,7 @@ fn watchdog(
                     &Event::new(Process::nemesis(), Kind::Info, "retired", clock.now())
                         .value(json!(what)),
                 )?;
-                retired.push(n.clone());
+                exits.retired.push(n.clone());
                 continue;
             }
             let what = format!("{n} exited unexpectedly ({st}); restarted");
@@ -361,7 +370,9 @@ fn watchdog(
                 )
                 .value(json!(what)),
             )?;
-            unexpected.push(format!("{:.1} s: {what}", clock.now() as f64 / 1e9));
+            exits
+                .unexpected
+                .push(format!("{:.1} s: {what}", clock.now() as f64 / 1e9));
             env.start(n)?;
         }
     }
@@ -572,22 +583,11 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         .collect();
     steps.sort_by_key(|(t, start, _)| (*t, *start));
     let mut active: Vec<&Scheduled> = vec![];
-    let mut unexpected: Vec<String> = vec![];
-    // fenced nodes restarted with an empty data dir, and those of them that retired.
-    let mut wiped: Vec<String> = vec![];
-    let mut retired: Vec<String> = vec![];
+    let mut exits = Exits::default();
     let mut errors = Vec::new();
     for (at, start, s) in steps {
         while clock.now() < at * 1_000_000 && !interrupted() {
-            watchdog(
-                &mut env,
-                &nodes,
-                &mut nem,
-                &clock,
-                &mut unexpected,
-                &wiped,
-                &mut retired,
-            )?;
+            watchdog(&mut env, &nodes, &mut nem, &clock, &mut exits)?;
             std::thread::sleep(Duration::from_millis(20));
         }
         if interrupted() {
@@ -607,13 +607,13 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
             &layout,
             &s.fault,
             start,
-            &retired,
+            &exits.retired,
         ) {
             errors.push(format!("{}: {e:#}", s.fault.describe()));
         }
         if let Fault::RestartEmpty { targets, .. } = &s.fault {
             if !start && o.system.is_fenced_cluster() {
-                wiped.extend(targets.iter().cloned());
+                exits.wiped.extend(targets.iter().cloned());
             }
         }
         nem.write(&ev)?;
@@ -631,7 +631,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
             &layout,
             &s.fault,
             false,
-            &retired,
+            &exits.retired,
         );
         let _ = nem.write(
             &Event::new(
@@ -644,15 +644,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         );
     }
     while clock.now() < limit_ms * 1_000_000 && !interrupted() {
-        watchdog(
-            &mut env,
-            &nodes,
-            &mut nem,
-            &clock,
-            &mut unexpected,
-            &wiped,
-            &mut retired,
-        )?;
+        watchdog(&mut env, &nodes, &mut nem, &clock, &mut exits)?;
         std::thread::sleep(Duration::from_millis(50));
     }
     // One shared grace period for the clients to finish their last op (none if interrupted).
@@ -707,8 +699,8 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         "ttl_ms": o.ttl_ms,
         "net": format!("{:?}", o.net),
         "nemesis_errors": errors,
-        "unexpected_exits": unexpected,
-        "retired": retired,
+        "unexpected_exits": exits.unexpected,
+        "retired": exits.retired,
         "schedule": schedule,
     });
     let results = report::write(out, &events, o.system.name(), &o.workload, meta)?;
