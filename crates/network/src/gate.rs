@@ -98,7 +98,7 @@ impl PeerGate {
         };
         if from.cluster_id != me.cluster_id {
             return Err(refuse(format!(
-                "call from cluster {:016x}, but this node belongs to cluster {:016x}",
+                "call from cluster {}, but this node belongs to cluster {}",
                 from.cluster_id, me.cluster_id
             )));
         }
@@ -111,8 +111,8 @@ impl PeerGate {
         }
         if from.to_incarnation != 0 && from.to_incarnation != me.incarnation {
             let reason = format!(
-                "member {} knows member {} as incarnation {:016x}, but this data dir is \
-                 incarnation {:016x}: it is not the data dir this member acknowledged entries \
+                "member {} knows member {} as incarnation {}, but this data dir is \
+                 incarnation {}: it is not the data dir this member acknowledged entries \
                  from",
                 from.member, me.member_id, from.to_incarnation, me.incarnation
             );
@@ -141,8 +141,8 @@ impl PeerGate {
             Pin::Known | Pin::New => {}
             Pin::Conflict { pinned } => {
                 let mut s = refuse(format!(
-                    "member {} reappeared as incarnation {:016x}, but this node knows it as \
-                     {pinned:016x}: its data dir is not the one it acknowledged entries from, \
+                    "member {} reappeared as incarnation {}, but this node knows it as \
+                     {pinned}: its data dir is not the one it acknowledged entries from, \
                      so its votes and acknowledgements cannot count",
                     from.member, from.incarnation
                 ));
@@ -161,8 +161,8 @@ impl PeerGate {
                 tracing::warn!(
                     from = from.member,
                     member,
-                    "member {} has pinned member {member} as incarnation {incarnation:016x}, \
-                     this node as {pinned:016x}; keeping this node's",
+                    "member {} has pinned member {member} as incarnation {incarnation}, \
+                     this node as {pinned}; keeping this node's",
                     from.member
                 );
             }
@@ -222,7 +222,7 @@ impl PeerGate {
         if pin == Pin::New {
             tracing::info!(
                 member,
-                "pinned member {member} at incarnation {incarnation:016x}"
+                "pinned member {member} at incarnation {incarnation}"
             );
         }
         Ok(pin)
@@ -239,8 +239,8 @@ impl PeerGate {
         match self.ids.learn(target, incarnation) {
             Ok(Pin::Known | Pin::New) => Ok(()),
             Ok(Pin::Conflict { pinned }) => Err(format!(
-                "member {target} answered as incarnation {incarnation:016x}, but this node \
-                 knows it as {pinned:016x}: its answer does not count"
+                "member {target} answered as incarnation {incarnation}, but this node \
+                 knows it as {pinned}: its answer does not count"
             )),
             Err(e) => Err(format!("recording member {target}'s incarnation: {e}")),
         }

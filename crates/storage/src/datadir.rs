@@ -90,7 +90,7 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
     if let Some(id) = &loaded {
         if id.member_id != plan.member_id {
             return Err(StoreError::Refused(format!(
-                "data dir {shown} belongs to member {} (cluster {:016x}), not to --id {}",
+                "data dir {shown} belongs to member {} (cluster {}), not to --id {}",
                 id.member_id, id.cluster_id, plan.member_id
             )));
         }
@@ -174,7 +174,7 @@ fn create(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreErr
     let (log, state_machine) = crate::open(dir, events)?;
     tracing::info!(
         member = id.member_id,
-        cluster = format_args!("{:016x}", id.cluster_id),
+        cluster = id.cluster_id,
         incarnation = id.incarnation,
         "new data dir"
     );
@@ -188,7 +188,7 @@ fn create(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreErr
 
 fn no_state(dir: &Path, id: &Identity) -> StoreError {
     StoreError::Refused(format!(
-        "data dir {} belongs to member {} of cluster {:016x} but holds no Raft state (its \
+        "data dir {} belongs to member {} of cluster {} but holds no Raft state (its \
          log, vote and snapshot are gone). {REPLACE_HINT}.",
         dir.display(),
         id.member_id,
