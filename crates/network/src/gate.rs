@@ -66,11 +66,7 @@ impl PeerGate {
             incarnation: me.incarnation,
             addr: self.addr.clone(),
             to,
-            to_incarnation: if to == me.member_id {
-                me.incarnation
-            } else {
-                me.peers.get(&to).copied().unwrap_or(0)
-            },
+            to_incarnation: me.pinned(to).unwrap_or(0),
             known: me.peers.into_iter().collect(),
         }
     }
@@ -83,7 +79,7 @@ impl PeerGate {
         membership: &Membership<NodeId, BasicNode>,
     ) -> Result<(), Status> {
         let me = self.ids.get();
-        if let Some(reason) = self.ids.retired().borrow().as_ref() {
+        if let Some(reason) = self.ids.retired_reason() {
             return Err(refuse(format!(
                 "member {} is retired: {reason}",
                 me.member_id
@@ -194,15 +190,19 @@ impl PeerGate {
         &self,
         membership: &Membership<NodeId, BasicNode>,
     ) -> Result<(), Vec<NodeId>> {
-        let me = self.ids.get();
-        if me.state != MemberState::Bootstrapping {
+        // `None` once past bootstrapping (every call but the first few: no copy, no scan).
+        let missing: Option<Vec<NodeId>> = self.ids.read(|me| {
+            (me.state == MemberState::Bootstrapping).then(|| {
+                membership
+                    .nodes()
+                    .map(|(id, _)| *id)
+                    .filter(|id| me.pinned(*id).is_none())
+                    .collect()
+            })
+        });
+        let Some(missing) = missing else {
             return Ok(());
-        }
-        let missing: Vec<NodeId> = membership
-            .nodes()
-            .map(|(id, _)| *id)
-            .filter(|id| *id != me.member_id && !me.peers.contains_key(id))
-            .collect();
+        };
         if !missing.is_empty() || membership.nodes().next().is_none() {
             return Err(missing);
         }
@@ -309,7 +309,7 @@ mod tests {
             .admit(Some(&f2.envelope(3)), &m)
             .expect_err("a vote request for the old incarnation");
         assert_eq!(refusal.code(), tonic::Code::FailedPrecondition);
-        assert!(wiped.identity().retired().borrow().is_some());
+        assert!(wiped.identity().retired_reason().is_some());
 
         let d3c = tempfile::tempdir().expect("tmp");
         let wiped_again = gate(d3c.path(), 3);
@@ -317,7 +317,7 @@ mod tests {
             .admit(Some(&wiped_again.envelope(2)), &m)
             .expect_err("a call from the new incarnation");
         wiped_again.on_refusal(&refusal);
-        assert!(wiped_again.identity().retired().borrow().is_some());
+        assert!(wiped_again.identity().retired_reason().is_some());
         // Its answers do not count either.
         assert!(f2
             .accept_reply(3, wiped_again.identity().incarnation())

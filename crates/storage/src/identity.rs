@@ -71,6 +71,16 @@ impl Identity {
     }
 }
 
+impl Identity {
+    /// The incarnation pinned for `member` (this member's own for its own id).
+    pub fn pinned(&self, member: NodeId) -> Option<u64> {
+        if member == self.member_id {
+            return Some(self.incarnation);
+        }
+        self.peers.get(&member).copied()
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct OnDisk {
     identity: Identity,
@@ -190,6 +200,11 @@ impl IdentityStore {
         self.lock().clone()
     }
 
+    /// Run `f` over the current identity (no copy).
+    pub fn read<T>(&self, f: impl FnOnce(&Identity) -> T) -> T {
+        f(&self.lock())
+    }
+
     pub fn cluster_id(&self) -> u64 {
         self.lock().cluster_id
     }
@@ -204,27 +219,14 @@ impl IdentityStore {
 
     /// The incarnation pinned for `member` (this node's own for its own id).
     pub fn pinned(&self, member: NodeId) -> Option<u64> {
-        let id = self.lock();
-        if member == id.member_id {
-            return Some(id.incarnation);
-        }
-        id.peers.get(&member).copied()
-    }
-
-    pub fn peers(&self) -> BTreeMap<NodeId, u64> {
-        self.lock().peers.clone()
+        self.lock().pinned(member)
     }
 
     /// Pin `member` at `incarnation` unless it is pinned already; a new pin is on disk
     /// before this returns.
     pub fn learn(&self, member: NodeId, incarnation: u64) -> Result<Pin, StoreError> {
         let mut id = self.lock();
-        let pinned = if member == id.member_id {
-            Some(id.incarnation)
-        } else {
-            id.peers.get(&member).copied()
-        };
-        match pinned {
+        match id.pinned(member) {
             Some(p) if p == incarnation => Ok(Pin::Known),
             Some(p) => Ok(Pin::Conflict { pinned: p }),
             None => {
@@ -263,6 +265,11 @@ impl IdentityStore {
             tracing::error!("could not record the retirement in the identity file: {e}");
         }
         self.retired.send_replace(Some(reason.to_owned()));
+    }
+
+    /// Why this member was retired, if it was.
+    pub fn retired_reason(&self) -> Option<String> {
+        self.retired.borrow().clone()
     }
 
     /// Resolves with the reason once this member is retired.
