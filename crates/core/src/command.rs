@@ -5,14 +5,17 @@ use serde::{Deserialize, Serialize};
 use crate::kv::{KvCommand, KvEvent, KvResponse};
 use crate::CoreError;
 
-/// Raft log index. The index of the entry that grants a lock is the grant's fencing token.
+/// Raft log index.
 pub type Index = u64;
-/// Fencing token: the index of the granting entry.
-pub type Token = u64;
+/// Store revision: a counter in the replicated state that every applied command advances by
+/// one (see [`crate::StateMachine::revision`]).
+pub type Revision = u64;
+/// Fencing token: the revision of the command that granted the lock.
+pub type Token = Revision;
 /// Milliseconds of *log time* (see [`Request::time_ms`]).
 pub type Millis = u64;
-/// Session identifier: the index of the entry that opened the session.
-pub type SessionId = u64;
+/// Session identifier: the revision of the command that opened the session.
+pub type SessionId = Revision;
 
 /// Identifies one client request for deduplication: a client numbers its requests 1, 2, 3, …
 /// and a retry reuses the number, so the state machine can answer it with the first outcome.
@@ -22,7 +25,37 @@ pub struct RequestId {
     pub seq: u64,
 }
 
-/// One log entry's payload, as proposed by the leader.
+/// One log entry's payload: the commands the leader collected while earlier entries were in
+/// flight, applied in order, each taking the next revision.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+pub struct Batch {
+    pub requests: Vec<Request>,
+    /// Set only on entries written by fenced before tokens were revisions (log format 1),
+    /// when they are read back: such an entry is one command whose tokens (and session id)
+    /// were its log index, and applying it again must give the same ones. It raises the
+    /// revision to the index, so every later token exceeds every token issued before.
+    pub index_tokens: bool,
+}
+
+impl Batch {
+    /// A batch of one request.
+    pub fn one(req: Request) -> Batch {
+        Batch {
+            requests: vec![req],
+            index_tokens: false,
+        }
+    }
+
+    /// An entry written before revisions (see [`Batch::index_tokens`]).
+    pub fn legacy(req: Request) -> Batch {
+        Batch {
+            requests: vec![req],
+            index_tokens: true,
+        }
+    }
+}
+
+/// One client request (or leader-internal command) of a [`Batch`]: one command.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Request {
     /// Log time stamped by the leader (ms). The state machine's clock is
@@ -54,7 +87,7 @@ pub enum Command {
     /// `Acquire` is the same as `AcquireWith` with one name and [`Mode::Exclusive`].
     AcquireWith(Box<AcquireSpec>),
     /// Drop one hold of the grant `token` of `name`; the last hold frees the lock and grants
-    /// it to the first waiter in the same entry.
+    /// it to the first waiter in the same command (same revision).
     Release {
         name: String,
         owner: String,
@@ -132,8 +165,8 @@ pub enum Mode {
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct AcquireSpec {
-    /// One name, or several for an atomic multi-lock (exclusive mode only): all granted in one
-    /// entry with one token, or none; waiting in every queue at once, so no deadlock by order.
+    /// One name, or several for an atomic multi-lock (exclusive mode only): all granted by one
+    /// command with one token, or none; waiting in every queue at once, so no deadlock by order.
     pub names: Vec<String>,
     pub owner: String,
     pub mode: Mode,
@@ -216,9 +249,17 @@ pub enum Event {
     Kv(KvEvent),
 }
 
-/// The outcome of applying one entry.
+/// The outcome of applying one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Applied {
     pub response: Response,
+    pub events: Vec<Event>,
+}
+
+/// The outcome of applying one entry: one response per request of the [`Batch`], in order,
+/// and the events of all of them.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct AppliedBatch {
+    pub responses: Vec<Response>,
     pub events: Vec<Event>,
 }

@@ -1,12 +1,12 @@
 //! The replicated keyspace behind the RESP front end: strings, hashes, lists and sorted sets
-//! with an absolute expiry in log time, per-key `create_revision`/`mod_revision` (log indexes),
+//! with an absolute expiry in log time, per-key `create_revision`/`mod_revision` (store revisions),
 //! per-key fence high-water marks (`FENCE.SET`), and the Lua script cache.
 //!
 //! Commands arrive as Redis argument vectors ([`Argv`]) and are interpreted here, inside
 //! `apply`, on every replica — so a Lua script's `redis.call` runs the very same code as a
 //! command sent over the wire, and replaying the log rebuilds the same keyspace. Everything is
 //! deterministic: time is the entry's log time, `math.random` in scripts is seeded from the
-//! entry index, script budgets count instructions and bytes, never wall-clock time.
+//! command's revision, script budgets count instructions and bytes, never wall-clock time.
 //!
 //! Reads ([`Keyspace::read`]) run on `&Keyspace` at a caller-supplied log time, so a
 //! linearizable read can evaluate expiry at the leader's current log time (see
@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Index, Millis, Token};
+use crate::{Millis, Revision, Token};
 
 pub use exec::{
     command_class, command_keys, command_table, key_spec, noperm_command, CommandClass, KeySpec,
@@ -57,7 +57,7 @@ pub enum KvCommand {
     /// absent), run the commands one after another and reply with one array of their replies;
     /// otherwise run nothing and reply with a nil array.
     Multi {
-        watches: Vec<(Bytes, Index)>,
+        watches: Vec<(Bytes, Revision)>,
         cmds: Vec<Argv>,
     },
     /// `cmd` on behalf of an ACL-restricted RESP user: before every command it runs —
@@ -224,10 +224,10 @@ impl Value {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub value: Value,
-    /// Index of the entry that created the key (its token when taken with `SET NX`).
-    pub create_revision: Index,
-    /// Index of the entry that last modified it.
-    pub mod_revision: Index,
+    /// Revision of the command that created the key (its token when taken with `SET NX`).
+    pub create_revision: Revision,
+    /// Revision of the command that last modified it.
+    pub mod_revision: Revision,
     /// Absolute expiry in log time; the key is gone from this time on.
     pub expire_at: Option<Millis>,
 }
@@ -246,11 +246,16 @@ pub struct Keyspace {
 }
 
 impl Keyspace {
-    /// Apply `cmd` at `index` (its revision) and log time `now`. Events for the front ends
-    /// (pub/sub messages, list pushes) are appended to `events`.
+    /// Apply `cmd` at log time `now`; `revision` is the command's revision. A
+    /// [`KvCommand::Batch`] (a pipeline) is several commands: with `per_command`, each one
+    /// after the first takes the next revision, and `revision` is left at the last one used
+    /// (without, all share it — entries from before revisions). `MULTI`/`EXEC` and a script
+    /// are one command. Events for the front ends (pub/sub messages, list pushes) are
+    /// appended to `events`.
     pub fn apply(
         &mut self,
-        index: Index,
+        revision: &mut Revision,
+        per_command: bool,
         now: Millis,
         cmd: &KvCommand,
         events: &mut Vec<crate::Event>,
@@ -259,21 +264,32 @@ impl Keyspace {
         let replies = {
             let mut ctx = exec::Ctx {
                 ks: self,
-                index,
+                revision: *revision,
                 now,
                 events: &mut kv_events,
                 in_script: false,
                 limits: Vec::new(),
             };
-            Self::run(&mut ctx, cmd)
+            let replies = Self::run(&mut ctx, cmd, per_command);
+            *revision = ctx.revision;
+            replies
         };
         events.extend(kv_events.into_iter().map(crate::Event::Kv));
         KvResponse { replies }
     }
 
-    fn run<'a>(ctx: &mut exec::Ctx<'a>, cmd: &'a KvCommand) -> Vec<Reply> {
+    fn run<'a>(ctx: &mut exec::Ctx<'a>, cmd: &'a KvCommand, per_command: bool) -> Vec<Reply> {
         match cmd {
-            KvCommand::Batch(cmds) => cmds.iter().map(|argv| ctx.exec(argv)).collect(),
+            KvCommand::Batch(cmds) => cmds
+                .iter()
+                .enumerate()
+                .map(|(i, argv)| {
+                    if i > 0 && per_command {
+                        ctx.revision += 1;
+                    }
+                    ctx.exec(argv)
+                })
+                .collect(),
             KvCommand::Multi { watches, cmds } => {
                 let intact = watches
                     .iter()
@@ -286,7 +302,7 @@ impl Keyspace {
             }
             KvCommand::Restricted { limits, cmd } => {
                 ctx.limits.push(limits);
-                let replies = Self::run(ctx, cmd);
+                let replies = Self::run(ctx, cmd, per_command);
                 ctx.limits.pop();
                 replies
             }
@@ -325,7 +341,7 @@ impl Keyspace {
     }
 
     /// `mod_revision` of `key` at `now`, 0 if absent (what `WATCH` records).
-    pub fn mod_revision(&self, key: &[u8], now: Millis) -> Index {
+    pub fn mod_revision(&self, key: &[u8], now: Millis) -> Revision {
         self.get(key, now).map_or(0, |e| e.mod_revision)
     }
 
@@ -355,11 +371,11 @@ impl Keyspace {
         self.keys.get_mut(key)
     }
 
-    /// Store `value` under `key` at `index`: keeps `create_revision` if the key exists,
+    /// Store `value` under `key` at `revision`: keeps `create_revision` if the key exists,
     /// replaces the expiry with `expire_at` unless `keep_ttl`.
     fn put(
         &mut self,
-        index: Index,
+        revision: Revision,
         key: &[u8],
         value: Value,
         expire_at: Option<Millis>,
@@ -367,7 +383,7 @@ impl Keyspace {
     ) {
         let (create, old_exp) = match self.keys.get(key) {
             Some(e) => (e.create_revision, e.expire_at),
-            None => (index, None),
+            None => (revision, None),
         };
         let exp = if keep_ttl { old_exp } else { expire_at };
         if old_exp != exp {
@@ -383,13 +399,13 @@ impl Keyspace {
             Entry {
                 value,
                 create_revision: create,
-                mod_revision: index,
+                mod_revision: revision,
                 expire_at: exp,
             },
         );
     }
 
-    fn set_expiry(&mut self, key: &[u8], index: Index, expire_at: Option<Millis>) -> bool {
+    fn set_expiry(&mut self, key: &[u8], revision: Revision, expire_at: Option<Millis>) -> bool {
         let Some(e) = self.keys.get_mut(key) else {
             return false;
         };
@@ -400,7 +416,7 @@ impl Keyspace {
             self.expiries.insert((t, key.to_vec()));
         }
         e.expire_at = expire_at;
-        e.mod_revision = index;
+        e.mod_revision = revision;
         true
     }
 
@@ -413,10 +429,10 @@ impl Keyspace {
     }
 
     /// After a container was modified: bump its revision, drop it if it became empty.
-    fn touched(&mut self, key: &[u8], index: Index) {
+    fn touched(&mut self, key: &[u8], revision: Revision) {
         let empty = match self.keys.get_mut(key) {
             Some(e) => {
-                e.mod_revision = index;
+                e.mod_revision = revision;
                 e.value.is_empty_container()
             }
             None => return,

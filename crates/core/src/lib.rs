@@ -4,8 +4,10 @@
 //! Rules (see `design.md` §3):
 //! * time comes only from the entries (`now = max(now, entry.time_ms)`); no clock, no
 //!   randomness, no I/O;
-//! * the fencing token of a grant is the log index of the entry that granted it, so tokens
-//!   only grow, across leader changes and restarts;
+//! * a log entry carries a [`Batch`] of commands; every applied command takes the next store
+//!   *revision* (one counter in the replicated state), and the fencing token of a grant is the
+//!   revision of the command that granted it, so tokens only grow, across leader changes and
+//!   restarts, and one entry can carry many commands;
 //! * every client request carries a [`RequestId`]; a retried request is answered with the
 //!   outcome of its first application and never acts twice.
 
@@ -15,8 +17,8 @@ pub mod limits;
 pub mod machine;
 
 pub use command::{
-    AcquireSpec, Applied, Command, Event, Index, Millis, Mode, ReleaseReason, Request, RequestId,
-    Response, SessionId, Token,
+    AcquireSpec, Applied, AppliedBatch, Batch, Command, Event, Index, Millis, Mode, ReleaseReason,
+    Request, RequestId, Response, Revision, SessionId, Token,
 };
 pub use machine::{HolderInfo, LockInfo, LockKind, SessionInfo, StateMachine};
 

@@ -166,12 +166,16 @@ pub struct SessionInfo {
     pub locks: Vec<String>,
 }
 
-/// The replicated state. Apply entries in log order with [`StateMachine::apply`]; the same
-/// entries always produce the same state, responses and events.
+/// The replicated state. Apply entries in log order with [`StateMachine::apply_batch`]; the
+/// same entries always produce the same state, responses and events.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct StateMachine {
     now: Millis,
     last_index: Index,
+    /// The store revision: advanced by one by every applied command (and by every expiry
+    /// step that found something due). A grant's token, a session's id and a key's
+    /// `create_revision`/`mod_revision` are the revision of the command that made them.
+    revision: Revision,
     locks: BTreeMap<String, Lock>,
     waiters: BTreeMap<RequestId, Waiter>,
     sessions: BTreeMap<SessionId, Session>,
@@ -182,6 +186,20 @@ pub struct StateMachine {
     #[serde(skip)]
     dirty: BTreeSet<String>,
     /// The RESP keyspace.
+    kv: Keyspace,
+}
+
+/// The snapshot layout written before tokens were revisions (format 1): [`StateMachine`]
+/// without `revision`. Read by [`StateMachine::from_legacy_bytes`] only.
+#[derive(Deserialize)]
+struct LegacyStateMachine {
+    now: Millis,
+    last_index: Index,
+    locks: BTreeMap<String, Lock>,
+    waiters: BTreeMap<RequestId, Waiter>,
+    sessions: BTreeMap<SessionId, Session>,
+    clients: BTreeMap<u64, ClientRecord>,
+    deadlines: BTreeSet<(Millis, Due)>,
     kv: Keyspace,
 }
 
@@ -198,6 +216,12 @@ impl StateMachine {
     /// Index of the last applied entry (0 before any).
     pub fn last_index(&self) -> Index {
         self.last_index
+    }
+
+    /// The store revision: the revision of the last applied command (0 before any). Every
+    /// token, session id and key revision issued so far is at most this.
+    pub fn revision(&self) -> Revision {
+        self.revision
     }
 
     /// The earliest pending deadline (lease, session, wait, lock-delay, dedup eviction, key
@@ -291,29 +315,104 @@ impl StateMachine {
         Ok(bincode::deserialize(bytes)?)
     }
 
-    /// Apply the entry at `index`. Time first advances to the entry's time, expiring whatever
-    /// is due; then the command runs, unless its request id was seen before, in which case
-    /// the first outcome is returned again; last, freed locks are handed to their waiters.
-    pub fn apply(&mut self, index: Index, req: &Request) -> Applied {
-        let mut events = Vec::new();
-        self.last_index = self.last_index.max(index);
-        self.now = self.now.max(req.time_ms);
-        self.expire_due(&mut events);
-        self.kv.expire_due(self.now);
+    /// Decode a snapshot written before tokens were revisions (format 1): the same fields
+    /// without the revision, whose tokens were log indexes. The revision starts at the last
+    /// applied index, above every token that state issued.
+    pub fn from_legacy_bytes(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        let old: LegacyStateMachine = bincode::deserialize(bytes)?;
+        Ok(StateMachine {
+            now: old.now,
+            last_index: old.last_index,
+            revision: old.last_index,
+            locks: old.locks,
+            waiters: old.waiters,
+            sessions: old.sessions,
+            clients: old.clients,
+            deadlines: old.deadlines,
+            dirty: BTreeSet::new(),
+            kv: old.kv,
+        })
+    }
 
+    /// Apply the entry at `index`: its requests in order, each one command taking the next
+    /// revision ([`StateMachine::apply_request`]). One response per request.
+    pub fn apply_batch(&mut self, index: Index, batch: &Batch) -> AppliedBatch {
+        self.last_index = self.last_index.max(index);
+        let mut events = Vec::new();
+        let responses = batch
+            .requests
+            .iter()
+            .map(|req| {
+                if batch.index_tokens {
+                    self.apply_legacy(index, req, &mut events)
+                } else {
+                    self.apply_request(req, &mut events)
+                }
+            })
+            .collect();
+        AppliedBatch { responses, events }
+    }
+
+    /// Apply one request as the only command of the entry at `index` (tests and tools; the
+    /// log carries [`Batch`]es).
+    pub fn apply(&mut self, index: Index, req: &Request) -> Applied {
+        let mut out = self.apply_batch(index, &Batch::one(req.clone()));
+        Applied {
+            response: out.responses.pop().unwrap_or(Response::Ticked),
+            events: out.events,
+        }
+    }
+
+    /// One command. Time first advances to the request's time; if a deadline has passed, the
+    /// expiry step takes a revision of its own: whatever is due expires and freed locks pass
+    /// to their waiters (tokens of that revision). Then, unless its request id was seen
+    /// before (the first outcome is returned again, and nothing happens), the command takes
+    /// the next revision, runs, and locks it freed pass to their waiters at that revision.
+    fn apply_request(&mut self, req: &Request, events: &mut Vec<Event>) -> Response {
+        self.now = self.now.max(req.time_ms);
+        if self.next_deadline().is_some_and(|t| t <= self.now) {
+            self.revision += 1;
+            self.expire_due(events);
+            self.kv.expire_due(self.now);
+            self.hand_over(self.revision, events);
+        }
+        if let Some(previous) = req.client.and_then(|rid| self.dedup_lookup(rid)) {
+            return previous;
+        }
+        self.revision += 1;
+        let response = self.execute(req.client, &req.cmd, false, events);
+        if let Some(rid) = req.client {
+            self.dedup_store(rid, response.clone());
+        }
+        self.hand_over(self.revision, events);
+        response
+    }
+
+    /// An entry written before revisions ([`Batch::index_tokens`]), applied exactly as then:
+    /// one revision for the expiry, the command and the hand-over, equal to the log index
+    /// (or the next revision, should the revision already have passed it).
+    fn apply_legacy(&mut self, index: Index, req: &Request, events: &mut Vec<Event>) -> Response {
+        self.revision = if index > self.revision {
+            index
+        } else {
+            self.revision + 1
+        };
+        self.now = self.now.max(req.time_ms);
+        self.expire_due(events);
+        self.kv.expire_due(self.now);
         let response = match req.client {
-            None => self.execute(index, None, &req.cmd, &mut events),
+            None => self.execute(None, &req.cmd, true, events),
             Some(rid) => match self.dedup_lookup(rid) {
                 Some(previous) => previous,
                 None => {
-                    let response = self.execute(index, Some(rid), &req.cmd, &mut events);
+                    let response = self.execute(Some(rid), &req.cmd, true, events);
                     self.dedup_store(rid, response.clone());
                     response
                 }
             },
         };
-        self.hand_over(index, &mut events);
-        Applied { response, events }
+        self.hand_over(self.revision, events);
+        response
     }
 
     // -----------------------------------------------------------------------------------
@@ -375,13 +474,16 @@ impl StateMachine {
     // -----------------------------------------------------------------------------------
     // Commands
 
+    /// Run `cmd` at the current revision. `legacy`: an entry from before revisions
+    /// ([`Batch::index_tokens`]).
     fn execute(
         &mut self,
-        index: Index,
         rid: Option<RequestId>,
         cmd: &Command,
+        legacy: bool,
         events: &mut Vec<Event>,
     ) -> Response {
+        let revision = self.revision;
         let result = match cmd {
             Command::Acquire {
                 name,
@@ -390,7 +492,7 @@ impl StateMachine {
                 session,
                 wait_ms,
             } => self.acquire(
-                index,
+                revision,
                 rid,
                 &AcquireSpec {
                     names: vec![name.clone()],
@@ -402,7 +504,7 @@ impl StateMachine {
                     lock_delay_ms: 0,
                 },
             ),
-            Command::AcquireWith(spec) => self.acquire(index, rid, spec),
+            Command::AcquireWith(spec) => self.acquire(revision, rid, spec),
             Command::Release { name, owner, token } => {
                 Ok(self.release(std::slice::from_ref(name), owner, *token, events))
             }
@@ -418,13 +520,20 @@ impl StateMachine {
                 token,
                 ttl_ms,
             } => self.renew(name, owner, *token, *ttl_ms),
-            Command::OpenSession { ttl_ms } => self.open_session(index, *ttl_ms),
+            Command::OpenSession { ttl_ms } => self.open_session(revision, *ttl_ms),
             Command::KeepAlive { session } => Ok(self.keep_alive(*session)),
             Command::CloseSession { session } => {
                 Ok(self.close_session(*session, ReleaseReason::SessionClosed, events))
             }
             Command::Tick => Ok(Response::Ticked),
-            Command::Kv(cmd) => Ok(Response::Kv(self.kv.apply(index, self.now, cmd, events))),
+            Command::Kv(cmd) => {
+                // A pipeline (`KvCommand::Batch`) takes one more revision per command after
+                // its first, except in an entry from before revisions.
+                let mut rev = revision;
+                let reply = self.kv.apply(&mut rev, !legacy, self.now, cmd, events);
+                self.revision = rev;
+                Ok(Response::Kv(reply))
+            }
         };
         result.unwrap_or_else(Response::Rejected)
     }
@@ -492,7 +601,7 @@ impl StateMachine {
 
     fn acquire(
         &mut self,
-        index: Index,
+        revision: Revision,
         rid: Option<RequestId>,
         spec: &AcquireSpec,
     ) -> Result<Response, CoreError> {
@@ -544,7 +653,7 @@ impl StateMachine {
                 });
             }
             let (token, deadline) = self.grant(
-                index,
+                revision,
                 &spec.names,
                 &key,
                 spec.mode,
@@ -628,13 +737,13 @@ impl StateMachine {
         out
     }
 
-    /// Install a grant of every name in `names` to `key` with token `index`. A name `key`
+    /// Install a grant of every name in `names` to `key` with token `revision`. A name `key`
     /// already holds (a second queued acquire of the same owner) gets one more hold of its
     /// grant instead. Returns the token and lease deadline (`None` for session-bound grants)
     /// of the first name.
     fn grant(
         &mut self,
-        index: Index,
+        revision: Revision,
         names: &[String],
         key: &HolderKey,
         mode: Mode,
@@ -665,7 +774,7 @@ impl StateMachine {
                 key.clone(),
                 Holder {
                     mode,
-                    token: index,
+                    token: revision,
                     holds: 1,
                     deadline,
                     lock_delay_ms,
@@ -680,9 +789,9 @@ impl StateMachine {
                 }
                 (None, None) => {}
             }
-            first.get_or_insert((index, deadline));
+            first.get_or_insert((revision, deadline));
         }
-        first.unwrap_or((index, None))
+        first.unwrap_or((revision, None))
     }
 
     /// Drop one hold of grant `token` of `owner` on each of `names`.
@@ -775,7 +884,7 @@ impl StateMachine {
         Ok(Response::Renewed { deadline_ms: new })
     }
 
-    fn open_session(&mut self, index: Index, ttl_ms: Millis) -> Result<Response, CoreError> {
+    fn open_session(&mut self, id: SessionId, ttl_ms: Millis) -> Result<Response, CoreError> {
         check_ttl(ttl_ms)?;
         if self.sessions.len() >= MAX_SESSIONS {
             return Err(CoreError::LimitReached {
@@ -785,7 +894,7 @@ impl StateMachine {
         }
         let deadline = self.now + ttl_ms;
         self.sessions.insert(
-            index,
+            id,
             Session {
                 ttl_ms,
                 deadline,
@@ -793,9 +902,9 @@ impl StateMachine {
                 waiting: BTreeSet::new(),
             },
         );
-        self.deadlines.insert((deadline, Due::Session(index)));
+        self.deadlines.insert((deadline, Due::Session(id)));
         Ok(Response::SessionOpened {
-            session: index,
+            session: id,
             deadline_ms: deadline,
         })
     }
@@ -903,12 +1012,12 @@ impl StateMachine {
         self.dirty.insert(name.to_owned());
     }
 
-    /// Serve the queues of every lock that changed in this entry, in FIFO order: the first
-    /// waiter of a queue is granted (token `index`) when it is first in the queue of every
+    /// Serve the queues of every lock that changed in this step, in FIFO order: the first
+    /// waiter of a queue is granted (token `revision`) when it is first in the queue of every
     /// lock it asks for and every one of them admits it; consecutive readers or permits are
-    /// admitted together. Running last means a grant made here is never ended in the same
-    /// entry, so grants of a lock made in different entries never share a token.
-    fn hand_over(&mut self, index: Index, events: &mut Vec<Event>) {
+    /// admitted together. Running last in a step means a grant made here is never ended at
+    /// the same revision, so grants of a lock made at different revisions never share a token.
+    fn hand_over(&mut self, revision: Revision, events: &mut Vec<Event>) {
         while let Some(name) = self.dirty.pop_first() {
             while let Some(rid) = self.locks.get(&name).and_then(|l| l.queue.front().copied()) {
                 let Some(w) = self.waiters.get(&rid) else {
@@ -943,7 +1052,7 @@ impl StateMachine {
                 }
                 let key = (w.owner.clone(), w.session);
                 let (token, deadline) =
-                    self.grant(index, &w.names, &key, w.mode, w.ttl_ms, w.lock_delay_ms);
+                    self.grant(revision, &w.names, &key, w.mode, w.ttl_ms, w.lock_delay_ms);
                 self.dedup_resolve(
                     rid,
                     Response::Granted {
@@ -1014,7 +1123,7 @@ impl StateMachine {
     #[doc(hidden)]
     pub fn check_invariants(&self) -> Result<(), String> {
         if !self.dirty.is_empty() {
-            return Err("dirty locks left between entries".into());
+            return Err("dirty locks left between commands".into());
         }
         let mut expected = BTreeSet::new();
         let mut queued: BTreeMap<RequestId, usize> = BTreeMap::new();
@@ -1042,7 +1151,7 @@ impl StateMachine {
                 if h.holds == 0 {
                     return Err(format!("{name}: held zero times"));
                 }
-                if h.token > self.last_index {
+                if h.token > self.revision {
                     return Err(format!("{name}: token from the future"));
                 }
                 if LockKind::of(h.mode) != lock.kind {

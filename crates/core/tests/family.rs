@@ -84,7 +84,8 @@ struct View {
     /// Queued requests per lock, in arrival order.
     queues: BTreeMap<String, Vec<RequestId>>,
     specs: BTreeMap<RequestId, AcquireSpec>,
-    last_grant_entry: BTreeMap<String, Index>,
+    /// Revision of the step (expiry or command) that made the last grant of each lock.
+    last_grant_step: BTreeMap<String, Revision>,
     last_token: BTreeMap<String, Token>,
     /// Lock-delay in force: no grant before this log time.
     delayed_until: BTreeMap<String, Millis>,
@@ -95,7 +96,7 @@ impl View {
         &mut self,
         name: &str,
         g: Grant,
-        index: Index,
+        step: Revision,
         now: Millis,
     ) -> Result<(), TestCaseError> {
         let held = self.holders.entry(name.to_owned()).or_default();
@@ -115,13 +116,13 @@ impl View {
                 held.len() + 1
             ),
         }
-        prop_assert_eq!(g.2, index, "token is the granting index");
+        prop_assert_eq!(g.2, step, "token is the granting step's revision");
         if let Some(prev) = self.last_token.get(name) {
             prop_assert!(g.2 >= *prev, "{}: token {} after {}", name, g.2, prev);
-            if self.last_grant_entry.get(name) != Some(&index) {
+            if self.last_grant_step.get(name) != Some(&step) {
                 prop_assert!(
                     g.2 > *prev,
-                    "{}: token {} repeated in a later entry",
+                    "{}: token {} repeated in a later step",
                     name,
                     g.2
                 );
@@ -134,7 +135,7 @@ impl View {
             );
         }
         self.last_token.insert(name.to_owned(), g.2);
-        self.last_grant_entry.insert(name.to_owned(), index);
+        self.last_grant_step.insert(name.to_owned(), step);
         held.push(g);
         Ok(())
     }
@@ -275,8 +276,11 @@ fn run_and_check(ops: &[(Op, u64)]) -> Result<(), TestCaseError> {
         );
         sm.check_invariants().map_err(TestCaseError::fail)?;
         let now = sm.now();
-        // Events happen before the response's own grant (expiry first), except hand-overs,
-        // which are last; replay them in order.
+        // The command took the last revision; an expiry step before it (if anything was due)
+        // the one before. Events come in order: the expiry step's (releases, give-ups, then
+        // its hand-overs), then the command's own grant, then the command's releases and
+        // hand-overs. Replay them in that order.
+        let cmd_rev = sm.revision();
         let mut granted_now = false;
         for e in &out.events {
             match e {
@@ -306,20 +310,22 @@ fn run_and_check(ops: &[(Op, u64)]) -> Result<(), TestCaseError> {
                 Event::WaiterGaveUp { request, .. } => view.dequeue(*request),
                 Event::Kv(_) => {}
                 Event::WaiterGranted { request, token, .. } => {
-                    // The command's own grant (if any) precedes hand-overs.
-                    if !granted_now {
+                    // The command's own grant (if any) precedes its hand-overs.
+                    if !granted_now && *token == cmd_rev {
                         granted_now = true;
                         grant_response(
                             &mut view,
                             &spec,
                             rid,
                             &out.response,
-                            index,
+                            cmd_rev,
                             now,
                             &mut multi_grants,
                             &mut delays,
                         )?;
                     }
+                    // Before the command: the expiry step's hand-overs.
+                    let step = if granted_now { cmd_rev } else { cmd_rev - 1 };
                     let w = view
                         .specs
                         .get(request)
@@ -338,7 +344,7 @@ fn run_and_check(ops: &[(Op, u64)]) -> Result<(), TestCaseError> {
                         continue;
                     }
                     for n in &w.names {
-                        view.grant(n, (w.owner.clone(), w.session, *token, w.mode), index, now)?;
+                        view.grant(n, (w.owner.clone(), w.session, *token, w.mode), step, now)?;
                         if w.lock_delay_ms > 0 {
                             delays.insert((n.clone(), w.owner.clone(), *token), w.lock_delay_ms);
                         }
@@ -355,7 +361,7 @@ fn run_and_check(ops: &[(Op, u64)]) -> Result<(), TestCaseError> {
                 &spec,
                 rid,
                 &out.response,
-                index,
+                cmd_rev,
                 now,
                 &mut multi_grants,
                 &mut delays,
@@ -392,7 +398,7 @@ fn grant_response(
     spec: &Option<AcquireSpec>,
     rid: RequestId,
     response: &Response,
-    index: Index,
+    cmd_rev: Revision,
     now: Millis,
     multi: &mut BTreeMap<String, (Vec<String>, Token)>,
     delays: &mut BTreeMap<(String, String, Token), Millis>,
@@ -413,7 +419,7 @@ fn grant_response(
     else {
         return Ok(());
     };
-    if *token != index {
+    if *token != cmd_rev {
         return Ok(()); // a reentrant acquire: one more hold of an existing grant
     }
     // Fair: a request is granted on arrival only if nobody queues for any of its locks.
@@ -424,9 +430,14 @@ fn grant_response(
             "{n}: granted on arrival ahead of {queued:?}"
         );
     }
-    // All-or-nothing: every name is granted in this entry.
+    // All-or-nothing: every name is granted by this command.
     for n in &s.names {
-        view.grant(n, (s.owner.clone(), s.session, *token, s.mode), index, now)?;
+        view.grant(
+            n,
+            (s.owner.clone(), s.session, *token, s.mode),
+            cmd_rev,
+            now,
+        )?;
         if s.lock_delay_ms > 0 {
             delays.insert((n.clone(), s.owner.clone(), *token), s.lock_delay_ms);
         }

@@ -80,11 +80,12 @@ fn token_of(r: &Response) -> Token {
 }
 
 #[test]
-fn token_is_the_granting_index() {
+fn token_is_the_granting_commands_revision() {
     let mut h = Harness::new();
     h.tick();
     h.tick();
     let out = h.run(1, acquire("L", "a", 5_000, 0));
+    assert_eq!(h.sm.revision(), 3, "every command takes the next revision");
     assert_eq!(
         out.response,
         Response::Granted {
@@ -216,7 +217,11 @@ fn waiters_are_granted_in_fifo_order_with_larger_tokens() {
             _ => None,
         })
         .collect();
-    assert_eq!(granted, vec![(2, h.index)]);
+    assert_eq!(
+        granted,
+        vec![(2, h.sm.revision())],
+        "the release's revision"
+    );
     let info = h.sm.lock_info("L").expect("passed on");
     assert_eq!(info.owner, "b");
     assert!(info.token > t1);
@@ -276,7 +281,7 @@ fn retry_of_a_waiting_acquire_gets_the_grant() {
         Response::Pending
     );
     h.run(1, release("L", "a", t));
-    let granted_at = h.index;
+    let granted_at = h.sm.revision();
     let retry = h.run_as(Some(rid), acquire("L", "b", 5_000, 9_000));
     assert_eq!(token_of(&retry.response), granted_at);
 }
@@ -462,7 +467,214 @@ fn a_queued_acquire_outlives_the_dedup_window() {
         h.run_as(Some(RequestId { client_id: 5, seq }), Command::Tick);
     }
     h.run(1, release("L", "a", t));
-    let granted_at = h.index;
+    let granted_at = h.sm.revision();
     let retry = h.run_as(Some(waiting), acquire("L", "b", 5_000, 30_000));
     assert_eq!(token_of(&retry.response), granted_at);
+}
+
+// ---- revisions: one per command, whatever the entries ----------------------------------------
+
+fn req(client: Option<RequestId>, time_ms: Millis, cmd: Command) -> Request {
+    Request {
+        time_ms,
+        client,
+        cmd,
+    }
+}
+
+fn rid(client_id: u64, seq: u64) -> Option<RequestId> {
+    Some(RequestId { client_id, seq })
+}
+
+fn kv(args: &[&str]) -> Vec<Vec<u8>> {
+    args.iter().map(|a| a.as_bytes().to_vec()).collect()
+}
+
+#[test]
+fn commands_of_one_entry_take_distinct_revisions() {
+    let mut sm = StateMachine::new();
+    let permit = |owner: &str| {
+        Command::AcquireWith(Box::new(AcquireSpec {
+            names: vec!["S".into()],
+            owner: owner.into(),
+            mode: Mode::Permit { permits: 3 },
+            ttl_ms: 5_000,
+            session: None,
+            wait_ms: 0,
+            lock_delay_ms: 0,
+        }))
+    };
+    let batch = Batch {
+        requests: vec![
+            req(rid(1, 1), 1_000, Command::OpenSession { ttl_ms: 5_000 }),
+            req(rid(2, 1), 1_000, Command::OpenSession { ttl_ms: 5_000 }),
+            req(rid(3, 1), 1_000, permit("a")),
+            req(rid(4, 1), 1_000, permit("b")),
+            req(rid(5, 1), 1_000, acquire("L", "c", 5_000, 0)),
+        ],
+        index_tokens: false,
+    };
+    let out = sm.apply_batch(1, &batch);
+    let sessions: Vec<_> = out.responses[..2]
+        .iter()
+        .map(|r| match r {
+            Response::SessionOpened { session, .. } => *session,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(sessions, vec![1, 2], "two sessions opened in one entry");
+    let tokens: Vec<_> = out.responses[2..].iter().map(token_of).collect();
+    assert_eq!(tokens, vec![3, 4, 5], "permits of separate commands differ");
+    assert_eq!(sm.revision(), 5);
+    assert_eq!(sm.last_index(), 1);
+    sm.check_invariants().expect("invariants");
+}
+
+#[test]
+fn a_retry_inside_one_entry_returns_the_first_outcome() {
+    let mut sm = StateMachine::new();
+    let batch = Batch {
+        requests: vec![
+            req(rid(1, 1), 1_000, acquire("L", "a", 5_000, 0)),
+            req(rid(1, 1), 1_000, acquire("L", "a", 5_000, 0)),
+        ],
+        index_tokens: false,
+    };
+    let out = sm.apply_batch(1, &batch);
+    assert_eq!(out.responses[0], out.responses[1]);
+    assert_eq!(sm.lock_info("L").map(|i| i.holds), Some(1), "acted twice");
+    assert_eq!(sm.revision(), 1, "a retry takes no revision");
+}
+
+#[test]
+fn a_pipeline_is_several_commands_multi_is_one() {
+    let mut sm = StateMachine::new();
+    let pipeline = Command::Kv(kv::KvCommand::Batch(vec![
+        kv(&["SET", "k", "a", "NX", "PX", "5000"]),
+        kv(&["FENCE.TOKEN", "k"]),
+        kv(&["DEL", "k"]),
+        kv(&["SET", "k", "b", "NX", "PX", "5000"]),
+    ]));
+    let out = sm.apply(1, &req(rid(1, 1), 1_000, pipeline));
+    let Response::Kv(r) = out.response else {
+        panic!("{:?}", out.response)
+    };
+    assert_eq!(r.replies[1], kv::Reply::Int(1));
+    assert_eq!(sm.revision(), 4, "one revision per pipelined command");
+    let created = sm.kv().get(b"k", 1_000).map(|e| e.create_revision);
+    assert_eq!(
+        created,
+        Some(4),
+        "the second SET NX has its own create revision"
+    );
+
+    let multi = Command::Kv(kv::KvCommand::Multi {
+        watches: vec![],
+        cmds: vec![kv(&["SET", "x", "1"]), kv(&["SET", "y", "1"])],
+    });
+    sm.apply(2, &req(rid(1, 2), 1_000, multi));
+    assert_eq!(sm.revision(), 5, "MULTI/EXEC is one command");
+    for key in [&b"x"[..], b"y"] {
+        assert_eq!(sm.kv().get(key, 1_000).map(|e| e.mod_revision), Some(5));
+    }
+}
+
+#[test]
+fn an_expiry_takes_its_own_revision_before_the_command() {
+    let mut sm = StateMachine::new();
+    let t1 = token_of(
+        &sm.apply(1, &req(rid(1, 1), 1_000, acquire("L", "a", 100, 0)))
+            .response,
+    );
+    let queued = sm.apply(2, &req(rid(2, 1), 1_000, acquire("L", "b", 5_000, 10_000)));
+    assert_eq!(queued.response, Response::Pending);
+    // The lease ends at 1_100; the next command (at 2_000) first expires it (revision 3, the
+    // hand-over to b), then runs itself (revision 4).
+    let out = sm.apply(
+        3,
+        &req(rid(3, 1), 2_000, Command::ForceUnlock { name: "L".into() }),
+    );
+    let granted: Vec<Token> = out
+        .events
+        .iter()
+        .filter_map(|e| match e {
+            Event::WaiterGranted { token, .. } => Some(*token),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(granted, vec![3]);
+    assert!(granted[0] > t1);
+    assert_eq!(sm.revision(), 4);
+    // The force-unlock at revision 4 ended b's grant of revision 3.
+    assert!(out.events.iter().any(|e| matches!(
+        e,
+        Event::LockReleased {
+            token: 3,
+            reason: ReleaseReason::ForceUnlocked,
+            ..
+        }
+    )));
+    sm.check_invariants().expect("invariants");
+}
+
+#[test]
+fn entries_from_before_revisions_keep_their_index_tokens() {
+    let mut sm = StateMachine::new();
+    // Written by an older fenced: tokens were log indexes (with gaps for blank and
+    // membership entries).
+    let old = |cmd| Batch::legacy(req(rid(1, 0), 1_000, cmd));
+    let mut legacy = |index, seq, cmd| {
+        let mut b = old(cmd);
+        b.requests[0].client = rid(1, seq);
+        sm.apply_batch(index, &b)
+    };
+    let t = token_of(&legacy(7, 1, acquire("L", "a", 5_000, 0)).responses[0]);
+    assert_eq!(t, 7);
+    let out = legacy(9, 2, Command::OpenSession { ttl_ms: 5_000 });
+    assert!(matches!(
+        out.responses[0],
+        Response::SessionOpened { session: 9, .. }
+    ));
+    let out = legacy(
+        10,
+        3,
+        Command::Kv(kv::KvCommand::Batch(vec![
+            kv(&["SET", "x", "1"]),
+            kv(&["SET", "y", "1"]),
+        ])),
+    );
+    assert!(matches!(out.responses[0], Response::Kv(_)));
+    assert_eq!(
+        sm.revision(),
+        10,
+        "an old pipeline shared its entry's index"
+    );
+    assert_eq!(sm.kv().get(b"y", 1_000).map(|e| e.mod_revision), Some(10));
+    // The first entry after the upgrade continues above every old token.
+    let r = sm.apply(11, &req(rid(1, 4), 1_000, release("L", "a", 7)));
+    assert_eq!(r.response, Response::Released { holds: 0 });
+    let t2 = token_of(
+        &sm.apply(12, &req(rid(1, 5), 1_000, acquire("L", "b", 5_000, 0)))
+            .response,
+    );
+    assert_eq!(t2, 12);
+    assert!(t2 > t);
+    sm.check_invariants().expect("invariants");
+}
+
+#[test]
+fn a_snapshot_from_before_revisions_starts_the_revision_at_its_index() {
+    // The old snapshot layout is the new one without the revision (the 8 bytes after `now`
+    // and `last_index`): rebuild one from a state at index 7.
+    let mut sm = StateMachine::new();
+    sm.apply_batch(
+        7,
+        &Batch::legacy(req(rid(1, 1), 1_000, acquire("L", "a", 5_000, 0))),
+    );
+    let new = sm.to_bytes();
+    let mut old = new[..16].to_vec();
+    old.extend_from_slice(&new[24..]);
+    let restored = StateMachine::from_legacy_bytes(&old).expect("decodes");
+    assert_eq!(restored.revision(), 7);
+    assert_eq!(restored, sm);
 }

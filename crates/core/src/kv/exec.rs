@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 use super::{
     Bytes, Entry, Keyspace, KvEvent, Reply, Score, Value, ZSet, MAX_SCRIPTS, MAX_VALUE_LEN,
 };
-use crate::{Index, Millis};
+use crate::{Millis, Revision};
 
 type R = Result<Reply, String>;
 
@@ -845,7 +845,8 @@ fn zrange(e: Option<&Entry>, a: &[Bytes], by_score_cmd: bool) -> R {
 /// The context of one command inside `apply`.
 pub(crate) struct Ctx<'a> {
     pub ks: &'a mut Keyspace,
-    pub index: Index,
+    /// Revision of the command being run (keys it writes get it as `mod_revision`).
+    pub revision: Revision,
     pub now: Millis,
     pub events: &'a mut Vec<KvEvent>,
     /// Inside a Lua script: scripting, blocking and connection commands are refused.
@@ -897,7 +898,7 @@ impl Ctx<'_> {
                 }
                 check_len(&a[1])?;
                 self.ks
-                    .put(self.index, &a[0], Value::Str(a[1].clone()), None, false);
+                    .put(self.revision, &a[0], Value::Str(a[1].clone()), None, false);
                 Ok(Reply::Int(1))
             }
             "SETEX" | "PSETEX" => {
@@ -910,7 +911,7 @@ impl Ctx<'_> {
                 )?;
                 check_len(&a[2])?;
                 self.ks.put(
-                    self.index,
+                    self.revision,
                     &a[0],
                     Value::Str(a[2].clone()),
                     Some(exp),
@@ -933,7 +934,7 @@ impl Ctx<'_> {
                 };
                 check_len(&a[1])?;
                 self.ks
-                    .put(self.index, &a[0], Value::Str(a[1].clone()), None, false);
+                    .put(self.revision, &a[0], Value::Str(a[1].clone()), None, false);
                 Ok(old)
             }
             "INCR" => self.incr(&a[0], 1),
@@ -951,7 +952,7 @@ impl Ctx<'_> {
                 v.extend_from_slice(&a[1]);
                 check_len(&v)?;
                 let n = v.len();
-                self.ks.put(self.index, &a[0], Value::Str(v), None, true);
+                self.ks.put(self.revision, &a[0], Value::Str(v), None, true);
                 Ok(Reply::Int(n as i64))
             }
             "MSET" => {
@@ -962,8 +963,13 @@ impl Ctx<'_> {
                     check_len(&kv[1])?;
                 }
                 for kv in a.chunks(2) {
-                    self.ks
-                        .put(self.index, &kv[0], Value::Str(kv[1].clone()), None, false);
+                    self.ks.put(
+                        self.revision,
+                        &kv[0],
+                        Value::Str(kv[1].clone()),
+                        None,
+                        false,
+                    );
                 }
                 Ok(Reply::ok())
             }
@@ -973,7 +979,7 @@ impl Ctx<'_> {
             "EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT" => self.expire(&name, a),
             "PERSIST" => match self.ks.get(&a[0], self.now) {
                 Some(e) if e.expire_at.is_some() => {
-                    self.ks.set_expiry(&a[0], self.index, None);
+                    self.ks.set_expiry(&a[0], self.revision, None);
                     Ok(Reply::Int(1))
                 }
                 _ => Ok(Reply::Int(0)),
@@ -1210,7 +1216,7 @@ impl Ctx<'_> {
                 check_len(&a[1])?;
                 self.ks.fences.insert(a[0].clone(), token);
                 self.ks
-                    .put(self.index, &a[0], Value::Str(a[1].clone()), None, false);
+                    .put(self.revision, &a[0], Value::Str(a[1].clone()), None, false);
                 Ok(Reply::ok())
             }
             other => Err(format!(
@@ -1261,7 +1267,7 @@ impl Ctx<'_> {
             self.ks.remove(key);
         } else {
             self.ks
-                .put(self.index, key, Value::Str(val.clone()), exp, keep);
+                .put(self.revision, key, Value::Str(val.clone()), exp, keep);
         }
         Ok(if get { old_val } else { Reply::ok() })
     }
@@ -1273,7 +1279,7 @@ impl Ctx<'_> {
         };
         let n = cur.checked_add(by).ok_or(OVERFLOW)?;
         self.ks.put(
-            self.index,
+            self.revision,
             key,
             Value::Str(n.to_string().into_bytes()),
             None,
@@ -1328,7 +1334,7 @@ impl Ctx<'_> {
         if at <= self.now as i64 {
             self.ks.remove(&a[0]);
         } else {
-            self.ks.set_expiry(&a[0], self.index, Some(at as Millis));
+            self.ks.set_expiry(&a[0], self.revision, Some(at as Millis));
         }
         Ok(Reply::Int(1))
     }
@@ -1473,13 +1479,13 @@ impl Ctx<'_> {
             if !create {
                 return Ok(None);
             }
-            self.ks.put(self.index, key, make(), None, false);
+            self.ks.put(self.revision, key, make(), None, false);
         }
         let Some(e) = self.ks.entry_mut(key) else {
             return Ok(None);
         };
         let r = f(&mut e.value);
-        self.ks.touched(key, self.index);
+        self.ks.touched(key, self.revision);
         r.map(Some)
     }
 

@@ -133,7 +133,7 @@ fn run_inner(
         )
         .map_err(start)?;
     }
-    setup_env(&lua, ctx.index, keys, args, budget.clone()).map_err(start)?;
+    setup_env(&lua, ctx.revision, keys, args, budget.clone()).map_err(start)?;
 
     let func = match lua
         .load(src)

@@ -8,7 +8,7 @@ fn argv(s: &str) -> Argv {
 
 struct T {
     ks: Keyspace,
-    index: Index,
+    revision: Revision,
     now: Millis,
     events: Vec<crate::Event>,
 }
@@ -17,7 +17,7 @@ impl T {
     fn new() -> T {
         T {
             ks: Keyspace::default(),
-            index: 0,
+            revision: 0,
             now: 1_000_000,
             events: vec![],
         }
@@ -26,10 +26,11 @@ impl T {
         self.runv(argv(cmd))
     }
     fn runv(&mut self, a: Argv) -> Reply {
-        self.index += 1;
+        self.revision += 1;
         self.ks.expire_due(self.now);
         let mut r = self.ks.apply(
-            self.index,
+            &mut self.revision,
+            true,
             self.now,
             &KvCommand::Batch(vec![a]),
             &mut self.events,
@@ -203,12 +204,12 @@ fn multi_aborts_on_watched_change() {
         watches: vec![(b"w".to_vec(), rev)],
         cmds: vec![argv("INCR w"), argv("GET w")],
     };
-    let r = t.ks.apply(10, t.now, &m, &mut vec![]);
+    let r = t.ks.apply(&mut 10, true, t.now, &m, &mut vec![]);
     assert_eq!(
         r.replies,
         vec![Reply::Array(vec![Reply::Int(2), bulk("2")])]
     );
-    let r = t.ks.apply(11, t.now, &m, &mut vec![]);
+    let r = t.ks.apply(&mut 11, true, t.now, &m, &mut vec![]);
     assert_eq!(r.replies, vec![Reply::NilArray]);
 }
 
@@ -733,10 +734,10 @@ fn eval_argv(script: &str, keys: &[&str], args: &[&str]) -> Argv {
 
 impl T {
     fn apply(&mut self, cmd: &KvCommand) -> Vec<Reply> {
-        self.index += 1;
+        self.revision += 1;
         self.ks.expire_due(self.now);
         self.ks
-            .apply(self.index, self.now, cmd, &mut self.events)
+            .apply(&mut self.revision, true, self.now, cmd, &mut self.events)
             .replies
     }
 }
