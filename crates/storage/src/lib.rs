@@ -43,13 +43,28 @@ use serde::Serialize;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
 
 openraft::declare_raft_types!(
-    /// openraft type configuration of fenced.
+    /// openraft type configuration of fenced: an entry carries a batch of commands and
+    /// answers with one response per command.
     pub TypeConfig:
+        D = fenced_core::Batch,
+        R = Vec<fenced_core::Response>,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+openraft::declare_raft_types!(
+    /// The log entry layout of format 1 (one request per entry, token = log index): only
+    /// decoded, and converted on read ([`fenced_core::Batch::legacy`]). Public for tests that
+    /// write data dirs of that format.
+    pub LegacyTypeConfig:
         D = fenced_core::Request,
         R = fenced_core::Response,
         NodeId = u64,
         Node = openraft::BasicNode,
-        Entry = openraft::Entry<TypeConfig>,
+        Entry = openraft::Entry<LegacyTypeConfig>,
         SnapshotData = Cursor<Vec<u8>>,
         AsyncRuntime = openraft::TokioRuntime,
 );
@@ -160,6 +175,42 @@ fn decode_raw<T: DeserializeOwned>(what: &'static str, bytes: &[u8]) -> Result<T
     bincode::deserialize(bytes).map_err(|source| StoreError::Corrupt { what, source })
 }
 
+/// Decode a sealed log entry of any format this build reads.
+fn decode_entry(bytes: &[u8]) -> Result<Entry<TypeConfig>, StoreError> {
+    const WHAT: &str = "log entry";
+    match frame::unseal_versioned(WHAT, bytes)? {
+        (1, payload) => Ok(upgrade_entry(decode_raw(WHAT, payload)?)),
+        (_, payload) => decode_raw(WHAT, payload),
+    }
+}
+
+/// A format-1 entry as the entry it is now: one request whose tokens are its log index.
+fn upgrade_entry(old: Entry<LegacyTypeConfig>) -> Entry<TypeConfig> {
+    Entry {
+        log_id: old.log_id,
+        payload: match old.payload {
+            EntryPayload::Blank => EntryPayload::Blank,
+            EntryPayload::Normal(req) => EntryPayload::Normal(fenced_core::Batch::legacy(req)),
+            EntryPayload::Membership(m) => EntryPayload::Membership(m),
+        },
+    }
+}
+
+/// Decode a sealed state machine snapshot of any format this build reads.
+fn decode_machine(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<fenced_core::StateMachine, StoreError> {
+    let (version, payload) = frame::unseal_versioned(what, bytes)?;
+    let decoded = if version == 1 {
+        fenced_core::StateMachine::from_legacy_bytes(payload)
+    } else {
+        fenced_core::StateMachine::from_bytes(payload)
+    };
+    decoded
+        .map_err(|fenced_core::SnapshotError::Decode(source)| StoreError::Corrupt { what, source })
+}
+
 /// fsync a directory, so that a file created or renamed in it survives a crash.
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     std::fs::File::open(dir)
@@ -194,7 +245,7 @@ fn key_bound(b: Bound<&u64>) -> Bound<[u8; 8]> {
 
 /// Decode one `log` tree record, checking that the key matches the entry's index.
 fn decode_log_record(key: &[u8], value: &[u8]) -> Result<Entry<TypeConfig>, StoreError> {
-    let entry: Entry<TypeConfig> = decode("log entry", value)?;
+    let entry = decode_entry(value)?;
     if key != index_key(entry.log_id.index) {
         return Err(StoreError::LogKeyMismatch {
             key: key.to_vec(),
@@ -258,9 +309,10 @@ fn open_checked(
     let meta = db.open_tree("meta")?;
     let snapshot = db.open_tree("snapshot")?;
 
-    let sealed = match meta.get(KEY_FORMAT)? {
+    let format = meta.get(KEY_FORMAT)?;
+    let sealed = match &format {
         None => false,
-        Some(v) if v.as_ref() == [frame::VERSION] => true,
+        Some(v) if v.len() == 1 && (frame::OLDEST..=frame::VERSION).contains(&v[0]) => true,
         Some(v) => {
             return Err(StoreError::UnknownFormat {
                 what: "data dir",
@@ -307,6 +359,11 @@ fn open_checked(
         meta.insert(KEY_FORMAT, &[frame::VERSION])?;
         meta.remove(KEY_VOTE)?;
         db.flush()?;
+    } else if format.as_deref() != Some(&[frame::VERSION][..]) {
+        // Records of the older format stay and are converted when read; the marker tells an
+        // older build that this Db may now hold records it cannot read.
+        meta.insert(KEY_FORMAT, &[frame::VERSION])?;
+        db.flush()?;
     }
     if let Some(v) = meta.get(KEY_COMMITTED)? {
         decode::<Option<LogId<NodeId>>>("committed log id", &v)?;
@@ -316,7 +373,7 @@ fn open_checked(
         Some((meta, data)) => SmState {
             last_applied: meta.last_log_id,
             membership: meta.last_membership,
-            machine: decode("state machine snapshot", &data)?,
+            machine: decode_machine("state machine snapshot", &data)?,
         },
         None => SmState::default(),
     };
@@ -391,15 +448,29 @@ fn upgrade_unsealed(
         Ok(Some(value))
     }
     let mut upgraded = 0usize;
-    for key in log.iter().keys() {
-        let key = key?;
-        reseal::<Entry<TypeConfig>>(log, &key, "log entry")?;
+    for item in log.iter() {
+        let (key, value) = item?;
+        if decode_entry(&value).is_err() {
+            // Unsealed entries predate revisions: one request, token = log index.
+            let old: Entry<LegacyTypeConfig> = decode_raw("log entry", &value)?;
+            log.insert(key, encode("log entry", &upgrade_entry(old))?)?;
+        }
         upgraded += 1;
     }
     reseal::<LogId<NodeId>>(meta, KEY_LAST_PURGED, "last purged log id")?;
     reseal::<Option<LogId<NodeId>>>(meta, KEY_COMMITTED, "committed log id")?;
     reseal::<Meta>(snapshot, KEY_SNAPSHOT_META, "snapshot meta")?;
-    reseal::<fenced_core::StateMachine>(snapshot, KEY_SNAPSHOT_DATA, "state machine snapshot")?;
+    if let Some(v) = snapshot.get(KEY_SNAPSHOT_DATA)? {
+        if decode_machine("state machine snapshot", &v).is_err() {
+            let machine = fenced_core::StateMachine::from_legacy_bytes(&v).map_err(
+                |fenced_core::SnapshotError::Decode(source)| StoreError::Corrupt {
+                    what: "state machine snapshot",
+                    source,
+                },
+            )?;
+            snapshot.insert(KEY_SNAPSHOT_DATA, encode("state machine", &machine)?)?;
+        }
+    }
     let vote = reseal::<Vote<NodeId>>(meta, KEY_VOTE, "vote")?;
     if upgraded > 0 || vote.is_some() {
         tracing::info!(
@@ -916,7 +987,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         Ok((st.last_applied, st.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<fenced_core::Response>>
+    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<Vec<fenced_core::Response>>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -932,14 +1003,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     .map_err(|_| StorageIOError::apply(log_id, &StoreError::Poisoned))?;
                 st.last_applied = Some(log_id);
                 match entry.payload {
-                    EntryPayload::Blank => (fenced_core::Response::Ticked, Vec::new()),
-                    EntryPayload::Normal(req) => {
-                        let applied = st.machine.apply(log_id.index, &req);
-                        (applied.response, applied.events)
+                    EntryPayload::Blank => (Vec::new(), Vec::new()),
+                    EntryPayload::Normal(batch) => {
+                        let applied = st.machine.apply_batch(log_id.index, &batch);
+                        (applied.responses, applied.events)
                     }
                     EntryPayload::Membership(m) => {
                         st.membership = StoredMembership::new(Some(log_id), m);
-                        (fenced_core::Response::Ticked, Vec::new())
+                        (Vec::new(), Vec::new())
                     }
                 }
             };
@@ -972,7 +1043,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> StorageResult<()> {
         let data = snapshot.into_inner();
-        let machine: fenced_core::StateMachine = decode("received snapshot", &data)
+        let machine = decode_machine("received snapshot", &data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         write_snapshot(&self.db, &self.snapshot, meta, &data)
             .await

@@ -3,9 +3,9 @@ use std::io::Cursor;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use fenced_core::{Command, Event, Request, RequestId, Response};
+use fenced_core::{Batch, Command, Event, Request, RequestId, Response};
 use fenced_storage::{
-    open, EventSink, LogStore, NodeId, StateMachineStore, StoreError, TypeConfig,
+    open, EventSink, LegacyTypeConfig, LogStore, NodeId, StateMachineStore, StoreError, TypeConfig,
 };
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
@@ -57,11 +57,11 @@ fn membership(term: u64, index: u64) -> Entry<TypeConfig> {
 fn normal(term: u64, index: u64, time_ms: u64, seq: u64, cmd: Command) -> Entry<TypeConfig> {
     Entry {
         log_id: log_id(term, index),
-        payload: EntryPayload::Normal(Request {
+        payload: EntryPayload::Normal(Batch::one(Request {
             time_ms,
             client: Some(RequestId { client_id: 7, seq }),
             cmd,
-        }),
+        })),
     }
 }
 
@@ -75,7 +75,8 @@ fn acquire(name: &str, owner: &str, wait_ms: u64) -> Command {
     }
 }
 
-/// 1 blank, 2 membership, 3 acquire a/o, 4 acquire a/p (waits), 5 release a/o, 6 acquire b/o.
+/// 1 blank, 2 membership, 3 acquire a/o (revision 1), 4 acquire a/p (waits; 2), 5 release a/o
+/// (3; hands a to p), 6 acquire b/o (4).
 fn history() -> Vec<Entry<TypeConfig>> {
     vec![
         blank(1, 1),
@@ -90,7 +91,7 @@ fn history() -> Vec<Entry<TypeConfig>> {
             Command::Release {
                 name: "a".into(),
                 owner: "o".into(),
-                token: 3,
+                token: 1,
             },
         ),
         normal(1, 6, 130, 4, acquire("b", "o", 0)),
@@ -115,17 +116,16 @@ async fn state_survives_restart() {
         log.save_committed(Some(log_id(1, 6))).await.unwrap();
 
         let replies = sm.apply(entries[..4].to_vec()).await.unwrap();
-        assert_eq!(replies[0], Response::Ticked);
-        assert_eq!(replies[1], Response::Ticked);
+        assert!(replies[0].is_empty() && replies[1].is_empty());
         assert!(matches!(
-            replies[2],
-            Response::Granted {
-                token: 3,
+            replies[2][..],
+            [Response::Granted {
+                token: 1,
                 holds: 1,
                 ..
-            }
+            }]
         ));
-        assert_eq!(replies[3], Response::Pending);
+        assert_eq!(replies[3], vec![Response::Pending]);
         assert!(seen.lock().unwrap().is_empty());
 
         let snap = sm
@@ -138,21 +138,24 @@ async fn state_survives_restart() {
         assert!(snap.meta.snapshot_id.starts_with("1-4-"));
 
         let replies = sm.apply(entries[4..].to_vec()).await.unwrap();
-        assert_eq!(replies[0], Response::Released { holds: 0 });
-        assert!(matches!(replies[1], Response::Granted { token: 6, .. }));
+        assert_eq!(replies[0], vec![Response::Released { holds: 0 }]);
+        assert!(matches!(
+            replies[1][..],
+            [Response::Granted { token: 4, .. }]
+        ));
         let events = seen.lock().unwrap().clone();
         assert!(events
             .iter()
-            .any(|e| matches!(e, Event::WaiterGranted { token: 5, .. })));
+            .any(|e| matches!(e, Event::WaiterGranted { token: 3, .. })));
         assert!(events
             .iter()
-            .any(|e| matches!(e, Event::LockReleased { token: 3, .. })));
+            .any(|e| matches!(e, Event::LockReleased { token: 1, .. })));
 
         let shared = sm.shared();
         assert_eq!(shared.last_applied(), Some(log_id(1, 6)));
         assert_eq!(
             shared.read(|m| m.lock_info("a").map(|l| (l.owner, l.token))),
-            Some(("p".to_string(), 5))
+            Some(("p".to_string(), 3))
         );
         log.purge(log_id(1, 1)).await.unwrap();
         shared.read(|m| m.clone())
@@ -181,7 +184,7 @@ async fn state_survives_restart() {
 
     // The state machine is the snapshot's: lock a held by o, no lock b yet.
     let shared = sm.shared();
-    assert_eq!(shared.read(|m| m.lock_info("a").map(|l| l.token)), Some(3));
+    assert_eq!(shared.read(|m| m.lock_info("a").map(|l| l.token)), Some(1));
     assert!(shared.read(|m| m.lock_info("b").is_none()));
 
     // Re-applying the committed tail (what openraft does on start) gives the same state.
@@ -397,15 +400,118 @@ async fn truncate_lowers_the_recorded_end_so_a_restart_is_not_refused() {
     );
 }
 
+/// [`history`] as fenced wrote it before revisions (log format 1): one request per entry,
+/// tokens are log indexes (the release names token 3).
+fn legacy_history() -> Vec<Entry<LegacyTypeConfig>> {
+    history()
+        .into_iter()
+        .map(|e| Entry {
+            log_id: e.log_id,
+            payload: match e.payload {
+                EntryPayload::Blank => EntryPayload::Blank,
+                EntryPayload::Membership(m) => EntryPayload::Membership(m),
+                EntryPayload::Normal(mut b) => {
+                    let mut req = b.requests.remove(0);
+                    if let Command::Release { token, .. } = &mut req.cmd {
+                        *token = 3;
+                    }
+                    EntryPayload::Normal(req)
+                }
+            },
+        })
+        .collect()
+}
+
+/// How [`legacy_history`] reads now.
+fn legacy_history_upgraded() -> Vec<Entry<TypeConfig>> {
+    legacy_history()
+        .into_iter()
+        .map(|e| Entry {
+            log_id: e.log_id,
+            payload: match e.payload {
+                EntryPayload::Blank => EntryPayload::Blank,
+                EntryPayload::Membership(m) => EntryPayload::Membership(m),
+                EntryPayload::Normal(req) => EntryPayload::Normal(Batch::legacy(req)),
+            },
+        })
+        .collect()
+}
+
+/// A record sealed in format 1: version byte 1, crc32 of the payload only.
+fn seal_v1(payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![1];
+    out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+#[tokio::test]
+async fn format_one_data_dir_keeps_its_tokens_and_continues_above_them() {
+    let dir = TempDir::new().unwrap();
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let log = db.open_tree("log").unwrap();
+        for e in legacy_history() {
+            let bytes = seal_v1(&bincode::serialize(&e).unwrap());
+            log.insert(e.log_id.index.to_be_bytes(), bytes).unwrap();
+        }
+        let meta = db.open_tree("meta").unwrap();
+        meta.insert("format", &[1u8][..]).unwrap();
+        db.flush().unwrap();
+        fenced_storage::hardstate::HardState::create(
+            dir.path(),
+            fenced_storage::hardstate::HardStateValue {
+                vote: Some(Vote::new(1, 1)),
+                last_log_id: Some(log_id(1, 6)),
+            },
+        )
+        .unwrap();
+    }
+    let (mut log, mut sm) = open(dir.path(), no_events()).unwrap();
+    let entries = log.try_get_log_entries(..).await.unwrap();
+    assert_eq!(entries, legacy_history_upgraded());
+    let replies = sm.apply(entries).await.unwrap();
+    assert!(matches!(
+        replies[2][..],
+        [Response::Granted { token: 3, .. }]
+    ));
+    assert_eq!(replies[4], vec![Response::Released { holds: 0 }]);
+    assert!(matches!(
+        replies[5][..],
+        [Response::Granted { token: 6, .. }]
+    ));
+    let shared = sm.shared();
+    assert_eq!(shared.read(|m| m.lock_info("a").map(|l| l.token)), Some(5));
+    // The first command after the upgrade takes a revision above every index token.
+    let replies = sm
+        .apply([normal(1, 7, 140, 5, acquire("c", "o", 0))])
+        .await
+        .unwrap();
+    assert!(matches!(
+        replies[0][..],
+        [Response::Granted { token: 7, .. }]
+    ));
+    // A snapshot of that state is written in the new format and reads back the same.
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let state = shared.read(|m| m.clone());
+    drop((log, sm));
+    let (_log, sm) = open(dir.path(), no_events()).unwrap();
+    assert_eq!(sm.shared().read(|m| m.clone()), state);
+    assert_eq!(state.revision(), 7);
+}
+
 #[tokio::test]
 async fn data_dir_from_before_checksums_is_upgraded() {
     let dir = TempDir::new().unwrap();
-    let entries = history();
     let vote = Vote::new(1, 1);
     {
         let db = sled::open(dir.path()).unwrap();
         let log = db.open_tree("log").unwrap();
-        for e in &entries {
+        for e in &legacy_history() {
             log.insert(e.log_id.index.to_be_bytes(), bincode::serialize(e).unwrap())
                 .unwrap();
         }
@@ -417,11 +523,17 @@ async fn data_dir_from_before_checksums_is_upgraded() {
     {
         let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
         assert_eq!(log.read_vote().await.unwrap(), Some(vote));
-        assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries);
+        assert_eq!(
+            log.try_get_log_entries(..).await.unwrap(),
+            legacy_history_upgraded()
+        );
     }
     // Upgraded for good: a second open reads the sealed records.
     let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
-    assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries);
+    assert_eq!(
+        log.try_get_log_entries(..).await.unwrap(),
+        legacy_history_upgraded()
+    );
     assert_eq!(
         log.get_log_state().await.unwrap().last_log_id,
         Some(log_id(1, 6))
