@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use fenced_core::{Command, Request, RequestId};
+use fenced_core::{Batch, Command, Request, RequestId};
 use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE};
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
@@ -146,14 +146,14 @@ async fn three_node_cluster_replicates_a_write() -> anyhow::Result<()> {
         .collect();
     nodes[0].raft.initialize(members).await?;
 
-    let request = Request {
+    let request = Batch::one(Request {
         time_ms: 1,
         client: Some(RequestId {
             client_id: 7,
             seq: 1,
         }),
         cmd: Command::OpenSession { ttl_ms: 1000 },
-    };
+    });
 
     // Write through whoever leads; retry (bounded) across an election in progress.
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -413,12 +413,12 @@ async fn malformed_request_is_invalid_argument_and_stopped_node_is_remote_error(
     Ok(())
 }
 
-fn open_session(seq: u64) -> Request {
-    Request {
+fn open_session(seq: u64) -> Batch {
+    Batch::one(Request {
         time_ms: seq,
         client: Some(RequestId { client_id: 7, seq }),
         cmd: Command::OpenSession { ttl_ms: 60_000 },
-    }
+    })
 }
 
 /// A learner that joins after the log was snapshotted and purged can only catch up through

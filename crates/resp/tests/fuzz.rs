@@ -223,7 +223,8 @@ fn fuzz_command_arguments() {
             ks.expire_due(now);
             let _ = ks.read(now, c);
             let r = ks.apply(
-                i as u64 + 1,
+                &mut (i as u64 + 1),
+                true,
                 now,
                 &KvCommand::Batch(vec![c.clone()]),
                 &mut events,
@@ -234,7 +235,7 @@ fn fuzz_command_arguments() {
             watches: vec![(b"k".to_vec(), 0)],
             cmds: cmds.clone(),
         };
-        let _ = ks.apply(1000, now, &multi, &mut events);
+        let _ = ks.apply(&mut 1000, true, now, &multi, &mut events);
         Ok(())
     });
     eprintln!("command arguments: {n} cases");

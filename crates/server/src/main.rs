@@ -329,6 +329,7 @@ async fn status(a: StatusArgs) -> anyhow::Result<()> {
         "last_applied": s.last_applied,
         "snapshot_index": s.snapshot_index,
         "purged_index": s.purged_index,
+        "revision": s.revision,
     });
     println!("{out}");
     Ok(())
