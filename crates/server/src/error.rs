@@ -1,12 +1,15 @@
 //! Errors of a node, and their one mapping to gRPC status codes.
 
 use fenced_core::CoreError;
+use serde::{Deserialize, Serialize};
 use tonic::{Code, Status};
 
 /// Metadata key carrying the leader's gRPC address on `UNAVAILABLE` answers.
 pub const LEADER_HINT: &str = "x-fenced-leader";
 
-#[derive(Debug, thiserror::Error)]
+/// `Serialize`: a leader answers each proposal of a follower's forwarded batch with a
+/// `Result<Response, NodeError>`.
+#[derive(Debug, Clone, thiserror::Error, Serialize, Deserialize)]
 pub enum NodeError {
     /// This node is not the leader. `leader` is the leader's gRPC address when known.
     #[error("not the leader (leader: {})", .leader.as_deref().unwrap_or("unknown"))]

@@ -9,7 +9,10 @@ use fenced_core::{
     AcquireSpec, Command, Event, LockKind, Mode, ReleaseReason, RequestId, Response,
 };
 use fenced_proto::raft::forward_server::{Forward, ForwardServer};
-use fenced_proto::raft::{ProposeReply, ProposeRequest, ReadIndexReply, ReadIndexRequest};
+use fenced_proto::raft::{
+    ProposeBatchReply, ProposeBatchRequest, ProposeReply, ProposeRequest, ReadIndexReply,
+    ReadIndexRequest,
+};
 use fenced_proto::v1 as pb;
 use fenced_proto::v1::cluster_server::{Cluster, ClusterServer};
 use fenced_proto::v1::kv_server::{Kv, KvServer};
@@ -532,6 +535,7 @@ impl Cluster for Api {
             state: state.into(),
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
             purged_index: m.purged.map_or(0, |l| l.index),
+            revision: self.node.local(|sm| sm.revision()),
         }))
     }
 }
@@ -561,10 +565,31 @@ impl Forward for Api {
         Ok(reply)
     }
 
+    async fn propose_batch(&self, req: Request<ProposeBatchRequest>) -> Reply<ProposeBatchReply> {
+        let req = req.into_inner();
+        self.node.admit_peer(req.from.as_ref())?;
+        let proposals: Vec<(Option<RequestId>, Command)> = bincode::deserialize(&req.data)
+            .map_err(|e| Status::invalid_argument(format!("malformed proposals: {e}")))?;
+        // Not the leader: one answer for all, with the hint.
+        if let Err(e) = self.node.check_leader() {
+            return Err(e.into());
+        }
+        let results = self.node.propose_local_all(proposals).await;
+        let data = bincode::serialize(&results).map_err(|e| Status::internal(e.to_string()))?;
+        let log_time = self.node.local(|sm| sm.now());
+        let mut reply = tonic::Response::new(ProposeBatchReply { data });
+        reply
+            .metadata_mut()
+            .insert(crate::node::LOG_TIME_HEADER, log_time.into());
+        Ok(reply)
+    }
+
+    /// A follower's read-index round. It shares this leader's next round (one that starts
+    /// after the call arrived) with the leader's own reads.
     async fn read_index(&self, req: Request<ReadIndexRequest>) -> Reply<ReadIndexReply> {
         self.node.admit_peer(req.get_ref().from.as_ref())?;
-        let index = self.node.read_index_local().await?;
-        let time_ms = self.node.leader_time_now();
+        self.node.check_leader()?;
+        let (index, time_ms) = self.node.shared_read_round().await?;
         Ok(tonic::Response::new(ReadIndexReply { index, time_ms }))
     }
 }

@@ -1,6 +1,7 @@
 //! A fenced node: the Raft node over sled storage, the leader's log clock, the expiry ticker,
 //! forwarding to the leader, and the gRPC client API.
 
+pub mod batch;
 pub mod clock;
 pub mod config;
 pub mod error;

@@ -3,13 +3,13 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use fenced_core::{Command, Event, RequestId, Response, StateMachine};
+use fenced_core::{Batch, Command, Event, Request, RequestId, Response, StateMachine};
 use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE};
 use fenced_proto::raft::forward_client::ForwardClient;
-use fenced_proto::raft::{PeerIdentity, ProposeRequest, ReadIndexRequest};
+use fenced_proto::raft::{PeerIdentity, ProposeBatchRequest, ProposeRequest, ReadIndexRequest};
 use fenced_storage::identity::MemberState;
 use fenced_storage::{datadir, NodeId, Raft, SharedState};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, ClientTlsConfig};
 
+use crate::batch::{Batcher, Limits};
 use crate::clock::LeaderClock;
 use crate::error::{NodeError, StartError, LEADER_HINT};
 use crate::hub::Hub;
@@ -38,6 +39,31 @@ pub const LOG_TIME_HEADER: &str = "x-fenced-log-time";
 /// After a wait's deadline, how long to keep listening for the entry that ends it (the
 /// leader's tick and its commit) before asking the state machine directly.
 const WAIT_SLACK: Duration = Duration::from_secs(2);
+/// Proposal batching on the leader: entries in flight at once, and the bounds of one entry.
+/// Commands arriving while these are in flight ride in the next entry.
+pub const PROPOSE_LIMITS: Limits = Limits {
+    in_flight: 2,
+    max_items: 1024,
+    max_bytes: 1024 * 1024,
+};
+/// Forwarding from a follower to the leader: calls in flight at once per leader, and the
+/// bounds of one forwarded batch.
+const FORWARD_LIMITS: Limits = Limits {
+    in_flight: 2,
+    max_items: 1024,
+    max_bytes: 1024 * 1024,
+};
+/// Read-index rounds: one at a time, so every read waits for a round that starts after it
+/// arrived; all reads that arrive during a round share the next.
+const READ_LIMITS: Limits = Limits {
+    in_flight: 1,
+    max_items: usize::MAX,
+    max_bytes: usize::MAX,
+};
+
+/// One proposal: the request id (if any) and the command.
+type Proposal = (Option<RequestId>, Command);
+type Proposed = Result<Response, NodeError>;
 
 /// A running node. Cheap to clone.
 #[derive(Clone)]
@@ -58,6 +84,13 @@ struct Inner {
     peer_tls: Option<ClientTlsConfig>,
     /// The largest log time a leader reported with a forwarded answer ([`LOG_TIME_HEADER`]).
     leader_log_time: AtomicU64,
+    /// Proposals on this node while it leads, batched into entries.
+    proposer: Batcher<Proposal, Proposed>,
+    /// Proposals forwarded to the leader, batched per leader address.
+    forwarders: Mutex<HashMap<String, Batcher<Proposal, Proposed>>>,
+    /// Read-index rounds, shared by the reads that arrived while the previous one ran:
+    /// `(read index, leader log time)`.
+    reader: Batcher<(), Result<(u64, u64), NodeError>>,
 }
 
 /// A started node with its background tasks.
@@ -153,7 +186,7 @@ impl Node {
                 })?;
 
         let node = Node {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|me: &Weak<Inner>| Inner {
                 id: cfg.id,
                 raft: raft.clone(),
                 state,
@@ -163,6 +196,32 @@ impl Node {
                 gate: gate.clone(),
                 peer_tls: cfg.tls.as_ref().map(|t| t.peer_client()),
                 leader_log_time: AtomicU64::new(0),
+                proposer: Batcher::spawn(PROPOSE_LIMITS, {
+                    let me = me.clone();
+                    move |batch: Vec<Proposal>| {
+                        let node = Node::upgrade(&me);
+                        async move {
+                            match node {
+                                Some(node) => node.propose_entry(batch).await,
+                                None => stopped(batch.len()),
+                            }
+                        }
+                    }
+                }),
+                forwarders: Mutex::new(HashMap::new()),
+                reader: Batcher::spawn(READ_LIMITS, {
+                    let me = me.clone();
+                    move |batch: Vec<()>| {
+                        let node = Node::upgrade(&me);
+                        async move {
+                            let round = match node {
+                                Some(node) => node.read_round().await,
+                                None => Err(NodeError::Fatal("node stopped".into())),
+                            };
+                            vec![round; batch.len()]
+                        }
+                    }
+                }),
             }),
         };
 
@@ -236,6 +295,10 @@ impl Node {
             shutdown: shutdown_tx,
             tasks,
         })
+    }
+
+    fn upgrade(inner: &Weak<Inner>) -> Option<Node> {
+        inner.upgrade().map(|inner| Node { inner })
     }
 
     pub fn id(&self) -> NodeId {
@@ -338,33 +401,91 @@ impl Node {
         }
     }
 
-    /// Propose on this node, which must be the leader: stamp the log time and append.
+    /// Propose on this node, which must be the leader. The command rides in the next entry
+    /// with whatever else arrives while earlier entries are in flight
+    /// ([`PROPOSE_LIMITS`]).
     pub async fn propose_local(
         &self,
         rid: Option<RequestId>,
         cmd: Command,
     ) -> Result<Response, NodeError> {
-        let term = self.leader_term()?;
+        self.leader_term()?;
+        let size = proposal_size(&cmd);
+        self.inner
+            .proposer
+            .call((rid, cmd), size, || {
+                Err(NodeError::Unknown("the proposal batcher stopped".into()))
+            })
+            .await
+    }
+
+    /// Propose several commands on this node (the leader) in order, batched with the rest;
+    /// one result each.
+    pub async fn propose_local_all(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
+        if let Err(e) = self.leader_term() {
+            return vec![Err(e); proposals.len()];
+        }
+        // Queue all before waiting for any, so they stay in order and share entries.
+        let pending: Vec<_> = proposals
+            .into_iter()
+            .map(|(rid, cmd)| {
+                let size = proposal_size(&cmd);
+                self.inner.proposer.submit((rid, cmd), size)
+            })
+            .collect();
+        let mut out = Vec::with_capacity(pending.len());
+        for rx in pending {
+            out.push(rx.await.unwrap_or_else(|_| {
+                Err(NodeError::Unknown("the proposal batcher stopped".into()))
+            }));
+        }
+        out
+    }
+
+    /// One entry: stamp the batch's log time now, when it closes (so it is never earlier
+    /// than any of its commands was sent), append, and answer each command.
+    async fn propose_entry(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
+        let n = proposals.len();
+        let term = match self.leader_term() {
+            Ok(term) => term,
+            Err(e) => return vec![Err(e); n],
+        };
         let time_ms = self
             .inner
             .clock
             .stamp(term, || self.inner.state.read(StateMachine::now));
-        let req = fenced_core::Request {
-            time_ms,
-            client: rid,
-            cmd,
+        let batch = Batch {
+            requests: proposals
+                .into_iter()
+                .map(|(client, cmd)| Request {
+                    time_ms,
+                    client,
+                    cmd,
+                })
+                .collect(),
+            index_tokens: false,
         };
-        match tokio::time::timeout(WRITE_TIMEOUT, self.inner.raft.client_write(req)).await {
-            Err(_) => Err(NodeError::Unknown("raft write timed out".into())),
-            Ok(Ok(resp)) => Ok(resp.data),
+        let err = |e: NodeError| vec![Err(e); n];
+        match tokio::time::timeout(WRITE_TIMEOUT, self.inner.raft.client_write(batch)).await {
+            Err(_) => err(NodeError::Unknown("raft write timed out".into())),
+            Ok(Ok(resp)) if resp.data.len() == n => resp.data.into_iter().map(Ok).collect(),
+            Ok(Ok(resp)) => err(NodeError::Unknown(format!(
+                "{} responses for an entry of {n} commands",
+                resp.data.len()
+            ))),
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
-                Err(NodeError::NotLeader {
+                err(NodeError::NotLeader {
                     leader: f.leader_node.map(|n| n.addr),
                 })
             }
-            Ok(Err(RaftError::APIError(e))) => Err(NodeError::Unknown(e.to_string())),
-            Ok(Err(RaftError::Fatal(e))) => Err(NodeError::Fatal(e.to_string())),
+            Ok(Err(RaftError::APIError(e))) => err(NodeError::Unknown(e.to_string())),
+            Ok(Err(RaftError::Fatal(e))) => err(NodeError::Fatal(e.to_string())),
         }
+    }
+
+    /// `Ok` if this node is the leader and serving, else `NotLeader` (with a hint if known).
+    pub fn check_leader(&self) -> Result<(), NodeError> {
+        self.leader_term().map(|_| ())
     }
 
     /// The current term if this node is the leader, else `NotLeader` with a hint.
@@ -414,8 +535,117 @@ impl Node {
     }
 
     /// Have the leader at `addr` propose `cmd` (and, with `wait_ms`, wait for a queued
-    /// acquire's resolution).
+    /// acquire's resolution). Without a wait the command joins this node's next forwarded
+    /// batch to that leader ([`FORWARD_LIMITS`]).
     async fn forward(
+        &self,
+        addr: &str,
+        rid: Option<RequestId>,
+        cmd: &Command,
+        wait_ms: u64,
+    ) -> Result<Response, NodeError> {
+        if wait_ms == 0 {
+            let batcher = self.forwarder(addr);
+            let size = proposal_size(cmd);
+            return batcher
+                .call((rid, cmd.clone()), size, || {
+                    Err(NodeError::Unknown("the forwarding batcher stopped".into()))
+                })
+                .await;
+        }
+        self.forward_one(addr, rid, cmd, wait_ms).await
+    }
+
+    /// The batcher of forwarded proposals to the leader at `addr`.
+    fn forwarder(&self, addr: &str) -> Batcher<Proposal, Proposed> {
+        let mut all = self
+            .inner
+            .forwarders
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = all.get(addr) {
+            return b.clone();
+        }
+        // A leader that moved leaves its batcher behind; forget them all now and then.
+        if all.len() > 16 {
+            all.clear();
+        }
+        let me = Arc::downgrade(&self.inner);
+        let to = addr.to_owned();
+        let b = Batcher::spawn(FORWARD_LIMITS, move |batch: Vec<Proposal>| {
+            let node = Node::upgrade(&me);
+            let to = to.clone();
+            async move {
+                match node {
+                    Some(node) => node.forward_batch(&to, batch).await,
+                    None => stopped(batch.len()),
+                }
+            }
+        });
+        all.insert(addr.to_owned(), b.clone());
+        b
+    }
+
+    /// One forwarding call carrying several proposals; one result each.
+    async fn forward_batch(&self, addr: &str, proposals: Vec<Proposal>) -> Vec<Proposed> {
+        let n = proposals.len();
+        let err = |e: NodeError| vec![Err(e); n];
+        let data = match bincode::serialize(&proposals) {
+            Ok(d) => d,
+            Err(e) => return err(NodeError::Invalid(format!("encoding: {e}"))),
+        };
+        let mut client = match self.peer(addr).await {
+            Ok(c) => c,
+            Err(e) => return err(e),
+        };
+        let mut req = tonic::Request::new(ProposeBatchRequest {
+            data,
+            from: Some(self.envelope_for(addr)),
+        });
+        req.set_timeout(PROPOSE_TIMEOUT);
+        let reply = match tokio::time::timeout(PROPOSE_TIMEOUT, client.propose_batch(req)).await {
+            Err(_) => {
+                return err(NodeError::Unknown(
+                    "the leader did not answer in time".into(),
+                ))
+            }
+            Ok(Err(status)) => {
+                self.peer_refused(&status);
+                return err(status_to_error(&status));
+            }
+            Ok(Ok(reply)) => reply,
+        };
+        self.note_leader_log_time(reply.metadata());
+        match bincode::deserialize::<Vec<Proposed>>(&reply.into_inner().data) {
+            Ok(out) if out.len() == n => out
+                .into_iter()
+                .map(|r| match r {
+                    // The leader's node stopped: for this node, the outcome is unknown.
+                    Err(NodeError::Fatal(m)) => Err(NodeError::Unknown(m)),
+                    other => other,
+                })
+                .collect(),
+            Ok(out) => err(NodeError::Unknown(format!(
+                "the leader answered {} of {n} proposals",
+                out.len()
+            ))),
+            Err(e) => err(NodeError::Unknown(format!("bad reply from leader: {e}"))),
+        }
+    }
+
+    /// Remember the log time a leader reported with a forwarded answer.
+    fn note_leader_log_time(&self, meta: &tonic::metadata::MetadataMap) {
+        let log_time = meta
+            .get(LOG_TIME_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if let Some(t) = log_time {
+            self.inner.leader_log_time.fetch_max(t, Ordering::Relaxed);
+        }
+    }
+
+    /// One forwarding call for one proposal (a waiting acquire: the leader waits for it).
+    async fn forward_one(
         &self,
         addr: &str,
         rid: Option<RequestId>,
@@ -442,14 +672,7 @@ impl Node {
             .map_err(|_| NodeError::Unknown("the leader did not answer in time".into()))?;
         match reply {
             Ok(reply) => {
-                let log_time = reply
-                    .metadata()
-                    .get(LOG_TIME_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse::<u64>().ok());
-                if let Some(t) = log_time {
-                    self.inner.leader_log_time.fetch_max(t, Ordering::Relaxed);
-                }
+                self.note_leader_log_time(reply.metadata());
                 bincode::deserialize(&reply.into_inner().data)
                     .map_err(|e| NodeError::Unknown(format!("bad reply from leader: {e}")))
             }
@@ -472,13 +695,7 @@ impl Node {
     pub async fn read_barrier_time(&self) -> Result<u64, NodeError> {
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
         loop {
-            let attempt = match self.read_index_local().await {
-                Ok(index) => Ok((index, self.leader_time_now())),
-                Err(NodeError::NotLeader { leader: Some(addr) }) => {
-                    self.forward_read_index(&addr).await
-                }
-                Err(e) => Err(e),
-            };
+            let attempt = self.shared_read_round().await;
             match attempt {
                 Ok((index, time)) => {
                     let left = give_up.saturating_duration_since(Instant::now());
@@ -503,6 +720,29 @@ impl Node {
     pub async fn read<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> Result<T, NodeError> {
         self.read_barrier().await?;
         Ok(self.inner.state.read(f))
+    }
+
+    /// A read-index round that started after this call: `(read index, leader log time)`.
+    /// Every caller that arrives while a round runs shares the next one ([`READ_LIMITS`]).
+    pub async fn shared_read_round(&self) -> Result<(u64, u64), NodeError> {
+        self.inner
+            .reader
+            .call((), 0, || {
+                Err(NodeError::Unknown("the read batcher stopped".into()))
+            })
+            .await
+    }
+
+    /// One read-index round: on the leader a quorum check, on a follower one forwarded
+    /// round on the leader (which shares it with the leader's own reads the same way).
+    async fn read_round(&self) -> Result<(u64, u64), NodeError> {
+        match self.read_index_local().await {
+            Ok(index) => Ok((index, self.leader_time_now())),
+            Err(NodeError::NotLeader { leader: Some(addr) }) => {
+                self.forward_read_index(&addr).await
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// On the leader: the index a linearizable read must wait for.
@@ -692,6 +932,29 @@ fn settle(
             None => NodeError::NotLeader { leader },
         })),
         other => Some(other),
+    }
+}
+
+/// Every proposal of a batch fails: the node is gone.
+fn stopped(n: usize) -> Vec<Proposed> {
+    vec![Err(NodeError::Fatal("node stopped".into())); n]
+}
+
+/// About how many bytes `cmd` adds to an entry (for the batch bounds; no serialization).
+fn proposal_size(cmd: &Command) -> usize {
+    const BASE: usize = 64;
+    fn kv_size(cmd: &fenced_core::kv::KvCommand) -> usize {
+        use fenced_core::kv::KvCommand;
+        let argv = |a: &Vec<Vec<u8>>| a.iter().map(|x| x.len() + 8).sum::<usize>();
+        match cmd {
+            KvCommand::Batch(cmds) | KvCommand::Multi { cmds, .. } => cmds.iter().map(argv).sum(),
+            KvCommand::Restricted { cmd, .. } => 256 + kv_size(cmd),
+        }
+    }
+    match cmd {
+        Command::Kv(kv) => BASE + kv_size(kv),
+        Command::AcquireWith(spec) => BASE + spec.names.iter().map(|n| n.len() + 8).sum::<usize>(),
+        _ => BASE,
     }
 }
 
