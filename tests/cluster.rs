@@ -469,11 +469,14 @@ async fn acknowledged_grants_survive_full_crash() {
     assert!(reused.token > fresh.token);
 }
 
-/// 5. An acquire whose leader is SIGKILLed while it is in flight, retried with the same
-/// request id on the survivors, is granted exactly once; a further retry returns the same
-/// token; another owner is still refused.
+/// 5. Acquires whose leader is SIGKILLed while they are in flight, retried with the same
+/// request ids on the survivors, are granted exactly once; a further retry returns the same
+/// token; another owner is still refused. Each round sends several acquires at once, so they
+/// share entries (the leader batches what arrives while an entry is in flight): a crash
+/// mid-batch must still give each caller its own first outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_acquire_never_grants_twice() {
+    const AT_ONCE: u64 = 6;
     let c = Cluster::start(5, "retry", &[]);
     // Different kill delays hit different points: before the append, between append and
     // commit, after the commit but before the answer.
@@ -481,117 +484,125 @@ async fn retried_acquire_never_grants_twice() {
         let round = round as u64;
         let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
         let survivors = others(leader);
-        let name = format!("retry-{round}");
-        let req = pb::AcquireRequest {
-            request: Some(pb::RequestId {
-                client_id: 0x00fe_17ce_d000 + round,
-                seq: 1,
-            }),
-            name: name.clone(),
-            owner: "alice".into(),
-            ttl_ms: LONG_TTL.as_millis() as u64,
-            wait_ms: 0,
-            session: 0,
-            ..Default::default()
-        };
-        let mut to_leader = c.raw_lock_client(leader, Duration::from_secs(10));
-        // Open the connection first, so the acquire goes out at once.
+        let reqs: Vec<pb::AcquireRequest> = (0..AT_ONCE)
+            .map(|i| pb::AcquireRequest {
+                request: Some(pb::RequestId {
+                    client_id: 0x00fe_17ce_d000 + round * 100 + i,
+                    seq: 1,
+                }),
+                name: format!("retry-{round}-{i}"),
+                owner: "alice".into(),
+                ttl_ms: LONG_TTL.as_millis() as u64,
+                wait_ms: 0,
+                session: 0,
+                ..Default::default()
+            })
+            .collect();
+        let to_leader = c.raw_lock_client(leader, Duration::from_secs(10));
+        // Open the connection first, so the acquires go out at once.
         to_leader
-            .info(pb::InfoRequest { name: name.clone() })
+            .clone()
+            .info(pb::InfoRequest {
+                name: reqs[0].name.clone(),
+            })
             .await
             .expect("warm-up info on the leader");
 
-        let (first, ()) = tokio::join!(to_leader.acquire(req.clone()), async {
+        let sends = futures::future::join_all(reqs.iter().map(|req| {
+            let mut lc = to_leader.clone();
+            let req = req.clone();
+            async move { lc.acquire(req).await.map(|r| r.into_inner()) }
+        }));
+        let (firsts, ()) = tokio::join!(sends, async {
             tokio::time::sleep(Duration::from_millis(delay_ms)).await;
             c.kill(leader);
         });
-        let first = first.map(|r| r.into_inner());
 
-        // Retry the identical request on the survivors until one answers.
-        let retried = wait_for(
-            &format!("round {round}: the retried acquire to be answered"),
-            LEADER_TIMEOUT,
-            || {
-                let req = req.clone();
-                let survivors = survivors.clone();
-                let c = &c;
-                async move {
-                    let mut errs = Vec::new();
-                    for id in survivors {
-                        let mut lc = c.raw_lock_client(id, Duration::from_secs(10));
-                        match lc.acquire(req.clone()).await {
-                            Ok(r) => return Ok(r.into_inner()),
-                            Err(s) => {
-                                errs.push(format!("node {id}: {:?} {}", s.code(), s.message()))
+        let mut tokens = Vec::new();
+        for (req, first) in reqs.iter().zip(firsts) {
+            let name = req.name.clone();
+            // Retry the identical request on the survivors until one answers.
+            let retried = wait_for(
+                &format!("{name}: the retried acquire to be answered"),
+                LEADER_TIMEOUT,
+                || {
+                    let req = req.clone();
+                    let survivors = survivors.clone();
+                    let c = &c;
+                    async move {
+                        let mut errs = Vec::new();
+                        for id in survivors {
+                            let mut lc = c.raw_lock_client(id, Duration::from_secs(10));
+                            match lc.acquire(req.clone()).await {
+                                Ok(r) => return Ok(r.into_inner()),
+                                Err(s) => {
+                                    errs.push(format!("node {id}: {:?} {}", s.code(), s.message()))
+                                }
                             }
                         }
+                        Err(errs.join("; "))
                     }
-                    Err(errs.join("; "))
-                }
-            },
-        )
-        .await;
-        eprintln!(
-            "round {round} (kill after {delay_ms} ms): first attempt {:?}, retry {retried:?}",
-            first.as_ref().map_err(|s| s.code())
-        );
-        assert!(
-            retried.granted,
-            "round {round}: retry not granted: {retried:?}"
-        );
-        assert_eq!(retried.holds, 1, "round {round}");
-        assert!(
-            retried.ttl_ms <= req.ttl_ms,
-            "round {round}: the retried grant reports {} ms left of a {} ms lease",
-            retried.ttl_ms,
-            req.ttl_ms
-        );
-        if let Ok(f) = &first {
-            assert!(f.granted, "round {round}: first answer {f:?}");
+                },
+            )
+            .await;
+            eprintln!(
+                "{name} (kill after {delay_ms} ms): first attempt {:?}, retry {retried:?}",
+                first.as_ref().map_err(|s| s.code())
+            );
+            assert!(retried.granted, "{name}: retry not granted: {retried:?}");
+            assert_eq!(retried.holds, 1, "{name}");
+            assert!(
+                retried.ttl_ms <= req.ttl_ms,
+                "{name}: the retried grant reports {} ms left of a {} ms lease",
+                retried.ttl_ms,
+                req.ttl_ms
+            );
+            if let Ok(f) = &first {
+                assert!(f.granted, "{name}: first answer {f:?}");
+                assert_eq!(f.token, retried.token, "{name}: two different grants");
+            }
+            assert_held_everywhere(&c, &survivors, &name, "alice", retried.token, 1).await;
+            tokens.push(retried.token);
+
+            // Once more, on the other survivor: the first outcome again, no second hold.
+            let mut lc = c.raw_lock_client(survivors[1], Duration::from_secs(10));
+            let again = within("the repeated acquire", CALL, lc.acquire(req.clone()))
+                .await
+                .expect("repeated acquire")
+                .into_inner();
+            assert!(again.granted);
             assert_eq!(
-                f.token, retried.token,
-                "round {round}: two different grants"
+                (again.token, again.holds),
+                (retried.token, retried.holds),
+                "{name}: a repeat of the same request acted again"
+            );
+            assert_held_everywhere(&c, &survivors, &name, "alice", retried.token, 1).await;
+
+            // A second owner is refused.
+            assert_eq!(
+                try_acquire(&c.client(), &name, "bob", LONG_TTL).await,
+                None,
+                "{name}: bob got a lock alice holds"
             );
         }
-        assert_held_everywhere(&c, &survivors, &name, "alice", retried.token, 1).await;
 
-        // Once more, on the other survivor: the first outcome again, no second hold.
-        let mut lc = c.raw_lock_client(survivors[1], Duration::from_secs(10));
-        let again = within("the repeated acquire", CALL, lc.acquire(req.clone()))
-            .await
-            .expect("repeated acquire")
-            .into_inner();
-        assert!(again.granted);
-        assert_eq!(
-            (again.token, again.holds),
-            (retried.token, retried.holds),
-            "round {round}: a repeat of the same request acted again"
-        );
-        assert_held_everywhere(&c, &survivors, &name, "alice", retried.token, 1).await;
-
-        // A second owner is refused.
-        assert_eq!(
-            try_acquire(&c.client(), &name, "bob", LONG_TTL).await,
-            None,
-            "round {round}: bob got a lock alice holds"
-        );
-
-        // Bring the killed node back; the grant and its dedup record are on it too.
+        // Bring the killed node back; the grants and their dedup records are on it too.
         c.restart(leader);
         let l = c.wait_for_leader(LEADER_TIMEOUT).await;
         c.wait_all_caught_up(l, CATCH_UP_TIMEOUT).await;
-        assert_held_everywhere(&c, &[leader], &name, "alice", retried.token, 1).await;
-        let mut lc = c.raw_lock_client(leader, Duration::from_secs(10));
-        let third = within(
-            "the acquire repeated on the restarted node",
-            CALL,
-            lc.acquire(req),
-        )
-        .await
-        .expect("repeated acquire")
-        .into_inner();
-        assert_eq!((third.granted, third.token), (true, retried.token));
-        assert_held_everywhere(&c, &[1, 2, 3], &name, "alice", retried.token, 1).await;
+        for (req, token) in reqs.iter().zip(tokens) {
+            let mut lc = c.raw_lock_client(leader, Duration::from_secs(10));
+            let third = within(
+                "the acquire repeated on the restarted node",
+                CALL,
+                lc.acquire(req.clone()),
+            )
+            .await
+            .expect("repeated acquire")
+            .into_inner();
+            assert_eq!((third.granted, third.token), (true, token), "{}", req.name);
+            assert_held_everywhere(&c, &[1, 2, 3], &req.name, "alice", token, 1).await;
+        }
     }
 }
 
