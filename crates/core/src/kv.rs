@@ -47,7 +47,7 @@ pub const LUA_MEMORY_LIMIT: usize = 64 * 1024 * 1024;
 /// ours is smaller because every value goes through the Raft log).
 pub const MAX_VALUE_LEN: usize = 64 * 1024 * 1024;
 
-/// A keyspace command, applied at a log index and log time.
+/// A keyspace command, applied at a revision and log time.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum KvCommand {
     /// Independent commands run one after another in a single entry (a client pipeline's run

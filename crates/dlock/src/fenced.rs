@@ -1,5 +1,5 @@
 //! fenced over gRPC, through `fenced-client`. Waiting is server-side and FIFO; the token is the
-//! Raft index of the granting entry.
+//! store revision of the granting command.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
