@@ -212,11 +212,17 @@ proptest! {
                     Event::LockReleased { name, token, owner, .. } => {
                         prop_assert_eq!(holder.remove(name), Some((owner.clone(), *token)));
                     }
-                    Event::WaiterGranted { name, token, .. } => {
+                    Event::WaiterGranted { name, token, request, .. } => {
                         prop_assert!(*token > before && *token <= cmd_rev, "hand-over token {token} outside ({before}, {cmd_rev}]");
-                        let owner = sm.lock_info(name).map(|l| l.owner).unwrap_or_default();
-                        // The holder may already have changed again later in this entry;
-                        // only a fresh grant in this entry is possible, and it is checked below.
+                        // The waiter's owner, from its acquire in the log (a grant of the
+                        // expiry step may be ended again by the command that follows it).
+                        let owner = log[..=i]
+                            .iter()
+                            .find_map(|r| match (&r.cmd, r.client) {
+                                (Command::Acquire { owner, .. }, Some(c)) if c == *request => Some(owner.clone()),
+                                _ => None,
+                            })
+                            .unwrap_or_default();
                         grant(&mut holder, name, owner, *token)?;
                     }
                     Event::WaiterGaveUp { .. } => {}
