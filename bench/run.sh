@@ -12,6 +12,9 @@
 #   FENCED_ONLY=1 bench/run.sh          # issue 2's numbers: fenced, 1/16/64 uncontended
 #
 # Results: $OUT/results.json and $OUT/table.md (OUT defaults to bench/results/<timestamp>).
+# Beside pairs/s the table reports server CPU µs per pair (user + system time of the backend's
+# server processes from /proc during the measured window, idle background work such as Raft
+# heartbeats included) and the load generator's own CPU µs per pair.
 # Ports used (loopback only): fenced gRPC 27481-27483, RESP 27471-27473; Redis 26379,
 # Redis AOF 26380, Redlock 26381-26385; etcd clients 23791-23793, peers 23801-23803.
 # PORT_OFFSET=N shifts them all by N (to run beside another copy of this script).
@@ -113,12 +116,16 @@ ARGS=(--duration "$DURATION" --rounds "$ROUNDS" --clients "$CLIENTS" --keys "$KE
 
 if need fenced; then
     CLUSTER=1=127.0.0.1:$((FG + 1)),2=127.0.0.1:$((FG + 2)),3=127.0.0.1:$((FG + 3))
+    FPIDS=()
     for i in 1 2 3; do
         FENCED_LOG=warn "$FENCED" serve --id $i --data-dir "$WORK/fenced-$i" \
             --grpc-addr 127.0.0.1:$((FG + i)) --resp-addr 127.0.0.1:$((FR + i)) \
             --initial-cluster "$CLUSTER" --initial-cluster-state new >"$WORK/fenced-$i.log" 2>&1 &
         PIDS+=($!)
+        FPIDS+=($!)
     done
+    F=$(IFS=,; echo "${FPIDS[*]}")
+    ARGS+=(--pids "fenced=$F" --pids "fenced-resp=$F" --pids "fenced-setnx=$F")
     wait_for "a fenced leader" 300 sh -c \
         "'$FENCED' status --endpoints 127.0.0.1:$((FG + 1)) | grep -q '\"leader\":[1-9]'"
     ARGS+=(--fenced 127.0.0.1:$((FG + 1)),127.0.0.1:$((FG + 2)),127.0.0.1:$((FG + 3)))
@@ -132,26 +139,30 @@ start_redis() { # port, extra args...
     redis-server --port "$port" --bind 127.0.0.1 --save "" --daemonize no \
         --dir "$WORK/redis-$port" --loglevel warning "$@" >"$WORK/redis-$port.log" 2>&1 &
     PIDS+=($!)
+    LAST_PID=$!
     wait_for "redis on $port" 100 redis-cli -p "$port" ping
 }
 if need "redis,"; then
     start_redis "$RP" --appendonly no
-    ARGS+=(--redis "127.0.0.1:$RP")
+    ARGS+=(--redis "127.0.0.1:$RP" --pids "redis=$LAST_PID")
 fi
 if need redis-aof; then
     start_redis $((RP + 1)) --appendonly yes --appendfsync always
-    ARGS+=(--redis-aof "127.0.0.1:$((RP + 1))")
+    ARGS+=(--redis-aof "127.0.0.1:$((RP + 1))" --pids "redis-aof=$LAST_PID")
 fi
 if need redlock; then
     RL=()
+    RLPIDS=()
     for p in $(seq $((RP + 2)) $((RP + 6))); do
         start_redis "$p" --appendonly no
         RL+=("127.0.0.1:$p")
+        RLPIDS+=("$LAST_PID")
     done
-    ARGS+=(--redlock "$(IFS=,; echo "${RL[*]}")")
+    ARGS+=(--redlock "$(IFS=,; echo "${RL[*]}")" --pids "redlock=$(IFS=,; echo "${RLPIDS[*]}")")
 fi
 
 if need etcd; then
+    EPIDS=()
     PEERS=e1=http://127.0.0.1:$((EP + 1)),e2=http://127.0.0.1:$((EP + 2)),e3=http://127.0.0.1:$((EP + 3))
     for i in 1 2 3; do
         etcd --name e$i --data-dir "$WORK/etcd-$i" \
@@ -162,8 +173,10 @@ if need etcd; then
             --initial-cluster "$PEERS" --initial-cluster-state new \
             --initial-cluster-token fenced-bench >"$WORK/etcd-$i.log" 2>&1 &
         PIDS+=($!)
+        EPIDS+=($!)
     done
     ETCD_EPS=127.0.0.1:$((EC + 1)),127.0.0.1:$((EC + 2)),127.0.0.1:$((EC + 3))
+    ARGS+=(--pids "etcd=$(IFS=,; echo "${EPIDS[*]}")")
     wait_for "etcd" 300 env ETCDCTL_API=3 etcdctl --endpoints "$ETCD_EPS" endpoint health
     ARGS+=(--etcd "$ETCD_EPS")
 fi

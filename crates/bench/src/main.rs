@@ -104,6 +104,10 @@ struct Cli {
     /// Worker threads of the load generator's runtime (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Server processes of a backend, `NAME=PID,PID,...` (repeatable): their CPU time
+    /// (user + system, from /proc) during each measured window is reported per lock pair.
+    #[arg(long)]
+    pids: Vec<String>,
 }
 
 fn rotate(v: &[String], i: usize) -> Vec<String> {
@@ -171,6 +175,18 @@ impl Cell {
     }
 }
 
+/// Server and load-generator CPU µs per pair of each (cell, backend).
+type PerPair = BTreeMap<(Cell, usize), (Option<f64>, Option<f64>)>;
+
+/// CPU time spent during a cell's windows, summed over rounds.
+#[derive(Default, Clone, Copy)]
+struct CpuSpent {
+    /// The backend's server processes (`None`: not given, or one was unreadable).
+    server_us: Option<f64>,
+    /// The load generator itself.
+    bench_us: f64,
+}
+
 #[derive(Serialize)]
 struct Row<'a> {
     backend: &'a str,
@@ -182,6 +198,10 @@ struct Row<'a> {
     wait_ms: u64,
     rounds: usize,
     tokens: bool,
+    /// Server CPU (µs, all of the backend's processes) per lock pair.
+    server_cpu_us_per_pair: Option<f64>,
+    /// The load generator's own CPU (µs) per lock pair.
+    bench_cpu_us_per_pair: Option<f64>,
     #[serde(flatten)]
     summary: &'a Summary,
 }
@@ -232,7 +252,10 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
         bail!("--duration and --rounds must be positive");
     }
     let run_id = random_id(4);
+    let pids = fenced_bench::cpu::parse_pids(&cli.pids)?;
+    let me = std::process::id().to_string();
     let mut results: BTreeMap<(Cell, usize), Measured> = BTreeMap::new();
+    let mut cpu: BTreeMap<(Cell, usize), CpuSpent> = BTreeMap::new();
     let total = cli.rounds * cells.len() * backends.len();
     let mut done = 0;
     for round in 0..cli.rounds {
@@ -259,7 +282,21 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
                     cell.clients,
                     cell.keys
                 );
+                let server_pids = pids.get(name.as_str());
+                let server_before = server_pids.and_then(|p| fenced_bench::cpu::total_cpu_us(p));
+                let bench_before = fenced_bench::cpu::process_cpu_us(&me).unwrap_or(0.0);
                 let m = run(clients, &w).await;
+                let server_after = server_pids.and_then(|p| fenced_bench::cpu::total_cpu_us(p));
+                let bench_after = fenced_bench::cpu::process_cpu_us(&me).unwrap_or(0.0);
+                let spent = cpu.entry((*cell, bi)).or_insert(CpuSpent {
+                    server_us: Some(0.0),
+                    bench_us: 0.0,
+                });
+                spent.server_us = match (spent.server_us, server_before, server_after) {
+                    (Some(sum), Some(b), Some(a)) => Some(sum + (a - b)),
+                    _ => None,
+                };
+                spent.bench_us += bench_after - bench_before;
                 let s = m.summary();
                 eprintln!(
                     "    {:.0} pairs/s, {:.0} failed/s, acquire p50 {} p99 {} µs, errors {}{}",
@@ -285,8 +322,17 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
     for ((cell, bi), m) in &results {
         summaries.insert((*cell, *bi), m.summary());
     }
+    let per_pair: PerPair = summaries
+        .iter()
+        .map(|(k, s)| {
+            let spent = cpu.get(k).copied().unwrap_or_default();
+            let per = |us: f64| (s.pairs > 0).then(|| us / s.pairs as f64);
+            (*k, (spent.server_us.and_then(per), per(spent.bench_us)))
+        })
+        .collect();
     for ((cell, bi), s) in &summaries {
         let name = backends[*bi].as_str();
+        let (server_cpu, bench_cpu) = per_pair.get(&(*cell, *bi)).copied().unwrap_or_default();
         json_rows.push(serde_json::to_value(Row {
             backend: name,
             clients: cell.clients,
@@ -297,6 +343,8 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
             wait_ms: cli.wait_ms,
             rounds: cli.rounds,
             tokens: matches!(name, "fenced" | "fenced-resp" | "fenced-setnx" | "etcd"),
+            server_cpu_us_per_pair: server_cpu,
+            bench_cpu_us_per_pair: bench_cpu,
             summary: s,
         })?);
     }
@@ -307,7 +355,7 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
         println!("{json}");
     }
 
-    let md = markdown(&backends, &cells, &summaries);
+    let md = markdown(&backends, &cells, &summaries, &per_pair);
     println!("{md}");
     if let Some(p) = &cli.markdown {
         let mut f = std::fs::File::create(p).with_context(|| format!("writing {}", p.display()))?;
@@ -324,13 +372,19 @@ fn ms(us: u64) -> String {
     }
 }
 
-fn markdown(backends: &[String], cells: &[Cell], s: &BTreeMap<(Cell, usize), Summary>) -> String {
+fn markdown(
+    backends: &[String],
+    cells: &[Cell],
+    s: &BTreeMap<(Cell, usize), Summary>,
+    cpu: &PerPair,
+) -> String {
     let base = &backends[0];
     let mut out = String::new();
     out.push_str(&format!(
-        "| clients | keys | backend | pairs/s | {base} ÷ this | failed tries/s | acquire p50 / p99 / p99.9 (ms) | release p50 / p99 (ms) | errors |\n"
+        "| clients | keys | backend | pairs/s | {base} ÷ this | failed tries/s | acquire p50 / p99 / p99.9 (ms) | release p50 / p99 (ms) | server CPU µs/pair | bench CPU µs/pair | errors |\n"
     ));
-    out.push_str("|---:|---:|---|---:|---:|---:|---|---|---:|\n");
+    out.push_str("|---:|---:|---|---:|---:|---:|---|---|---:|---:|---:|\n");
+    let us = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.0}"));
     for cell in cells {
         let b0 = s.get(&(*cell, 0)).map(|x| x.pairs_per_s).unwrap_or(0.0);
         for (bi, name) in backends.iter().enumerate() {
@@ -342,8 +396,9 @@ fn markdown(backends: &[String], cells: &[Cell], s: &BTreeMap<(Cell, usize), Sum
             } else {
                 "∞".to_owned()
             };
+            let (server_cpu, bench_cpu) = cpu.get(&(*cell, bi)).copied().unwrap_or_default();
             out.push_str(&format!(
-                "| {} | {} ({}) | {} | {:.0} | {} | {:.0} | {} / {} / {} | {} / {} | {} |\n",
+                "| {} | {} ({}) | {} | {:.0} | {} | {:.0} | {} / {} / {} | {} / {} | {} | {} | {} |\n",
                 cell.clients,
                 cell.keys,
                 cell.label(),
@@ -356,6 +411,8 @@ fn markdown(backends: &[String], cells: &[Cell], s: &BTreeMap<(Cell, usize), Sum
                 ms(x.acquire_us.p999),
                 ms(x.release_us.p50),
                 ms(x.release_us.p99),
+                us(server_cpu),
+                us(bench_cpu),
                 x.errors + x.timeouts,
             ));
         }
