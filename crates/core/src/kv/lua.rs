@@ -5,8 +5,8 @@
 //! * `math.random`/`math.randomseed` are a xorshift PRNG seeded from the entry index, so every
 //!   replica draws the same numbers.
 //! * Budgets are counted, never timed: [`LUA_INSTRUCTION_BUDGET`] VM instructions (checked
-//!   every 10 000) and [`LUA_MEMORY_LIMIT`] bytes. Once over budget, `pcall` cannot swallow the
-//!   error.
+//!   every 10 000, in coroutines the script creates too) and [`LUA_MEMORY_LIMIT`] bytes. Once
+//!   over budget, neither `pcall`/`xpcall` nor `coroutine.resume` can swallow the error.
 //! * `redis.call`/`redis.pcall` run the keyspace interpreter directly, with Redis's RESP2 ↔ Lua
 //!   conversions. `TIME` is the entry's log time.
 //! * `cjson` (encode/decode/null and lua-cjson's settings) as Redis bundles it, implemented in
@@ -124,7 +124,10 @@ fn run_inner(
     let budget = Arc::new(Budget::new());
     {
         let budget = budget.clone();
-        lua.set_hook(
+        // A global hook: coroutines the script creates inherit it (a per-thread hook is
+        // dropped by mlua in a thread it did not register, so a loop in a coroutine ran
+        // unbudgeted).
+        lua.set_global_hook(
             HookTriggers::new().every_nth_instruction(HOOK_EVERY),
             move |_, _| {
                 budget.charge(u64::from(HOOK_EVERY))?;
@@ -207,7 +210,7 @@ fn run_inner(
 }
 
 /// Globals: `KEYS`, `ARGV`, `redis.*`, `cjson`, deterministic `math.random`, budget-aware
-/// `pcall`.
+/// `pcall`/`xpcall`/`coroutine.resume`.
 fn setup_env(
     lua: &Lua,
     index: u64,
@@ -332,6 +335,8 @@ local function reraise(ok, ...)
 end
 pcall = function(...) return reraise(raw_pcall(...)) end
 xpcall = function(...) return reraise(raw_xpcall(...)) end
+local raw_resume = coroutine.resume
+coroutine.resume = function(...) return reraise(raw_resume(...)) end
 redis.call = function(...)
   local r = _G[dispatch_name](...)
   if type(r) == "table" and rawget(r, "err") ~= nil then raw_error(r, 0) end

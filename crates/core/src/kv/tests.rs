@@ -333,6 +333,17 @@ fn lua_error_keeps_earlier_writes_and_budgets_hold() {
         matches!(&r, Reply::Error(e) if e.starts_with("BUSY")),
         "{r:?}"
     );
+    // Coroutines the script creates are budgeted too.
+    for s in [
+        "return coroutine.wrap(function() while true do end end)()",
+        "local co = coroutine.create(function() while true do end end) return coroutine.resume(co)",
+    ] {
+        let r = eval(&mut t, s, &[], &[]);
+        assert!(
+            matches!(&r, Reply::Error(e) if e.starts_with("BUSY")),
+            "{s}: {r:?}"
+        );
+    }
     let r = eval(
         &mut t,
         "local t = {} for i=1,1e9 do t[i] = string.rep('x', 1000) .. i end",
