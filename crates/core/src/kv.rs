@@ -1,6 +1,7 @@
 //! The replicated keyspace behind the RESP front end: strings, hashes, lists and sorted sets
 //! with an absolute expiry in log time, per-key `create_revision`/`mod_revision` (store revisions),
-//! per-key fence high-water marks (`FENCE.SET`), and the Lua script cache.
+//! per-key fence high-water marks (`FENCE.SET`), and the Lua script cache (plus, beside it and
+//! not replicated, each cached script compiled in its own interpreter).
 //!
 //! Commands arrive as Redis argument vectors ([`Argv`]) and are interpreted here, inside
 //! `apply`, on every replica — so a Lua script's `redis.call` runs the very same code as a
@@ -41,8 +42,13 @@ pub const MAX_SCRIPTS: usize = 10_000;
 /// Lua instruction budget of one script run. Counted, never timed, so every replica stops a
 /// runaway script at the same instruction.
 pub const LUA_INSTRUCTION_BUDGET: u64 = 50_000_000;
-/// Lua memory budget of one script run (bytes requested from the allocator, deterministic).
+/// Lua memory budget of one script run: bytes requested from the allocator on top of the
+/// script's idle interpreter (deterministic).
 pub const LUA_MEMORY_LIMIT: usize = 64 * 1024 * 1024;
+/// Most script interpreters kept between runs (per replica, not replicated).
+pub const LUA_CACHE_SCRIPTS: usize = 128;
+/// Most idle interpreter heap kept between runs, summed over the cached scripts.
+pub const LUA_CACHE_BYTES: usize = 32 * 1024 * 1024;
 /// Largest string value or element a command may create (Redis's proto-max-bulk-len is 512 MiB;
 /// ours is smaller because every value goes through the Raft log).
 pub const MAX_VALUE_LEN: usize = 64 * 1024 * 1024;
@@ -243,6 +249,10 @@ pub struct Keyspace {
     fences: BTreeMap<Bytes, Token>,
     /// Script cache: lower-case hex SHA1 → source.
     scripts: BTreeMap<String, String>,
+    /// Compiled scripts, each in its interpreter: this replica's, not replicated (skipped by
+    /// serde, empty in a clone, ignored by `==`).
+    #[serde(skip)]
+    lua: lua::LuaCache,
 }
 
 impl Keyspace {

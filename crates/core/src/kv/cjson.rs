@@ -5,7 +5,7 @@
 //! lua-cjson's configuration functions (`encode_sparse_array`, `encode_max_depth`,
 //! `decode_max_depth`, `encode_number_precision`, `encode_invalid_numbers`,
 //! `decode_invalid_numbers`, `encode_keep_buffer`), which take effect for the rest of the
-//! script run (every run starts from the defaults). Errors are plain Lua string errors with
+//! script run (every run starts from the defaults: [`Settings::reset`]). Errors are plain Lua string errors with
 //! lua-cjson's wording, so `pcall` returns the message as Redis does.
 //!
 //! Deviations from lua-cjson:
@@ -40,7 +40,7 @@ const FLUSH_EVERY: u64 = 4096;
 const KEY_OVERHEAD: usize = 48;
 
 /// `cjson.null`: lua-cjson's NULL lightuserdata.
-fn null() -> LV {
+pub(super) fn null() -> LV {
     LV::LightUserData(LightUserData(std::ptr::null_mut()))
 }
 
@@ -121,8 +121,8 @@ impl Meter<'_> {
     }
 }
 
-/// Build the global `cjson` table.
-pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<()> {
+/// The raw `cjson` functions (each returns `ok, ...`), and their settings.
+pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<(Table, Settings)> {
     let cfg = Arc::new(Mutex::new(Config::default()));
     let raw = lua.create_table()?;
     {
@@ -229,27 +229,19 @@ pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<()> {
         )?;
     }
 
-    // Rust functions return `ok, ...`; the Lua wrappers raise the message as a plain string
-    // error, as lua-cjson's luaL_error does (no position prefix).
-    let cjson: Table = lua
-        .load(
-            r#"
-local raw, null = ...
-local raw_error, pairs = error, pairs
-local function check(ok, ...)
-  if ok then return ... end
-  raw_error((...), 0)
-end
-local cjson = { null = null, _NAME = "cjson", _VERSION = "2.1.0" }
-for name, f in pairs(raw) do
-  cjson[name] = function(...) return check(f(...)) end
-end
-return cjson
-"#,
-        )
-        .set_name("=cjson")
-        .call((raw, null()))?;
-    lua.globals().set("cjson", cjson)
+    // The Rust functions return `ok, ...`; the script's `cjson` table wraps each one in Lua
+    // (built per run by `lua.rs`) to raise the message as a plain string error, as
+    // lua-cjson's luaL_error does (no position prefix).
+    Ok((raw, Settings(cfg)))
+}
+
+/// The settings of a VM's `cjson` functions; [`Settings::reset`] before every run.
+pub(super) struct Settings(Arc<Mutex<Config>>);
+
+impl Settings {
+    pub(super) fn reset(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Config::default();
+    }
 }
 
 fn current(cfg: &Mutex<Config>) -> Config {

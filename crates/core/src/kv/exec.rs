@@ -1187,6 +1187,7 @@ impl Ctx<'_> {
                     }
                     "FLUSH" if a.len() <= 2 => {
                         self.ks.scripts.clear();
+                        self.ks.lua.clear();
                         Ok(Reply::ok())
                     }
                     _ => Err(format!(

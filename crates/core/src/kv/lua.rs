@@ -1,12 +1,17 @@
 //! Lua scripting (`EVAL`/`EVALSHA`) inside `apply`, deterministic on every replica.
 //!
-//! * A fresh Lua 5.1 VM per script run (base, table, string, math; no io/os/debug/package, no
-//!   loaders: text chunks only).
-//! * `math.random`/`math.randomseed` are a xorshift PRNG seeded from the entry index, so every
-//!   replica draws the same numbers.
+//! * Lua 5.1 (base, table, string, math, coroutine; no io/os/debug/package, no loaders: text
+//!   chunks only; no `collectgarbage`/`gcinfo`, which would show the interpreter's memory).
+//! * **One interpreter per script, reused** ([`LuaCache`], beside the keyspace, not replicated):
+//!   a script is compiled once into its own VM, which then serves every run of that script.
+//!   Every run must behave exactly as in a VM built for it alone, which is what a replica that
+//!   just started (or installed a snapshot) has — see *Why reuse is deterministic* below.
+//! * `math.random`/`math.randomseed` are a xorshift PRNG seeded from the command's revision at the
+//!   start of every run, so every replica draws the same numbers.
 //! * Budgets are counted, never timed: [`LUA_INSTRUCTION_BUDGET`] VM instructions (checked
-//!   every 10 000) and [`LUA_MEMORY_LIMIT`] bytes. Once over budget, `pcall` cannot swallow the
-//!   error.
+//!   every 10 000, in coroutines the script creates too) and [`LUA_MEMORY_LIMIT`] bytes on top of
+//!   the idle VM. Both start from zero at every run. Once over budget, neither `pcall`/`xpcall`
+//!   nor `coroutine.resume` can swallow the error.
 //! * `redis.call`/`redis.pcall` run the keyspace interpreter directly, with Redis's RESP2 ↔ Lua
 //!   conversions. `TIME` is the entry's log time.
 //! * `cjson` (encode/decode/null and lua-cjson's settings) as Redis bundles it, implemented in
@@ -16,15 +21,66 @@
 //! * **Errors keep earlier writes** (Redis semantics): writes a script made before it failed
 //!   stay applied, and the client gets the error. Every replica stops at the same
 //!   instruction, so every replica keeps the same writes.
+//!
+//! # Why reuse is deterministic
+//!
+//! A VM is built from the script's source alone ([`Vm::build`]): the same allocations in the
+//! same order on every replica, then a warm-up run of an empty chunk through the same path
+//! and full collections until the heap stops changing. Its `used_memory` then is the
+//! *baseline*; the memory limit is set to baseline + [`LUA_MEMORY_LIMIT`]. The claim is that
+//! every run starts from a state indistinguishable from that one, so a run's instructions,
+//! allocations, collector steps, and therefore its budget failures, replies and writes, are
+//! those of a VM built for it alone:
+//!
+//! * **Nothing a run can reach survives it.** Each run executes in a new coroutine whose
+//!   globals are a new table: copies of the base functions and of the `string`, `table`,
+//!   `math`, `coroutine`, `redis` and `cjson` tables, and new Lua closures (`pcall`, `xpcall`,
+//!   `coroutine.resume`/`running`, `redis.call`/`pcall`, the `cjson` wrappers) whose
+//!   environment is that table. The pristine tables are upvalues of the driver, which no
+//!   script can reach (no `debug`). The shared objects a script *can* touch are reset after
+//!   every run: the environments of the compiled chunk and of the driver (`setfenv(1, …)`,
+//!   `getfenv(3)`), the string metatable (`getmetatable('')`, replaced per run), and the Rust
+//!   state behind the PRNG, the budget and the `cjson` settings. Everything else a script sees
+//!   is immutable (strings, numbers, C functions, `cjson.null`). Setting a global is allowed,
+//!   as it always was here, and is gone at the next run.
+//! * **The instruction count starts at zero.** The hook is global and a new coroutine starts
+//!   with a fresh count, so the checks fall at the same instructions; the main thread runs no
+//!   hooked Lua code.
+//! * **The heap is back to the baseline.** After a run: two full collections (the second frees
+//!   userdata finalized by the first), with `pad .. pad` (64 bytes) between them, which sets the
+//!   collector-owned concatenation buffer back to the size it has at the baseline (a
+//!   collection shrinks it to at most 64 bytes, never below 32); repeated while memory goes
+//!   down. The VM is kept only if `used_memory` is then *exactly* the baseline, and dropped
+//!   (rebuilt on next use) otherwise, after a budget failure, or after any error of the
+//!   machinery itself. Equality means the heap holds the same objects: every object of the
+//!   baseline is still referenced, so what it holds is a superset; the string table never
+//!   shrinks below its baseline size (it halves only while under a quarter full, and holds at
+//!   least the baseline's strings); mlua's reference stack never shrinks (it is grown to
+//!   [`REF_SLOTS`] at build so ordinary runs do not grow it); the concatenation buffer is
+//!   reset as above; per-run threads, stacks and tables are garbage. Each of these can only be
+//!   larger than at the baseline, so equal totals mean equal parts. Equal heaps then give the
+//!   same collector state (a full collection leaves the threshold a function of the live
+//!   bytes), so collection steps during the next run fall at the same allocations.
+//!
+//! Whether a VM is kept never changes a result, only the time the next run takes; so neither
+//! does the cache's eviction order. Table layout depends on object addresses for tables,
+//! functions and userdata used as keys, as it did with a fresh VM per run.
 
+use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use mlua::chunk::ChunkMode;
-use mlua::{HookTriggers, Lua, LuaOptions, MultiValue, StdLib, Table, Value as LV, VmState};
+use mlua::{
+    Function, HookTriggers, Lua, LuaOptions, LuaString, MultiValue, StdLib, Table, Value as LV,
+    VmState,
+};
 
 use super::exec::{fmt_f64, Ctx};
-use super::{Bytes, Reply, LUA_INSTRUCTION_BUDGET, LUA_MEMORY_LIMIT};
+use super::{
+    Bytes, Reply, LUA_CACHE_BYTES, LUA_CACHE_SCRIPTS, LUA_INSTRUCTION_BUDGET, LUA_MEMORY_LIMIT,
+};
 
 /// The instruction budget of one script run: counted by the VM hook, and charged by native
 /// helpers (`cjson`) for work done outside the VM.
@@ -56,11 +112,23 @@ impl Budget {
     fn is_over(&self) -> bool {
         self.over.load(Ordering::Relaxed)
     }
+
+    fn reset(&self) {
+        self.spent.store(0, Ordering::Relaxed);
+        self.over.store(false, Ordering::Relaxed);
+    }
 }
 
 /// Deepest reply nesting converted between Lua and RESP.
 const MAX_DEPTH: usize = 64;
 const HOOK_EVERY: u32 = 10_000;
+/// Most cleanup rounds (two full collections each) before a VM is given up on.
+const CLEANUP_ROUNDS: usize = 8;
+/// Slots of mlua's reference stack made at build, so ordinary runs never grow it.
+const REF_SLOTS: usize = 256;
+/// Half the concatenation buffer's size at the baseline (`LUA_MINBUFFER`, so the buffer is
+/// `2 * LUA_MINBUFFER`: the largest size a collection leaves alone).
+const PAD: usize = 32;
 
 /// Lower-case hex SHA1 (the script cache key, `redis.sha1hex`).
 pub fn sha1hex(data: &[u8]) -> String {
@@ -96,9 +164,24 @@ pub(crate) fn run(
 ) -> Reply {
     let was = ctx.in_script;
     ctx.in_script = true;
-    let r = run_inner(ctx, sha, src, keys, args);
+    let vm = match ctx.ks.lua.take(sha, src) {
+        Some(vm) => Ok(vm),
+        None => Vm::build(src),
+    };
+    let reply = match vm {
+        Ok(vm) => {
+            let revision = ctx.revision;
+            let (reply, reusable) =
+                vm.run(&vm.func, sha, revision, keys, args, |cmd| ctx.exec(cmd));
+            if reusable {
+                ctx.ks.lua.put(sha, vm);
+            }
+            reply
+        }
+        Err(e) => Reply::Error(e),
+    };
     ctx.in_script = was;
-    r.unwrap_or_else(Reply::Error)
+    reply
 }
 
 fn clean(msg: &str) -> String {
@@ -106,115 +189,319 @@ fn clean(msg: &str) -> String {
     msg.lines().next().unwrap_or("").replace('\r', " ")
 }
 
-fn run_inner(
-    ctx: &mut Ctx<'_>,
-    sha: &str,
-    src: &str,
-    keys: &[Bytes],
-    args: &[Bytes],
-) -> Result<Reply, String> {
-    let start = |e: mlua::Error| format!("ERR cannot start Lua: {}", clean(&e.to_string()));
-    let lua = Lua::new_with(
-        StdLib::TABLE | StdLib::STRING | StdLib::MATH,
-        LuaOptions::default(),
-    )
-    .map_err(start)?;
-    lua.set_memory_limit(LUA_MEMORY_LIMIT).map_err(start)?;
+/// The interpreters of recently run scripts, by SHA1: at most [`LUA_CACHE_SCRIPTS`] of them
+/// and [`LUA_CACHE_BYTES`] of idle heap, least recently run evicted first. Not replicated
+/// state: skipped by serde, empty in a clone, ignored by `==` (a run's result never depends
+/// on it; see the module docs).
+#[derive(Default)]
+pub(crate) struct LuaCache(Mutex<Vms>);
 
-    let budget = Arc::new(Budget::new());
-    {
-        let budget = budget.clone();
-        lua.set_hook(
-            HookTriggers::new().every_nth_instruction(HOOK_EVERY),
-            move |_, _| {
-                budget.charge(u64::from(HOOK_EVERY))?;
-                Ok(VmState::Continue)
-            },
+#[derive(Default)]
+struct Vms {
+    /// SHA1 → (last run, VM).
+    map: BTreeMap<String, (u64, Vm)>,
+    tick: u64,
+    /// Sum of the cached VMs' baselines.
+    bytes: usize,
+}
+
+impl LuaCache {
+    fn vms(&mut self) -> &mut Vms {
+        self.0.get_mut().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Take the VM of `sha` out of the cache, if it is one of `src` (a SHA1 collision gets a
+    /// VM of its own source).
+    fn take(&mut self, sha: &str, src: &str) -> Option<Vm> {
+        let vms = self.vms();
+        if vms.map.get(sha).is_none_or(|(_, vm)| vm.src != src) {
+            return None;
+        }
+        let (_, vm) = vms.map.remove(sha)?;
+        vms.bytes -= vm.baseline;
+        Some(vm)
+    }
+
+    /// Put a VM (back), evicting the least recently run ones past the bounds.
+    fn put(&mut self, sha: &str, vm: Vm) {
+        if vm.baseline > LUA_CACHE_BYTES {
+            return;
+        }
+        let vms = self.vms();
+        vms.tick += 1;
+        if let Some((_, old)) = vms.map.remove(sha) {
+            vms.bytes -= old.baseline;
+        }
+        while vms.map.len() >= LUA_CACHE_SCRIPTS || vms.bytes + vm.baseline > LUA_CACHE_BYTES {
+            let Some(oldest) = vms
+                .map
+                .iter()
+                .min_by_key(|(_, (used, _))| *used)
+                .map(|(sha, _)| sha.clone())
+            else {
+                break;
+            };
+            if let Some((_, old)) = vms.map.remove(&oldest) {
+                vms.bytes -= old.baseline;
+            }
+        }
+        vms.bytes += vm.baseline;
+        let tick = vms.tick;
+        vms.map.insert(sha.to_owned(), (tick, vm));
+    }
+
+    /// Drop every cached VM (`SCRIPT FLUSH`).
+    pub(crate) fn clear(&mut self) {
+        *self.vms() = Vms::default();
+    }
+
+    /// Cached VMs and the sum of their baselines (bytes).
+    #[cfg(test)]
+    pub(crate) fn usage(&mut self) -> (usize, usize) {
+        let vms = self.vms();
+        (vms.map.len(), vms.bytes)
+    }
+
+    /// Is a VM of `sha` cached?
+    #[cfg(test)]
+    pub(crate) fn contains(&mut self, sha: &str) -> bool {
+        self.vms().map.contains_key(sha)
+    }
+}
+
+impl Clone for LuaCache {
+    /// Empty: a clone (a snapshot) starts without interpreters, like a restarted replica.
+    fn clone(&self) -> LuaCache {
+        LuaCache::default()
+    }
+}
+
+impl PartialEq for LuaCache {
+    fn eq(&self, _: &LuaCache) -> bool {
+        true
+    }
+}
+
+impl Eq for LuaCache {}
+
+impl fmt::Debug for LuaCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("LuaCache")
+    }
+}
+
+/// One script's interpreter.
+struct Vm {
+    lua: Lua,
+    /// The source, to tell a SHA1 collision apart.
+    src: String,
+    /// The compiled script.
+    func: Function,
+    /// The body of every run's coroutine: `driver(f, dispatch, KEYS, ARGV)` → `pcall(f)`.
+    driver: Function,
+    /// `normalize(pad)` concatenates `pad .. pad` (resets the concatenation buffer).
+    normalize: Function,
+    pad: LuaString,
+    /// The environment of `func` and `driver` between runs (never given to a script).
+    neutral: Table,
+    /// The string metatable between runs.
+    string_mt: Table,
+    budget: Arc<Budget>,
+    rng: Arc<AtomicU64>,
+    cjson: super::cjson::Settings,
+    /// `used_memory` of the idle VM.
+    baseline: usize,
+}
+
+impl Vm {
+    /// Build the VM of `src`: compile it, set up the sandbox, settle the heap.
+    fn build(src: &str) -> Result<Vm, String> {
+        let start = |e: mlua::Error| format!("ERR cannot start Lua: {}", clean(&e.to_string()));
+        let lua = Lua::new_with(
+            StdLib::TABLE | StdLib::STRING | StdLib::MATH,
+            LuaOptions::default(),
         )
         .map_err(start)?;
+        lua.set_memory_limit(LUA_MEMORY_LIMIT).map_err(start)?;
+        let func = lua
+            .load(src)
+            .set_name("@user_script")
+            .set_mode(ChunkMode::Text)
+            .into_function()
+            .map_err(|e| {
+                format!(
+                    "ERR Error compiling script (new function): {}",
+                    clean(&e.to_string())
+                )
+            })?;
+        let mut vm = setup(lua, src, func).map_err(start)?;
+        vm.baseline = vm.settle().map_err(start)?;
+        Ok(vm)
     }
-    setup_env(&lua, ctx.revision, keys, args, budget.clone()).map_err(start)?;
 
-    let func = match lua
-        .load(src)
-        .set_name("@user_script")
-        .set_mode(ChunkMode::Text)
-        .into_function()
-    {
-        Ok(f) => f,
-        Err(e) => {
-            return Err(format!(
-                "ERR Error compiling script (new function): {}",
-                clean(&e.to_string())
-            ))
+    /// Pre-grow the reference stack, warm up with an empty chunk, collect until the heap
+    /// stops changing: the baseline.
+    fn settle(&self) -> mlua::Result<usize> {
+        let held: Vec<Table> = (0..REF_SLOTS).map(|_| self.neutral.clone()).collect();
+        drop(held);
+        let noop = self
+            .lua
+            .load("")
+            .set_name("=warmup")
+            .set_mode(ChunkMode::Text)
+            .into_function()?;
+        self.invoke(&noop, 0, &[], &[], |_| Reply::Nil)?;
+        drop(noop);
+        let mut last = self.cleanup()?;
+        for _ in 0..CLEANUP_ROUNDS {
+            let used = self.cleanup()?;
+            if used == last {
+                break;
+            }
+            last = used;
         }
-    };
+        Ok(last)
+    }
 
-    lua.scope(|scope| {
-        let dispatch = scope.create_function_mut(|lua, argv: MultiValue| {
-            let mut cmd: Vec<Bytes> = Vec::with_capacity(argv.len());
-            for v in argv.iter() {
-                match v {
-                    LV::String(s) => cmd.push(s.as_bytes().to_vec()),
-                    LV::Integer(i) => cmd.push(i.to_string().into_bytes()),
-                    LV::Number(n) => cmd.push(fmt_f64(*n).into_bytes()),
-                    _ => {
-                        return reply_to_lua(
+    /// Run `f` (the script, or the warm-up chunk) once; the reply, and whether the VM is
+    /// back at its baseline (may be reused).
+    fn run(
+        &self,
+        f: &Function,
+        sha: &str,
+        index: u64,
+        keys: &[Bytes],
+        args: &[Bytes],
+        exec: impl FnMut(&[Bytes]) -> Reply,
+    ) -> (Reply, bool) {
+        let outcome = self.invoke(f, index, keys, args, exec);
+        let over = self.budget.is_over();
+        let reusable = outcome.is_ok() && !over && self.back_to_baseline().unwrap_or(false);
+        let reply = match outcome {
+            Err(e) => Reply::err(format!("ERR {} script: {sha}", clean(&e.to_string()))),
+            Ok((true, reply)) => reply,
+            Ok((false, _)) if over => Reply::err(format!(
+                "BUSY script exceeded the budget of {LUA_INSTRUCTION_BUDGET} instructions and was stopped (earlier writes stay) script: {sha}"
+            )),
+            // error({err = ...}) / a failed redis.call: pass the error reply through.
+            Ok((false, Reply::Error(e))) => Reply::Error(e),
+            Ok((false, Reply::Bulk(msg))) => Reply::err(format!(
+                "ERR {} script: {sha}, on @user_script.",
+                clean(&String::from_utf8_lossy(&msg))
+            )),
+            Ok((false, other)) => Reply::err(format!("ERR script error: {other:?} script: {sha}")),
+        };
+        (reply, reusable)
+    }
+
+    /// One run in a new coroutine: `(pcall succeeded, value)`. Restores the shared objects a
+    /// script can change (see the module docs) whatever the outcome.
+    fn invoke(
+        &self,
+        f: &Function,
+        index: u64,
+        keys: &[Bytes],
+        args: &[Bytes],
+        mut exec: impl FnMut(&[Bytes]) -> Reply,
+    ) -> mlua::Result<(bool, Reply)> {
+        self.budget.reset();
+        self.rng.store(seed(index), Ordering::Relaxed);
+        self.cjson.reset();
+        let lua = &self.lua;
+        // The limit holds during the run only: restoring and collecting afterwards must not
+        // fail (mlua makes some of those calls unprotected).
+        lua.set_memory_limit(self.baseline.saturating_add(LUA_MEMORY_LIMIT))?;
+        let outcome = lua.scope(|scope| {
+            let dispatch = scope.create_function_mut(|lua, argv: MultiValue| {
+                let mut cmd: Vec<Bytes> = Vec::with_capacity(argv.len());
+                for v in argv.iter() {
+                    match v {
+                        LV::String(s) => cmd.push(s.as_bytes().to_vec()),
+                        LV::Integer(i) => cmd.push(i.to_string().into_bytes()),
+                        LV::Number(n) => cmd.push(fmt_f64(*n).into_bytes()),
+                        _ => return reply_to_lua(
                             lua,
                             &Reply::err(
                                 "ERR Lua redis lib command arguments must be strings or integers",
                             ),
                             0,
-                        )
+                        ),
                     }
                 }
+                if cmd.is_empty() {
+                    return reply_to_lua(
+                        lua,
+                        &Reply::err(
+                            "ERR Please specify at least one argument for this redis lib call",
+                        ),
+                        0,
+                    );
+                }
+                let reply = exec(&cmd);
+                reply_to_lua(lua, &reply, 0)
+            })?;
+            let thread = lua.create_thread(self.driver.clone())?;
+            let (ok, value): (bool, LV) = thread.resume((
+                f.clone(),
+                dispatch,
+                strings(lua, keys)?,
+                strings(lua, args)?,
+            ))?;
+            Ok((ok, lua_to_reply(&value, 0)))
+        });
+        let unlimited = lua.set_memory_limit(0);
+        let restored = self.restore(f);
+        let outcome = outcome?;
+        unlimited?;
+        restored?;
+        Ok(outcome)
+    }
+
+    /// Give the chunk, the driver and strings their between-runs environment and metatable.
+    fn restore(&self, f: &Function) -> mlua::Result<()> {
+        f.set_environment(self.neutral.clone())?;
+        self.driver.set_environment(self.neutral.clone())?;
+        self.lua
+            .set_type_metatable::<LuaString>(Some(self.string_mt.clone()));
+        Ok(())
+    }
+
+    /// After a run: collect until the heap is at the baseline (`true`) or stops shrinking.
+    fn back_to_baseline(&self) -> mlua::Result<bool> {
+        let mut last = usize::MAX;
+        for _ in 0..CLEANUP_ROUNDS {
+            let used = self.cleanup()?;
+            if used == self.baseline {
+                return Ok(true);
             }
-            if cmd.is_empty() {
-                return reply_to_lua(
-                    lua,
-                    &Reply::err("ERR Please specify at least one argument for this redis lib call"),
-                    0,
-                );
+            if used >= last {
+                break;
             }
-            let reply = ctx.exec(&cmd);
-            reply_to_lua(lua, &reply, 0)
-        })?;
-        lua.globals().set("__fenced_dispatch", dispatch)?;
-        let driver: mlua::Function = lua.globals().get("__fenced_run")?;
-        let (ok, value): (bool, LV) = driver.call(func)?;
-        Ok((ok, lua_to_reply(&value, 0)))
-    })
-    .map_err(|e| format!("ERR {} script: {sha}", clean(&e.to_string())))
-    .map(|(ok, reply)| {
-        if ok {
-            return reply;
+            last = used;
         }
-        if budget.is_over() {
-            return Reply::err(format!(
-                "BUSY script exceeded the budget of {LUA_INSTRUCTION_BUDGET} instructions and was stopped (earlier writes stay) script: {sha}"
-            ));
-        }
-        match reply {
-            // error({err = ...}) / a failed redis.call: pass the error reply through.
-            Reply::Error(e) => Reply::Error(e),
-            Reply::Bulk(msg) => Reply::err(format!(
-                "ERR {} script: {sha}, on @user_script.",
-                clean(&String::from_utf8_lossy(&msg))
-            )),
-            other => Reply::err(format!("ERR script error: {other:?} script: {sha}")),
-        }
-    })
+        Ok(false)
+    }
+
+    /// Full collection, concatenation buffer back to `2 * PAD` bytes, full collection.
+    fn cleanup(&self) -> mlua::Result<usize> {
+        self.lua.gc_collect()?;
+        self.normalize.call::<()>(&self.pad)?;
+        self.lua.gc_collect()?;
+        Ok(self.lua.used_memory())
+    }
 }
 
-/// Globals: `KEYS`, `ARGV`, `redis.*`, `cjson`, deterministic `math.random`, budget-aware
-/// `pcall`.
-fn setup_env(
-    lua: &Lua,
-    index: u64,
-    keys: &[Bytes],
-    args: &[Bytes],
-    budget: Arc<Budget>,
-) -> mlua::Result<()> {
+/// A Lua array of byte strings (`KEYS`, `ARGV`).
+fn strings(lua: &Lua, items: &[Bytes]) -> mlua::Result<Table> {
+    let t = lua.create_table_with_capacity(items.len(), 0)?;
+    for (i, v) in items.iter().enumerate() {
+        t.raw_set(i + 1, lua.create_string(v)?)?;
+    }
+    Ok(t)
+}
+
+/// The sandbox of a new VM: what every run copies, and the driver that runs it.
+fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
     let g = lua.globals();
     for name in [
         "dofile",
@@ -224,27 +511,18 @@ fn setup_env(
         "print",
         "newproxy",
         "gcinfo",
+        "collectgarbage",
     ] {
         g.set(name, LV::Nil)?;
     }
     let string: Table = g.get("string")?;
     string.set("dump", LV::Nil)?;
 
-    let mk = |items: &[Bytes]| -> mlua::Result<Table> {
-        let t = lua.create_table_with_capacity(items.len(), 0)?;
-        for (i, v) in items.iter().enumerate() {
-            t.raw_set(i + 1, lua.create_string(v)?)?;
-        }
-        Ok(t)
-    };
-    g.set("KEYS", mk(keys)?)?;
-    g.set("ARGV", mk(args)?)?;
-
-    // xorshift64*, seeded from the entry index: the same draws on every replica.
-    let state = Arc::new(AtomicU64::new(seed(index)));
+    // xorshift64*, seeded from the command's revision at every run: the same draws on every replica.
+    let rng = Arc::new(AtomicU64::new(seed(0)));
     let math: Table = g.get("math")?;
     {
-        let state = state.clone();
+        let state = rng.clone();
         math.set(
             "random",
             lua.create_function(move |_, (m, n): (Option<f64>, Option<f64>)| {
@@ -265,13 +543,16 @@ fn setup_env(
             })?,
         )?;
     }
-    math.set(
-        "randomseed",
-        lua.create_function(move |_, s: f64| {
-            state.store(seed(s as i64 as u64), Ordering::Relaxed);
-            Ok(())
-        })?,
-    )?;
+    {
+        let state = rng.clone();
+        math.set(
+            "randomseed",
+            lua.create_function(move |_, s: f64| {
+                state.store(seed(s as i64 as u64), Ordering::Relaxed);
+                Ok(())
+            })?,
+        )?;
+    }
 
     let redis = lua.create_table()?;
     redis.set(
@@ -313,38 +594,120 @@ fn setup_env(
     redis.set("REPL_SLAVE", 2)?;
     redis.set("REPL_REPLICA", 2)?;
     g.set("redis", redis)?;
-    g.set(
-        "__fenced_over_budget",
-        lua.create_function({
-            let budget = budget.clone();
-            move |_, ()| Ok(budget.is_over())
-        })?,
-    )?;
-    super::cjson::install(lua, budget)?;
 
-    lua.load(
-        r#"
-local raw_pcall, raw_xpcall, raw_error, dispatch_name = pcall, xpcall, error, "__fenced_dispatch"
-local over = __fenced_over_budget
+    let budget = Arc::new(Budget::new());
+    {
+        let budget = budget.clone();
+        lua.set_global_hook(
+            HookTriggers::new().every_nth_instruction(HOOK_EVERY),
+            move |_, _| {
+                budget.charge(u64::from(HOOK_EVERY))?;
+                Ok(VmState::Continue)
+            },
+        )?;
+    }
+    // Threads mlua creates (every run's coroutine) get the global hook, and coroutines inherit
+    // it; the main thread runs only the cleanup, unhooked.
+    lua.remove_hook();
+    let over = lua.create_function({
+        let budget = budget.clone();
+        move |_, ()| Ok(budget.is_over())
+    })?;
+    let set_string_mt = lua.create_function(|lua, mt: Table| {
+        lua.set_type_metatable::<LuaString>(Some(mt));
+        Ok(())
+    })?;
+    let (cjson_raw, cjson) = super::cjson::install(&lua, budget.clone())?;
+
+    let (driver, normalize): (Function, Function) = lua
+        .load(PRELUDE)
+        .set_name("=fenced_prelude")
+        .set_mode(ChunkMode::Text)
+        .call((g, over, set_string_mt, cjson_raw, super::cjson::null()))?;
+    let neutral = lua.create_table()?;
+    driver.set_environment(neutral.clone())?;
+    func.set_environment(neutral.clone())?;
+    let string_mt = lua
+        .type_metatable::<LuaString>()
+        .ok_or_else(|| mlua::Error::runtime("strings have no metatable"))?;
+    let pad = lua.create_string([b' '; PAD])?;
+    Ok(Vm {
+        lua,
+        src: src.to_owned(),
+        func,
+        driver,
+        normalize,
+        pad,
+        neutral,
+        string_mt,
+        budget,
+        rng,
+        cjson,
+        baseline: 0,
+    })
+}
+
+/// Run once per VM with the set-up globals; returns the per-run driver and `normalize`.
+const PRELUDE: &str = r#"
+local G, over, set_string_mt, cjson_raw, null = ...
+local raw_pcall, raw_xpcall, raw_error = pcall, xpcall, error
+local raw_resume, raw_running = coroutine.resume, coroutine.running
+local next, type, rawget, setfenv = next, type, rawget, setfenv
+local is_lib = { string = true, table = true, math = true, coroutine = true, redis = true }
+local base, libs = {}, {}
+for k, v in next, G do
+  if is_lib[k] then libs[k] = v elseif k ~= "_G" then base[k] = v end
+end
+local function copy(t)
+  local c = {}
+  for k, v in next, t do c[k] = v end
+  return c
+end
 local function reraise(ok, ...)
   if over() then raw_error("script exceeded its instruction budget", 0) end
   return ok, ...
 end
-pcall = function(...) return reraise(raw_pcall(...)) end
-xpcall = function(...) return reraise(raw_xpcall(...)) end
-redis.call = function(...)
-  local r = _G[dispatch_name](...)
-  if type(r) == "table" and rawget(r, "err") ~= nil then raw_error(r, 0) end
-  return r
+local function check(ok, ...)
+  if ok then return ... end
+  raw_error((...), 0)
 end
-redis.pcall = function(...) return _G[dispatch_name](...) end
-__fenced_run = function(f) return raw_pcall(f) end
-"#,
-    )
-    .set_name("=fenced_prelude")
-    .exec()?;
-    Ok(())
-}
+local function driver(f, dispatch, keys, argv)
+  local env = copy(base)
+  -- Closures made below get `env` as their environment, and so does this frame (getfenv(3)).
+  setfenv(1, env)
+  for name, lib in next, libs do env[name] = copy(lib) end
+  env._G, env.KEYS, env.ARGV = env, keys, argv
+  env.pcall = function(...) return reraise(raw_pcall(...)) end
+  env.xpcall = function(...) return reraise(raw_xpcall(...)) end
+  local co, me = env.coroutine, raw_running()
+  co.resume = function(...) return reraise(raw_resume(...)) end
+  co.running = function()
+    local c = raw_running()
+    if c == me then return nil end
+    return c
+  end
+  local redis = env.redis
+  redis.call = function(...)
+    local r = dispatch(...)
+    if type(r) == "table" and rawget(r, "err") ~= nil then raw_error(r, 0) end
+    return r
+  end
+  redis.pcall = function(...) return dispatch(...) end
+  local cjson = { null = null, _NAME = "cjson", _VERSION = "2.1.0" }
+  for name, fn in next, cjson_raw do
+    cjson[name] = function(...) return check(fn(...)) end
+  end
+  env.cjson = cjson
+  set_string_mt({ __index = env.string })
+  setfenv(0, env)
+  setfenv(f, env)
+  return raw_pcall(f)
+end
+local function normalize(pad)
+  local s = pad .. pad
+end
+return driver, normalize
+"#;
 
 fn seed(x: u64) -> u64 {
     // splitmix64 of the input, never zero (xorshift's fixed point).

@@ -334,6 +334,17 @@ fn lua_error_keeps_earlier_writes_and_budgets_hold() {
         matches!(&r, Reply::Error(e) if e.starts_with("BUSY")),
         "{r:?}"
     );
+    // Coroutines the script creates are budgeted too.
+    for s in [
+        "return coroutine.wrap(function() while true do end end)()",
+        "local co = coroutine.create(function() while true do end end) return coroutine.resume(co)",
+    ] {
+        let r = eval(&mut t, s, &[], &[]);
+        assert!(
+            matches!(&r, Reply::Error(e) if e.starts_with("BUSY")),
+            "{s}: {r:?}"
+        );
+    }
     let r = eval(
         &mut t,
         "local t = {} for i=1,1e9 do t[i] = string.rep('x', 1000) .. i end",
@@ -1042,4 +1053,217 @@ fn restricted_is_appended_so_old_entries_decode() {
     assert_eq!(&bytes[..4], &2u32.to_le_bytes());
     let back: KvCommand = bincode::deserialize(&bytes).expect("decode");
     assert_eq!(back, entry);
+}
+
+// ---- reused Lua interpreters (lua::LuaCache) -------------------------------------------
+
+/// Fills the memory limit with 64 KiB strings, then with small tables (a finer measure of
+/// where the limit fell), and reports both counts as one number (a table would not fit).
+const OOM: &str = "local t, i, l, j = {}, 0, nil, 0 \
+    pcall(function() while true do i = i + 1 t[i] = string.rep(ARGV[1], 65536) .. i end end) \
+    pcall(function() while true do j = j + 1 l = {l} end end) \
+    return i * 1000000 + j";
+
+/// The last [`HEAVY`] of [`REUSE_SCRIPTS`] run to a budget (seconds each in a debug build).
+const HEAVY: usize = 3;
+
+/// Scripts for the reuse tests; each takes `KEYS[1]` and `ARGV[1]` (a small number).
+const REUSE_SCRIPTS: &[&str] = &[
+    // Pure computation.
+    "local s = 0 for i = 1, tonumber(ARGV[1]) * 100 do s = s + i % 7 end return s",
+    // Keyspace writes and reads.
+    "redis.call('SET', KEYS[1], ARGV[1]) return {redis.call('INCR', 'ctr'), redis.call('GET', KEYS[1])}",
+    "return redis.call('DEL', KEYS[1], 'ctr')",
+    "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
+    // Globals, and every shared object a script can reach, changed.
+    "local seen = {tostring(g), tostring(rawget(_G, 'h')), type(string.upper), type(('x').rep), \
+       type(getmetatable('').__index.len), type(redis.call), type(cjson.encode), type(math.random), \
+       type(getfenv(0).KEYS), type(pcall), tostring(coroutine.running())} \
+     g = ARGV[1] h = {} string.upper = nil getmetatable('').__index = {} getmetatable('').__add = 1 \
+     redis.call = nil cjson.encode = nil math.random = nil pcall = nil \
+     setfenv(1, {}) return seen",
+    "local e = getfenv(3) e.leak = ARGV[1] setfenv(0, {}) return tostring(e.KEYS ~= nil)",
+    // Random numbers, reseeded by the script or not.
+    "return {math.random(1000000), math.random(10, 20)}",
+    "math.randomseed(tonumber(ARGV[1])) return {math.random(1000000), tostring(math.random())}",
+    // cjson, with settings that last one run.
+    "cjson.encode_number_precision(3) return cjson.encode({a = ARGV[1], n = math.pi, l = {1, 2, ARGV[1]}})",
+    "local d = cjson.decode('{\"x\":[1,2,{\"y\":\"' .. ARGV[1] .. '\"}]}') return {d.x[3].y, cjson.encode(math.pi)}",
+    // Errors after a write, caught and not.
+    "redis.call('SET', 'e', ARGV[1]) error('boom ' .. ARGV[1])",
+    "return {pcall(error, 'caught ' .. ARGV[1])}",
+    "return redis.call('HGET', 'ctr', 'x')",
+    // Allocation that stays under the limit: many strings, a long concatenation, big tables.
+    "local t = {} for i = 1, 2000 * tonumber(ARGV[1]) do t[i] = ARGV[1] .. ':' .. i end return #t",
+    "local s = '' for i = 1, 300 do s = s .. ARGV[1] .. i end return #s",
+    "local t = {} for i = 1, 50000 do t[i] = {i} end return #t",
+    // Budgets: instructions (after a write, through pcall and coroutines) and memory.
+    "redis.call('INCR', 'b') while true do end",
+    "redis.call('INCR', 'b') return coroutine.wrap(function() while true do pcall(type, 1) end end)()",
+    OOM,
+];
+
+fn eval_argv_of(script: &str, key: &str, arg: &str) -> Argv {
+    vec![
+        b"EVAL".to_vec(),
+        script.as_bytes().to_vec(),
+        b"1".to_vec(),
+        key.as_bytes().to_vec(),
+        arg.as_bytes().to_vec(),
+    ]
+}
+
+/// Run `calls` (script, key, argument) on one long-lived keyspace and, in step, on a copy
+/// that is cloned before every call (an empty interpreter cache, as after a restart or a
+/// snapshot install); every reply and the final state must agree.
+fn replay_long_lived_and_fresh(calls: &[(usize, usize, u32)]) {
+    let mut long = T::new();
+    let mut fresh = T::new();
+    for (n, &(s, k, a)) in calls.iter().enumerate() {
+        let script = REUSE_SCRIPTS[s % REUSE_SCRIPTS.len()];
+        let argv = eval_argv_of(script, &format!("k{}", k % 3), &(a % 9 + 1).to_string());
+        let r_long = long.runv(argv.clone());
+        fresh.ks = fresh.ks.clone();
+        assert_eq!(fresh.ks.lua.usage(), (0, 0), "a clone has no interpreters");
+        let r_fresh = fresh.runv(argv);
+        assert_eq!(r_long, r_fresh, "call {n}: script {s} ({script})");
+    }
+    assert_eq!(long.ks, fresh.ks);
+    assert_eq!(long.events, fresh.events);
+}
+
+#[test]
+fn reused_interpreters_match_fresh_ones_on_every_script() {
+    // Every script after every light one, and each twice in a row.
+    let n = REUSE_SCRIPTS.len();
+    let mut calls = Vec::new();
+    for round in 0..2u32 {
+        for a in 0..n {
+            calls.push((a, a % 3, round));
+            calls.push((a, a % 3, round + 1));
+        }
+    }
+    for a in 0..n - HEAVY {
+        for b in 0..n - HEAVY {
+            calls.push((a, 0, b as u32));
+            calls.push((b, 1, a as u32));
+        }
+    }
+    replay_long_lived_and_fresh(&calls);
+}
+
+/// Mostly light scripts, now and then one that runs to a budget.
+fn script_index() -> impl proptest::strategy::Strategy<Value = usize> {
+    use proptest::prelude::*;
+    let n = REUSE_SCRIPTS.len();
+    prop_oneof![12 => 0..n - HEAVY, 1 => n - HEAVY..n]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(24))]
+    #[test]
+    fn reused_interpreters_match_fresh_ones(
+        calls in proptest::collection::vec((script_index(), 0..3usize, 0..9u32), 1..20)
+    ) {
+        replay_long_lived_and_fresh(&calls);
+    }
+}
+
+#[test]
+fn a_global_set_in_one_run_is_gone_in_the_next() {
+    let mut t = T::new();
+    let s = "local before = tostring(counter) counter = (counter or 0) + 1 \
+             string.shout = string.upper return before";
+    for _ in 0..3 {
+        assert_eq!(eval(&mut t, s, &[], &[]), bulk("nil"));
+    }
+    assert!(
+        t.ks.lua.contains(&lua::sha1hex(s.as_bytes())),
+        "the interpreter is reused"
+    );
+    // The libraries a script changed are whole again for the next run.
+    let s = "if ARGV[1] == 'break' then string.rep = nil getmetatable('').__index = nil \
+             redis.call = nil setfenv(1, {}) return 0 end \
+             return {('ab'):rep(2), string.rep('c', 2), redis.call('SET', 'x', '1'), type(shout)}";
+    assert_eq!(eval(&mut t, s, &[], &["break"]), Reply::Int(0));
+    assert_eq!(
+        eval(&mut t, s, &[], &["use"]),
+        Reply::Array(vec![bulk("abab"), bulk("cc"), Reply::ok(), bulk("nil")])
+    );
+    // The interpreter's memory counters are not reachable.
+    let r = eval(&mut t, "return collectgarbage('count')", &[], &[]);
+    assert!(r.is_error(), "{r:?}");
+}
+
+#[test]
+fn memory_limit_fails_at_the_same_point_after_many_runs() {
+    let first = eval(&mut T::new(), OOM, &[], &["x"]);
+    assert!(
+        matches!(first, Reply::Int(n) if n > 1_000_000 && n % 1_000_000 > 0),
+        "both loops ran out of memory: {first:?}"
+    );
+    let mut t = T::new();
+    for round in 0..2 {
+        // Other scripts in between: strings interned, tables and buffers grown, errors,
+        // budgets; and this one.
+        for (i, s) in REUSE_SCRIPTS.iter().enumerate() {
+            t.runv(eval_argv_of(s, "k", &(i + round).to_string()));
+        }
+        assert_eq!(eval(&mut t, OOM, &[], &["x"]), first, "round {round}");
+    }
+}
+
+#[test]
+fn the_interpreter_cache_is_bounded() {
+    let mut t = T::new();
+    for i in 0..LUA_CACHE_SCRIPTS + 20 {
+        assert_eq!(
+            eval(&mut t, &format!("return {i}"), &[], &[]),
+            Reply::Int(i as i64)
+        );
+        let (count, bytes) = t.ks.lua.usage();
+        assert!(
+            count <= LUA_CACHE_SCRIPTS && bytes <= LUA_CACHE_BYTES,
+            "{count} {bytes}"
+        );
+    }
+    assert_eq!(t.ks.lua.usage().0, LUA_CACHE_SCRIPTS);
+    // Least recently run first out: the first scripts are gone, the last ones still there.
+    assert!(!t.ks.lua.contains(&lua::sha1hex(b"return 0")));
+    let last = format!("return {}", LUA_CACHE_SCRIPTS + 19);
+    assert!(t.ks.lua.contains(&lua::sha1hex(last.as_bytes())));
+    // Not part of the replicated state.
+    let mut other = T::new();
+    for i in 0..LUA_CACHE_SCRIPTS + 20 {
+        eval(&mut other, &format!("return {i}"), &[], &[]);
+    }
+    other.ks = other.ks.clone();
+    assert_eq!(other.ks.lua.usage(), (0, 0));
+    assert_eq!(t.ks, other.ks);
+    t.run("SCRIPT FLUSH");
+    assert_eq!(t.ks.lua.usage(), (0, 0));
+}
+
+#[test]
+fn the_state_machine_keeps_its_traits_with_the_interpreter_cache() {
+    fn traits<
+        T: Send
+            + Sync
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + PartialEq
+            + std::fmt::Debug
+            + Default,
+    >() {
+    }
+    traits::<Keyspace>();
+    traits::<crate::StateMachine>();
+    // Serialized without it, and equal to a copy that has none.
+    let mut t = T::new();
+    eval(&mut t, "return 1", &[], &[]);
+    assert_eq!(t.ks.lua.usage().0, 1);
+    let bytes = bincode::serialize(&t.ks).unwrap_or_default();
+    let back: Keyspace = bincode::deserialize(&bytes).unwrap_or_default();
+    assert_eq!(back, t.ks);
 }

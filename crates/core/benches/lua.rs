@@ -1,0 +1,58 @@
+//! `EVAL` of a small compare-and-delete script through `Keyspace::apply`, as the state
+//! machine runs it: `cargo bench -p fenced-core --bench lua`.
+
+use criterion::{black_box, criterion_group, criterion_main, Criterion};
+use fenced_core::kv::{Argv, Keyspace, KvCommand};
+
+const CAD: &str =
+    "if redis.call('get',KEYS[1])==ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
+
+fn argv(words: &[&str]) -> Argv {
+    words.iter().map(|w| w.as_bytes().to_vec()).collect()
+}
+
+fn eval_compare_and_delete(c: &mut Criterion) {
+    let now = 1_000_000;
+    let eval = argv(&["EVAL", CAD, "1", "lock", "owner-1"]);
+
+    // The key holds another owner's value: GET, compare, return 0.
+    let mut ks = Keyspace::default();
+    let mut events = Vec::new();
+    ks.apply(
+        &mut 1,
+        true,
+        now,
+        &KvCommand::Batch(vec![argv(&["SET", "lock", "owner-2"])]),
+        &mut events,
+    );
+    let miss = KvCommand::Batch(vec![eval.clone()]);
+    let mut index: u64 = 2;
+    c.bench_function("eval_cad_miss", |b| {
+        b.iter(|| {
+            index += 1;
+            let r = ks.apply(&mut index, true, now, black_box(&miss), &mut events);
+            events.clear();
+            r
+        })
+    });
+
+    // SET the key, then the script deletes it (one pipeline, two commands).
+    let mut ks = Keyspace::default();
+    let hit = KvCommand::Batch(vec![argv(&["SET", "lock", "owner-1"]), eval]);
+    let mut index: u64 = 1;
+    c.bench_function("eval_cad_hit", |b| {
+        b.iter(|| {
+            index += 1;
+            let r = ks.apply(&mut index, true, now, black_box(&hit), &mut events);
+            events.clear();
+            r
+        })
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(50).measurement_time(std::time::Duration::from_secs(4));
+    targets = eval_compare_and_delete
+}
+criterion_main!(benches);
