@@ -540,6 +540,19 @@ impl Cluster for Api {
     }
 }
 
+impl Api {
+    /// A forwarded proposal's answer. Its entry is applied here: tell the follower the log
+    /// time this node reached ([`crate::node::LOG_TIME_HEADER`]).
+    fn with_log_time<T>(&self, body: T) -> tonic::Response<T> {
+        let log_time = self.node.local(|sm| sm.now());
+        let mut reply = tonic::Response::new(body);
+        reply
+            .metadata_mut()
+            .insert(crate::node::LOG_TIME_HEADER, log_time.into());
+        reply
+    }
+}
+
 #[tonic::async_trait]
 impl Forward for Api {
     async fn propose(&self, req: Request<ProposeRequest>) -> Reply<ProposeReply> {
@@ -556,13 +569,7 @@ impl Forward for Api {
             _ => self.node.propose_local(rid, cmd).await?,
         };
         let data = bincode::serialize(&resp).map_err(|e| Status::internal(e.to_string()))?;
-        // The entry is applied here: tell the follower the log time it reached.
-        let log_time = self.node.local(|sm| sm.now());
-        let mut reply = tonic::Response::new(ProposeReply { data });
-        reply
-            .metadata_mut()
-            .insert(crate::node::LOG_TIME_HEADER, log_time.into());
-        Ok(reply)
+        Ok(self.with_log_time(ProposeReply { data }))
     }
 
     async fn propose_batch(&self, req: Request<ProposeBatchRequest>) -> Reply<ProposeBatchReply> {
@@ -571,17 +578,10 @@ impl Forward for Api {
         let proposals: Vec<(Option<RequestId>, Command)> = bincode::deserialize(&req.data)
             .map_err(|e| Status::invalid_argument(format!("malformed proposals: {e}")))?;
         // Not the leader: one answer for all, with the hint.
-        if let Err(e) = self.node.check_leader() {
-            return Err(e.into());
-        }
+        self.node.check_leader()?;
         let results = self.node.propose_local_all(proposals).await;
         let data = bincode::serialize(&results).map_err(|e| Status::internal(e.to_string()))?;
-        let log_time = self.node.local(|sm| sm.now());
-        let mut reply = tonic::Response::new(ProposeBatchReply { data });
-        reply
-            .metadata_mut()
-            .insert(crate::node::LOG_TIME_HEADER, log_time.into());
-        Ok(reply)
+        Ok(self.with_log_time(ProposeBatchReply { data }))
     }
 
     /// A follower's read-index round. It shares this leader's next round (one that starts

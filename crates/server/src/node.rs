@@ -409,14 +409,9 @@ impl Node {
         rid: Option<RequestId>,
         cmd: Command,
     ) -> Result<Response, NodeError> {
-        self.leader_term()?;
-        let size = proposal_size(&cmd);
-        self.inner
-            .proposer
-            .call((rid, cmd), size, || {
-                Err(NodeError::Unknown("the proposal batcher stopped".into()))
-            })
-            .await
+        let mut out = self.propose_local_all(vec![(rid, cmd)]).await;
+        out.pop()
+            .unwrap_or_else(|| Err(NodeError::Unknown("no answer from the proposer".into())))
     }
 
     /// Propose several commands on this node (the leader) in order, batched with the rest;
