@@ -10,6 +10,9 @@
 #   DURATION=10 ROUNDS=3 bench/run.sh
 #   BACKENDS=fenced,etcd CLIENTS=64 KEYS=c bench/run.sh
 #   FENCED_ONLY=1 bench/run.sh          # issue 2's numbers: fenced, 1/16/64 uncontended
+#   REDIS_BENCH=20000 bench/run.sh      # also redis-benchmark SET/GET/INCR (-c 50, -P 1 and
+#                                       # -P 16, N requests each) against fenced's leader, Redis
+#                                       # and Redis AOF (needs fenced, redis, redis-aof)
 #
 # Results: $OUT/results.json and $OUT/table.md (OUT defaults to bench/results/<timestamp>).
 # Beside pairs/s the table reports server CPU µs per pair (user + system time of the backend's
@@ -145,10 +148,12 @@ start_redis() { # port, extra args...
 if need "redis,"; then
     start_redis "$RP" --appendonly no
     ARGS+=(--redis "127.0.0.1:$RP" --pids "redis=$LAST_PID")
+    REDIS_PID=$LAST_PID
 fi
 if need redis-aof; then
     start_redis $((RP + 1)) --appendonly yes --appendfsync always
     ARGS+=(--redis-aof "127.0.0.1:$((RP + 1))" --pids "redis-aof=$LAST_PID")
+    AOF_PID=$LAST_PID
 fi
 if need redlock; then
     RL=()
@@ -189,4 +194,48 @@ fi
     echo "# fenced-bench --compare $BACKENDS ${ARGS[*]}"
 } | tee "$OUT/machine.txt" >&2
 "$BENCH" --compare "$BACKENDS" "${ARGS[@]}" --json "$OUT/results.json" --markdown "$OUT/table.md"
+
+# --- redis-benchmark, same run ------------------------------------------------------------
+# requests/s and server CPU µs per request (user + system time of the target's processes,
+# from /proc, around each redis-benchmark run) for SET, GET and INCR.
+cpu_us() { # pids... → summed utime+stime in µs
+    local tck total=0 p f
+    tck=$(getconf CLK_TCK)
+    for p in "$@"; do
+        f=$(sed 's/.*) //' "/proc/$p/stat") || return 1
+        # After the name: fields 12 and 13 are utime and stime (1-based, from the state).
+        total=$((total + $(echo "$f" | awk '{print $12 + $13}')))
+    done
+    echo $((total * 1000000 / tck))
+}
+if [ -n "${REDIS_BENCH:-}" ]; then
+    for b in fenced redis redis-aof; do
+        need "$b," || { echo "REDIS_BENCH needs backend $b" >&2; exit 1; }
+    done
+    LEADER=$("$FENCED" status --endpoints 127.0.0.1:$((FG + 1)) | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
+    [ -n "$LEADER" ] || { echo "no fenced leader for redis-benchmark" >&2; exit 1; }
+    TARGETS=("fenced:$((FR + LEADER)):$(IFS=' '; echo "${FPIDS[*]}")"
+        "redis:$RP:$REDIS_PID" "redis-aof:$((RP + 1)):$AOF_PID")
+    {
+        echo "| command | pipeline | target | requests/s | p50 / p99 (ms) | server CPU µs/request |"
+        echo "|---|---:|---|---:|---|---:|"
+        for t in set get incr; do
+            for P in 1 16; do
+                for target in "${TARGETS[@]}"; do
+                    IFS=: read -r name port pids <<<"$target"
+                    # shellcheck disable=SC2086 # pids is a space-separated list
+                    before=$(cpu_us $pids)
+                    line=$(redis-benchmark -h 127.0.0.1 -p "$port" -t "$t" -c 50 -P "$P" \
+                        -n "$REDIS_BENCH" --csv | tail -1)
+                    # shellcheck disable=SC2086
+                    after=$(cpu_us $pids)
+                    IFS=, read -r _ rps _ _ p50 _ p99 _ <<<"${line//\"/}"
+                    per=$(awk -v a="$after" -v b="$before" -v n="$REDIS_BENCH" \
+                        'BEGIN { printf "%.1f", (a - b) / n }')
+                    echo "| ${t^^} | $P | $name | ${rps%.*} | $p50 / $p99 | $per |"
+                done
+            done
+        done
+    } | tee "$OUT/redis-benchmark.md"
+fi
 echo "results in $OUT" >&2
