@@ -458,22 +458,28 @@ async fn bad_data_dirs_are_refused_naming_the_file() {
     assert!(err.contains("holds no Raft state"), "{err}");
     assert_eq!(listing(&copy), ["identity"], "files were created");
 
-    // Flipped bytes in the sled file at several offsets: refused, naming the data dir — or,
-    // where the flips hit nothing that matters, the whole log is there. Never a shorter log.
-    let db_len = std::fs::metadata(dir.join("db")).expect("db").len();
+    // Flipped bytes at several offsets of the sled file (snapshots, meta) and of the log's
+    // segment: refused, naming the data dir — or, where the flips hit nothing that matters,
+    // the whole log is there. Never a shorter log.
+    let mut targets = Vec::new();
+    let wal = dir.join(fenced_storage::wal::DIR);
+    let segment = std::fs::read_dir(&wal)
+        .expect("wal dir")
+        .map(|e| e.expect("entry").path())
+        .max()
+        .expect("a log segment");
+    for file in [dir.join("db"), segment] {
+        let len = std::fs::metadata(&file).expect("stat").len();
+        let rel = file.strip_prefix(&dir).expect("inside").to_owned();
+        for start in [0, len / 5, len / 2, len * 3 / 4, len.saturating_sub(8192)] {
+            targets.push((rel.clone(), start));
+        }
+    }
     let mut refused = 0;
-    for (n, start) in [
-        0,
-        db_len / 5,
-        db_len / 2,
-        db_len * 3 / 4,
-        db_len.saturating_sub(8192),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    let mut refused_log = 0;
+    for (n, (rel, start)) in targets.iter().enumerate() {
         let copy = copy_dir(&dir, &tmp.path().join(format!("flipped-{n}")));
-        flip_every_kib(&copy.join("db"), start);
+        flip_every_kib(&copy.join(rel), *start);
         let mut child = Single::start(&net, &copy, &tmp.path().join(format!("flipped-{n}.log")));
         let deadline = Instant::now() + Duration::from_secs(20);
         let outcome = loop {
@@ -501,8 +507,12 @@ async fn bad_data_dirs_are_refused_naming_the_file() {
                     "flipped-{n}: refused without naming the data dir:\n{log}"
                 );
                 refused += 1;
+                if rel.starts_with(fenced_storage::wal::DIR) {
+                    refused_log += 1;
+                }
                 eprintln!(
-                    "flipped-{n}: refused: {}",
+                    "flipped-{n} ({}): refused: {}",
+                    rel.display(),
                     log.lines().last().unwrap_or_default()
                 );
             }
@@ -516,7 +526,12 @@ async fn bad_data_dirs_are_refused_naming_the_file() {
         }
         child.stop();
     }
-    eprintln!("flipped sled files: {refused} of 5 refused, the rest started with the whole log");
+    eprintln!(
+        "flipped files: {refused} of {} refused, the rest started with the whole log",
+        targets.len()
+    );
+    // Every acknowledged entry is in the log's segment: any flip there is damage to one.
+    assert_eq!(refused_log, 5, "a damaged log segment was not refused");
 }
 
 fn single_args(net: &str, dir: &Path) -> Vec<String> {

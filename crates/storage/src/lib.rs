@@ -1,42 +1,49 @@
-//! Raft storage of fenced: log and state machine in one sled `Db`, the vote and the last
-//! appended log id in the [`hardstate`] file beside it, the member's identity in
-//! [`identity`].
+//! Raft storage of fenced: the log in a write-ahead log of its own ([`wal`]), the vote and
+//! the last durable log id in the [`hardstate`] file, snapshots and a few meta records in one
+//! sled `Db`, the member's identity in [`identity`].
 //!
-//! * tree `log`: key = log index (big-endian `u64`) → sealed bincode [`openraft::Entry`];
-//! * tree `meta`: `format`, `last_purged`, `committed` (sealed bincode);
-//! * tree `snapshot`: `meta` (sealed bincode [`SnapshotMeta`]) and `data` (sealed bincode
-//!   [`fenced_core::StateMachine`]), always written together in one transaction.
+//! * `wal/`: segment files of sealed bincode [`openraft::Entry`] records ([`wal`]);
+//! * sled tree `meta`: `format` ([`DATA_DIR_FORMAT`]), `last_purged`, `committed` (sealed
+//!   bincode);
+//! * sled tree `snapshot`: `meta` (sealed bincode [`SnapshotMeta`]) and `data` (sealed bincode
+//!   [`fenced_core::StateMachine`]), always written together in one transaction;
+//! * sled tree `log`: the log of layouts 1 and 2, moved into the `wal` when such a data dir is
+//!   opened.
 //!
 //! Every stored value is sealed by [`frame`]: a format version and a CRC, checked on every
 //! read. [`open`] reads and checks everything once (every log entry, the snapshot, the hard
-//! state) and refuses a data dir whose log has a hole or ends before the last log id recorded
-//! in the hard-state file — sled recovers from a damaged file by silently dropping its tail,
-//! which would otherwise let this node vote from a log shorter than what it acknowledged.
+//! state) and refuses a data dir whose log is damaged, has a hole or ends before the last log
+//! id recorded in the hard-state file: such a node could vote from a log shorter than what it
+//! acknowledged.
 //!
 //! The state machine lives in memory (see [`SharedState`]) and is rebuilt on [`open`] from the
 //! stored snapshot; openraft re-applies the committed log entries after it.
 //!
-//! Durability: `append` is acknowledged after sled is flushed *and* the hard state records its
-//! last log id; `save_vote` writes the hard state; `truncate`, `purge`, `build_snapshot` and
-//! `install_snapshot` flush the `Db` before they report success. `save_committed` does not flush
-//! (openraft does not need it durable; the next flush carries it). Unreadable bytes on disk
-//! become a [`StorageError`], never a panic, and openraft then stops the node.
+//! Durability: `append` is acknowledged after the log is fdatasync'ed *and* the hard state
+//! records its last log id (group commit, [`wal::Flusher`]); `save_vote` writes the hard state;
+//! `truncate` and `purge` sync before they report success, as do `build_snapshot` and
+//! `install_snapshot` (a sled flush). `save_committed` does not flush (openraft does not need it
+//! durable). Unreadable bytes on disk become a [`StorageError`], never a panic, and openraft
+//! then stops the node.
 
 pub mod datadir;
 pub mod frame;
 pub mod hardstate;
 pub mod identity;
+mod log;
+pub mod wal;
+
+pub use log::LogStore;
 
 use std::fmt;
 use std::io::{self, Cursor};
-use std::ops::{Bound, RangeBounds};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
-    AnyError, BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader,
-    RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
+    AnyError, BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder,
+    SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
 };
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -82,10 +89,15 @@ pub const CACHE_CAPACITY: u64 = 64 * 1024 * 1024;
 
 /// Legacy (unsealed) location of the vote; moved to the hard-state file on upgrade.
 const KEY_VOTE: &[u8] = b"vote";
-/// [`frame::VERSION`] of the values in this `Db`; absent in a new or a pre-checksum `Db`.
+/// The data dir's layout version ([`DATA_DIR_FORMAT`]); absent in a pre-checksum `Db`.
 const KEY_FORMAT: &[u8] = b"format";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 const KEY_COMMITTED: &[u8] = b"committed";
+/// Layout of the data dir this build writes: 1 and 2 kept the Raft log in sled's `log` tree
+/// (records of [`frame`] version 1 and 2); 3 keeps it in the [`wal`]. Older layouts are
+/// upgraded when opened; an older build refuses a layout-3 dir as "written by another
+/// version".
+pub const DATA_DIR_FORMAT: u8 = 3;
 const KEY_SNAPSHOT_META: &[u8] = b"meta";
 const KEY_SNAPSHOT_DATA: &[u8] = b"data";
 
@@ -125,6 +137,8 @@ pub enum StoreError {
          {recorded} (hard-state file): entries it acknowledged are missing"
     )]
     LogEndsEarly { found: Option<u64>, recorded: u64 },
+    #[error("corrupt log: the place of entry {expected} holds entry {found}")]
+    MisplacedEntry { expected: u64, found: u64 },
     #[error("the Raft log has a hole: index {after} is followed by {next}")]
     LogHole { after: u64, next: u64 },
     /// A check of [`open`] failed: the data dir must not be used to vote.
@@ -235,14 +249,6 @@ fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
-fn key_bound(b: Bound<&u64>) -> Bound<[u8; 8]> {
-    match b {
-        Bound::Included(i) => Bound::Included(index_key(*i)),
-        Bound::Excluded(i) => Bound::Excluded(index_key(*i)),
-        Bound::Unbounded => Bound::Unbounded,
-    }
-}
-
 /// Decode one `log` tree record, checking that the key matches the entry's index.
 fn decode_log_record(key: &[u8], value: &[u8]) -> Result<Entry<TypeConfig>, StoreError> {
     let entry = decode_entry(value)?;
@@ -268,6 +274,7 @@ pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStor
         StoreError::Corrupt { .. }
         | StoreError::Checksum { .. }
         | StoreError::LogKeyMismatch { .. }
+        | StoreError::MisplacedEntry { .. }
         | StoreError::Damaged { .. }
         | StoreError::LogEndsEarly { .. }
         | StoreError::LogHole { .. }
@@ -305,66 +312,58 @@ fn open_checked(
     events: EventSink,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
     let db = open_sled(dir)?;
-    let log = db.open_tree("log")?;
+    let sled_log = db.open_tree("log")?;
     let meta = db.open_tree("meta")?;
     let snapshot = db.open_tree("snapshot")?;
 
-    let format = meta.get(KEY_FORMAT)?;
-    let sealed = match &format {
-        None => false,
-        Some(v) if v.len() == 1 && (frame::OLDEST..=frame::VERSION).contains(&v[0]) => true,
+    let format = match meta.get(KEY_FORMAT)? {
+        None => None,
+        Some(v) if v.len() == 1 && (1..=DATA_DIR_FORMAT).contains(&v[0]) => Some(v[0]),
         Some(v) => {
             return Err(StoreError::UnknownFormat {
                 what: "data dir",
                 found: v.first().copied().map_or(0, u32::from),
-                supported: u32::from(frame::VERSION),
+                supported: u32::from(DATA_DIR_FORMAT),
             })
         }
     };
-    let legacy_vote = if sealed {
-        None
-    } else {
-        upgrade_unsealed(&db, &log, &meta, &snapshot)?
+    let legacy_vote = match format {
+        None => upgrade_unsealed(&db, &sled_log, &meta, &snapshot)?,
+        Some(_) => None,
     };
-    let (last_purged, last_in_log) = check_log(&log, &meta)?;
-    let last_index = last_in_log
-        .map(|l| l.index)
-        .max(last_purged.map(|l| l.index));
+    let last_purged: Option<LogId<NodeId>> = match meta.get(KEY_LAST_PURGED)? {
+        Some(v) => Some(decode("last purged log id", &v)?),
+        None => None,
+    };
     let hard = match hardstate::HardState::open(dir)? {
         Some(h) => h,
-        None if sealed => {
+        None if format.is_some() => {
             return Err(StoreError::Damaged {
                 path: hardstate::HardState::path_in(dir),
                 detail: "the file is missing (it holds the vote and the last appended log id)"
                     .into(),
             })
         }
-        None => hardstate::HardState::create(
-            dir,
-            hardstate::HardStateValue {
-                vote: legacy_vote,
-                last_log_id: last_in_log.max(last_purged),
-            },
-        )?,
-    };
-    if let Some(recorded) = hard.value().last_log_id {
-        if last_index.is_none_or(|i| i < recorded.index) {
-            return Err(StoreError::LogEndsEarly {
-                found: last_index,
-                recorded: recorded.index,
-            });
+        None => {
+            let last_in_log = check_log(&sled_log)?;
+            hardstate::HardState::create(
+                dir,
+                hardstate::HardStateValue {
+                    vote: legacy_vote,
+                    last_log_id: last_in_log.max(last_purged),
+                },
+            )?
         }
-    }
-    if !sealed {
-        meta.insert(KEY_FORMAT, &[frame::VERSION])?;
-        meta.remove(KEY_VOTE)?;
-        db.flush()?;
-    } else if format.as_deref() != Some(&[frame::VERSION][..]) {
-        // Records of the older format stay and are converted when read; the marker tells an
-        // older build that this Db may now hold records it cannot read.
-        meta.insert(KEY_FORMAT, &[frame::VERSION])?;
+    };
+    let recorded = hard.value().last_log_id;
+    if format.is_none_or(|f| f < DATA_DIR_FORMAT) {
+        move_log_out_of_sled(dir, &db, &sled_log, &meta, last_purged, recorded)?;
+    } else if !sled_log.is_empty() {
+        // A copy left by an upgrade interrupted after the log had moved.
+        sled_log.clear()?;
         db.flush()?;
     }
+    let wal = wal::Wal::open(dir, recorded, last_purged.map(|l| l.index))?;
     if let Some(v) = meta.get(KEY_COMMITTED)? {
         decode::<Option<LogId<NodeId>>>("committed log id", &v)?;
     }
@@ -378,13 +377,7 @@ fn open_checked(
         None => SmState::default(),
     };
 
-    let log_store = LogStore {
-        db: db.clone(),
-        log,
-        meta,
-        hard: Arc::new(Mutex::new(hard)),
-        flusher: Arc::new(std::sync::OnceLock::new()),
-    };
+    let log_store = LogStore::new(db.clone(), meta, wal, hard)?;
     let sm_store = StateMachineStore {
         db,
         snapshot,
@@ -395,17 +388,55 @@ fn open_checked(
     Ok((log_store, sm_store))
 }
 
-/// Read every log record once: each must pass its checksum, sit under its own index, and
-/// follow the previous one without a gap. Returns the last purged and the last stored log id.
-#[allow(clippy::type_complexity)]
-fn check_log(
-    log: &sled::Tree,
+/// Upgrade a data dir that keeps its Raft log in sled (layouts 1 and 2): check the log as
+/// [`wal::Wal::open`] would (every record, no hole, no shorter than `recorded`), write it into
+/// the write-ahead log, durably, then mark the layout and drop sled's copy. A crash at any
+/// point leaves either the old layout (the upgrade runs again) or the new one.
+fn move_log_out_of_sled(
+    dir: &Path,
+    db: &sled::Db,
+    sled_log: &sled::Tree,
     meta: &sled::Tree,
-) -> Result<(Option<LogId<NodeId>>, Option<LogId<NodeId>>), StoreError> {
-    let last_purged: Option<LogId<NodeId>> = match meta.get(KEY_LAST_PURGED)? {
-        Some(v) => Some(decode("last purged log id", &v)?),
-        None => None,
-    };
+    last_purged: Option<LogId<NodeId>>,
+    recorded: Option<LogId<NodeId>>,
+) -> Result<(), StoreError> {
+    let last_in_log = check_log(sled_log)?;
+    let last_index = last_in_log
+        .map(|l| l.index)
+        .max(last_purged.map(|l| l.index));
+    if let Some(r) = recorded {
+        if last_index.is_none_or(|i| i < r.index) {
+            return Err(StoreError::LogEndsEarly {
+                found: last_index,
+                recorded: r.index,
+            });
+        }
+    }
+    let mut entries = Vec::new();
+    for record in sled_log.iter() {
+        let (k, v) = record?;
+        entries.push(decode_log_record(&k, &v)?);
+    }
+    let moved = entries.len();
+    wal::Wal::create_from(dir, entries, last_purged.map(|l| l.index))?;
+    meta.insert(KEY_FORMAT, &[DATA_DIR_FORMAT])?;
+    meta.remove(KEY_VOTE)?;
+    db.flush()?;
+    sled_log.clear()?;
+    db.flush()?;
+    if moved > 0 {
+        tracing::info!(
+            entries = moved,
+            "moved the Raft log out of sled into the write-ahead log"
+        );
+    }
+    Ok(())
+}
+
+/// Read every record of a sled-kept log (layouts 1 and 2) once: each must pass its checksum,
+/// sit under its own index, and follow the previous one without a gap. Returns the last
+/// stored log id.
+fn check_log(log: &sled::Tree) -> Result<Option<LogId<NodeId>>, StoreError> {
     let mut last: Option<LogId<NodeId>> = None;
     for record in log.iter() {
         let (k, v) = record?;
@@ -420,7 +451,7 @@ fn check_log(
         }
         last = Some(entry.log_id);
     }
-    Ok((last_purged, last))
+    Ok(last)
 }
 
 /// Seal the values of a data dir written before records carried a checksum (idempotent: a
@@ -480,381 +511,6 @@ fn upgrade_unsealed(
     }
     db.flush()?;
     Ok(vote)
-}
-
-// ---------------------------------------------------------------------------------------------
-// Log
-
-/// Raft log, vote and commit index. Cheap to clone (the clone is the log reader).
-#[derive(Clone)]
-pub struct LogStore {
-    db: sled::Db,
-    log: sled::Tree,
-    meta: sled::Tree,
-    /// The vote and the last durable log id ([`hardstate`]); std mutex, only held by
-    /// blocking tasks.
-    hard: Arc<Mutex<hardstate::HardState>>,
-    flusher: Arc<std::sync::OnceLock<GroupCommit>>,
-}
-
-/// Update the hard state on a blocking thread (it fsyncs).
-async fn update_hard(
-    hard: &Arc<Mutex<hardstate::HardState>>,
-    f: impl FnOnce(&mut hardstate::HardStateValue) + Send + 'static,
-) -> Result<(), StoreError> {
-    let hard = hard.clone();
-    tokio::task::spawn_blocking(move || {
-        let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut value = h.value().clone();
-        f(&mut value);
-        h.write(value)
-    })
-    .await
-    .map_err(|e| StoreError::File {
-        path: PathBuf::from(hardstate::FILE_NAME),
-        error: io::Error::other(e.to_string()),
-    })?
-}
-
-/// Group commit of appended log entries: `append` writes its entries and queues its
-/// `LogFlushed` callback; one task runs one fsync for everything queued so far, records the
-/// last appended log id in the hard state, and then acknowledges those appends, in order. An
-/// append is never acknowledged before an fsync that started after its entries were written,
-/// and Raft is not held up while the disk works, so appends that arrive during an fsync share
-/// the next one.
-///
-/// Each queued append carries its own handles on the `Db` and the hard state, so the task holds
-/// them only while it has work: once the store is dropped and the last fsync acknowledged, the
-/// directory can be opened again.
-struct GroupCommit {
-    queue: tokio::sync::mpsc::UnboundedSender<Flush>,
-}
-
-enum Flush {
-    Append {
-        callback: LogFlushed<TypeConfig>,
-        db: sled::Db,
-        hard: Arc<Mutex<hardstate::HardState>>,
-        last: LogId<NodeId>,
-    },
-    /// Answered once every append queued before it is acknowledged.
-    Barrier(tokio::sync::oneshot::Sender<()>),
-}
-
-impl GroupCommit {
-    fn start() -> GroupCommit {
-        let (queue, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let mut batch: Vec<Flush> = Vec::new();
-            while rx.recv_many(&mut batch, 4096).await > 0 {
-                let mut target = None;
-                let mut last = None;
-                for f in &batch {
-                    if let Flush::Append {
-                        db, hard, last: l, ..
-                    } = f
-                    {
-                        target.get_or_insert_with(|| (db.clone(), hard.clone()));
-                        last = Some(*l);
-                    }
-                }
-                let result = match (target, last) {
-                    (Some((db, hard)), Some(last)) => {
-                        let flushed = flush_db(&db).await.map_err(StoreError::from);
-                        drop(db);
-                        match flushed {
-                            Ok(_) => update_hard(&hard, move |v| v.last_log_id = Some(last)).await,
-                            Err(e) => Err(e),
-                        }
-                    }
-                    _ => Ok(()),
-                };
-                if let Err(e) = &result {
-                    tracing::error!("log fsync failed: {e}");
-                }
-                for f in batch.drain(..) {
-                    match f {
-                        Flush::Append { callback, .. } => {
-                            let r = match &result {
-                                Ok(()) => Ok(()),
-                                Err(e) => Err(io::Error::other(e.to_string())),
-                            };
-                            callback.log_io_completed(r);
-                        }
-                        Flush::Barrier(done) => {
-                            let _ = done.send(());
-                        }
-                    }
-                }
-            }
-        });
-        GroupCommit { queue }
-    }
-}
-
-impl fmt::Debug for LogStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LogStore").finish_non_exhaustive()
-    }
-}
-
-impl LogStore {
-    /// Whether anything of Raft is stored: a vote, a log entry, or a purged prefix.
-    pub fn holds_state(&self) -> bool {
-        let hard = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
-        hard.value().vote.is_some()
-            || hard.value().last_log_id.is_some()
-            || !self.log.is_empty()
-            || self.meta.contains_key(KEY_LAST_PURGED).unwrap_or(true)
-    }
-
-    /// The membership this store holds: the last membership entry of the log, else none
-    /// (then the state machine's, [`SharedState::membership`], applies).
-    pub fn last_membership(
-        &self,
-    ) -> Result<Option<openraft::Membership<NodeId, BasicNode>>, StoreError> {
-        for record in self.log.iter().rev() {
-            let (k, v) = record?;
-            if let EntryPayload::Membership(m) = decode_log_record(&k, &v)?.payload {
-                return Ok(Some(m));
-            }
-        }
-        Ok(None)
-    }
-
-    /// Bytes the whole `Db` (log, meta and snapshot trees) takes on disk.
-    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
-        Ok(self.db.size_on_disk()?)
-    }
-
-    fn get_meta<T: DeserializeOwned>(
-        &self,
-        key: &[u8],
-        what: &'static str,
-    ) -> Result<Option<T>, StoreError> {
-        match self.meta.get(key)? {
-            Some(v) => Ok(Some(decode(what, &v)?)),
-            None => Ok(None),
-        }
-    }
-
-    fn put_meta<T: Serialize>(
-        &self,
-        key: &[u8],
-        what: &'static str,
-        value: &T,
-    ) -> Result<(), StoreError> {
-        self.meta.insert(key, encode(what, value)?)?;
-        Ok(())
-    }
-
-    async fn flush(&self) -> Result<(), StoreError> {
-        flush_db(&self.db).await?;
-        Ok(())
-    }
-
-    /// Wait until every append queued so far is flushed and acknowledged.
-    async fn drain_appends(&self) {
-        let Some(flusher) = self.flusher.get() else {
-            return;
-        };
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if flusher.queue.send(Flush::Barrier(tx)).is_ok() {
-            let _ = rx.await;
-        }
-    }
-
-    /// Write the entries (not flushed); returns the last one's log id.
-    fn write_batch<I>(&self, entries: I) -> Result<Option<LogId<NodeId>>, StoreError>
-    where
-        I: IntoIterator<Item = Entry<TypeConfig>>,
-    {
-        let mut batch = sled::Batch::default();
-        let mut last = None;
-        for entry in entries {
-            let value = encode("log entry", &entry)?;
-            batch.insert(&index_key(entry.log_id.index)[..], value);
-            last = Some(entry.log_id);
-        }
-        self.log.apply_batch(batch)?;
-        Ok(last)
-    }
-
-    /// Remove every log record whose key is in `range`.
-    fn remove_range(&self, range: (Bound<[u8; 8]>, Bound<[u8; 8]>)) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
-        for key in self.log.range(range).keys() {
-            batch.remove(key?);
-        }
-        self.log.apply_batch(batch)?;
-        Ok(())
-    }
-}
-
-impl RaftLogReader<TypeConfig> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + fmt::Debug + OptionalSend>(
-        &mut self,
-        range: RB,
-    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
-        let bounds = (key_bound(range.start_bound()), key_bound(range.end_bound()));
-        let mut entries = Vec::new();
-        for record in self.log.range(bounds) {
-            let (k, v) = record.map_err(|e| StorageIOError::read_logs(&e))?;
-            let entry = decode_log_record(&k, &v).map_err(|e| StorageIOError::read_logs(&e))?;
-            entries.push(entry);
-        }
-        Ok(entries)
-    }
-}
-
-impl RaftLogStorage<TypeConfig> for LogStore {
-    type LogReader = Self;
-
-    async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
-        let last_purged_log_id: Option<LogId<NodeId>> = self
-            .get_meta(KEY_LAST_PURGED, "last purged log id")
-            .map_err(|e| StorageIOError::read_logs(&e))?;
-        let last_in_log = match self.log.last().map_err(|e| StorageIOError::read_logs(&e))? {
-            Some((k, v)) => Some(
-                decode_log_record(&k, &v)
-                    .map_err(|e| StorageIOError::read_logs(&e))?
-                    .log_id,
-            ),
-            None => None,
-        };
-        // After a crash between recording `last_purged` and deleting the entries, stale entries
-        // at or below it may remain; never report a last log id below the purged one.
-        let last_log_id = last_in_log.max(last_purged_log_id);
-        Ok(LogState {
-            last_purged_log_id,
-            last_log_id,
-        })
-    }
-
-    async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
-    }
-
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
-        let vote = *vote;
-        update_hard(&self.hard, move |v| v.vote = Some(vote))
-            .await
-            .map_err(|e| StorageIOError::write_vote(&e))?;
-        Ok(())
-    }
-
-    async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
-        let hard = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
-        Ok(hard.value().vote)
-    }
-
-    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
-        // Not flushed on purpose: openraft does not need it durable, and the next flush (every
-        // append is flushed) carries it.
-        self.put_meta(KEY_COMMITTED, "committed log id", &committed)
-            .map_err(|e| StorageIOError::write(&e))?;
-        Ok(())
-    }
-
-    async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
-        let c: Option<Option<LogId<NodeId>>> = self
-            .get_meta(KEY_COMMITTED, "committed log id")
-            .map_err(|e| StorageIOError::read(&e))?;
-        Ok(c.flatten())
-    }
-
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
-    where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        let last = match self.write_batch(entries) {
-            Ok(Some(last)) => last,
-            Ok(None) => {
-                callback.log_io_completed(Ok(()));
-                return Ok(());
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(io::Error::other(e.to_string())));
-                return Err(StorageIOError::write_logs(&e).into());
-            }
-        };
-        // Acknowledged by the group commit once an fsync covering these entries is done and
-        // the hard state records them.
-        let flusher = self.flusher.get_or_init(GroupCommit::start);
-        let queued = flusher.queue.send(Flush::Append {
-            callback,
-            db: self.db.clone(),
-            hard: self.hard.clone(),
-            last,
-        });
-        if let Err(tokio::sync::mpsc::error::SendError(Flush::Append { callback, .. })) = queued {
-            // The flusher is gone (runtime shutting down): flush here instead.
-            let result = match self.flush().await {
-                Ok(()) => update_hard(&self.hard, move |v| v.last_log_id = Some(last)).await,
-                Err(e) => Err(e),
-            };
-            let r = result
-                .as_ref()
-                .map(|_| ())
-                .map_err(|e| io::Error::other(e.to_string()));
-            callback.log_io_completed(r);
-            result.map_err(|e| StorageIOError::write_logs(&e))?;
-        }
-        Ok(())
-    }
-
-    async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
-        tracing::debug!(%log_id, "truncate log from");
-        // The hard state first records the shorter log: a crash before the entries are gone
-        // leaves a log longer than recorded, which is harmless; the reverse would look like
-        // lost entries. Appends still in the group commit would record their (now removed)
-        // ids after this, so let them finish first.
-        self.drain_appends().await;
-        let before = match log_id.index.checked_sub(1) {
-            Some(prev) => self
-                .try_get_log_entries(prev..=prev)
-                .await?
-                .pop()
-                .map(|e| e.log_id),
-            None => None,
-        };
-        let last_purged: Option<LogId<NodeId>> = self
-            .get_meta(KEY_LAST_PURGED, "last purged log id")
-            .map_err(|e| StorageIOError::read_logs(&e))?;
-        let remaining = before.max(last_purged);
-        update_hard(&self.hard, move |v| v.last_log_id = remaining)
-            .await
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        self.remove_range((Bound::Included(index_key(log_id.index)), Bound::Unbounded))
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        self.flush()
-            .await
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        Ok(())
-    }
-
-    async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
-        tracing::debug!(%log_id, "purge log up to");
-        // Record first: a crash between the two steps leaves only harmless stale entries.
-        self.put_meta(KEY_LAST_PURGED, "last purged log id", &log_id)
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        self.remove_range((Bound::Unbounded, Bound::Included(index_key(log_id.index))))
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        self.flush()
-            .await
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        // Purging past the last entry (after a snapshot was installed) makes the purged id the
-        // last log id.
-        update_hard(&self.hard, move |v| {
-            if v.last_log_id.is_none_or(|l| l.index < log_id.index) {
-                v.last_log_id = Some(log_id);
-            }
-        })
-        .await
-        .map_err(|e| StorageIOError::write_logs(&e))?;
-        Ok(())
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

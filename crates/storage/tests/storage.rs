@@ -253,15 +253,44 @@ async fn stale_snapshot_build_does_not_overwrite_newer() {
     assert_eq!(cur.meta, new.meta);
 }
 
-/// Write raw bytes into the `log` tree of a closed store (`None`: remove the record).
-fn poke_log(dir: &Path, index: u64, value: Option<&[u8]>) {
-    let db = sled::open(dir).unwrap();
-    let log = db.open_tree("log").unwrap();
-    match value {
-        Some(v) => log.insert(index.to_be_bytes(), v).unwrap(),
-        None => log.remove(index.to_be_bytes()).unwrap(),
-    };
-    db.flush().unwrap();
+/// The records of the write-ahead log of a closed store (one segment), by position.
+fn log_records(dir: &Path) -> (std::path::PathBuf, Vec<Vec<u8>>) {
+    let wal = dir.join(fenced_storage::wal::DIR);
+    let mut segments: Vec<_> = std::fs::read_dir(&wal)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    let path = segments.pop().unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+    let mut records = Vec::new();
+    let mut at = 16;
+    while at < bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        records.push(bytes[at + 4..at + 4 + len].to_vec());
+        at += 4 + len;
+    }
+    (path, records)
+}
+
+/// Rewrite the write-ahead log of a closed store after `edit` changed its records.
+fn poke_log(dir: &Path, edit: impl FnOnce(&mut Vec<Vec<u8>>)) {
+    let (path, mut records) = log_records(dir);
+    edit(&mut records);
+    let mut bytes = std::fs::read(&path).unwrap()[..16].to_vec();
+    for r in records {
+        bytes.extend_from_slice(&(r.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&r);
+    }
+    std::fs::write(&path, bytes).unwrap();
+}
+
+/// Append raw bytes to the write-ahead log of a closed store.
+fn append_raw(dir: &Path, raw: &[u8]) {
+    use std::io::Write;
+    let (path, _) = log_records(dir);
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    f.write_all(raw).unwrap();
 }
 
 /// A data dir with the six entries of [`history`], closed.
@@ -288,54 +317,82 @@ fn assert_refused(dir: &Path, want: impl Fn(&StoreError) -> bool) {
 #[tokio::test]
 async fn damaged_log_is_refused_at_open_never_truncated() {
     let entries = history();
+    // Records by position: entry i + 1 at i.
 
     // A garbage value in the middle of the log.
     let dir = TempDir::new().unwrap();
     stored_history(dir.path()).await;
-    poke_log(dir.path(), 3, Some(&[0xff, 0x00, 0x13]));
+    poke_log(dir.path(), |r| r[2] = vec![0xff, 0x00, 0x13]);
     assert_refused(dir.path(), |e| matches!(e, StoreError::Checksum { .. }));
 
     // One flipped bit inside a sealed entry.
     let dir = TempDir::new().unwrap();
     stored_history(dir.path()).await;
-    {
-        let db = sled::open(dir.path()).unwrap();
-        let log = db.open_tree("log").unwrap();
-        let mut v = log.get(4u64.to_be_bytes()).unwrap().unwrap().to_vec();
-        let last = v.len() - 1;
-        v[last] ^= 0x10;
-        log.insert(4u64.to_be_bytes(), v).unwrap();
-        db.flush().unwrap();
-    }
+    poke_log(dir.path(), |r| {
+        let last = r[3].len() - 1;
+        r[3][last] ^= 0x10;
+    });
     assert_refused(dir.path(), |e| matches!(e, StoreError::Checksum { .. }));
 
-    // A valid entry stored under the wrong index.
+    // The last acknowledged entry damaged: damage, not a torn write.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    poke_log(dir.path(), |r| r[5][7] ^= 0x01);
+    assert_refused(dir.path(), |e| matches!(e, StoreError::Checksum { .. }));
+
+    // A valid entry in the place of another.
     let dir = TempDir::new().unwrap();
     stored_history(dir.path()).await;
     let misplaced = fenced_storage::frame::seal(&bincode::serialize(&entries[0]).unwrap());
-    poke_log(dir.path(), 6, Some(&misplaced));
+    poke_log(dir.path(), |r| r[5] = misplaced);
     assert_refused(dir.path(), |e| {
-        matches!(e, StoreError::LogKeyMismatch { .. })
+        matches!(
+            e,
+            StoreError::MisplacedEntry {
+                expected: 6,
+                found: 1
+            }
+        )
     });
 
     // A hole.
     let dir = TempDir::new().unwrap();
     stored_history(dir.path()).await;
-    poke_log(dir.path(), 3, None);
+    poke_log(dir.path(), |r| {
+        r.remove(2);
+    });
     assert_refused(dir.path(), |e| {
         matches!(e, StoreError::LogHole { after: 2, next: 4 })
     });
 
-    // The tail is gone (what sled does with a damaged file): the hard state notices.
+    // The tail is gone: the hard state notices.
     let dir = TempDir::new().unwrap();
     stored_history(dir.path()).await;
-    poke_log(dir.path(), 6, None);
-    poke_log(dir.path(), 5, None);
+    poke_log(dir.path(), |r| r.truncate(4));
     assert_refused(dir.path(), |e| {
         matches!(
             e,
             StoreError::LogEndsEarly {
                 found: Some(4),
+                recorded: 6
+            }
+        )
+    });
+
+    // The tail cut inside the last acknowledged record.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    {
+        let (path, _) = log_records(dir.path());
+        let len = std::fs::metadata(&path).unwrap().len();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(len - 3).unwrap();
+    }
+    assert_refused(dir.path(), |e| {
+        matches!(
+            e,
+            StoreError::LogEndsEarly {
+                found: Some(5),
                 recorded: 6
             }
         )
@@ -376,6 +433,40 @@ async fn damaged_log_is_refused_at_open_never_truncated() {
     let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
     assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(1, 1)));
     assert_eq!(log.try_get_log_entries(..).await.unwrap(), entries);
+}
+
+/// What a crash leaves after the last acknowledged entry — a record cut short, or whole but
+/// failing its checksum — was never acknowledged: it is dropped, durably, and the log goes on.
+#[tokio::test]
+async fn unacknowledged_torn_tail_is_dropped() {
+    let next = normal(1, 7, 140, 5, acquire("c", "o", 0));
+    let sealed = fenced_storage::frame::seal(&bincode::serialize(&next).unwrap());
+    let mut whole = (sealed.len() as u32).to_le_bytes().to_vec();
+    whole.extend_from_slice(&sealed);
+    let mut flipped = whole.clone();
+    let last = flipped.len() - 1;
+    flipped[last] ^= 0x40;
+    for raw in [
+        whole[..whole.len() / 2].to_vec(),
+        whole[..3].to_vec(),
+        flipped,
+    ] {
+        let dir = TempDir::new().unwrap();
+        stored_history(dir.path()).await;
+        let before = log_records(dir.path()).1;
+        append_raw(dir.path(), &raw);
+        {
+            let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+            assert_eq!(log.try_get_log_entries(..).await.unwrap(), history());
+            log.blocking_append([next.clone()]).await.unwrap();
+        }
+        // The cut was made before the next append: the log reads back whole.
+        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+        let mut want = history();
+        want.push(next.clone());
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), want);
+        assert_eq!(log_records(dir.path()).1.len(), before.len() + 1);
+    }
 }
 
 #[tokio::test]

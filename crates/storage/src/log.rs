@@ -1,0 +1,303 @@
+//! openraft's log storage over the [`Wal`]: entries in the write-ahead log, the vote and the
+//! last durable log id in the [`hardstate`](crate::hardstate) file, the last purged and the
+//! committed log id in sled's `meta` tree.
+
+use std::fmt;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, StorageError,
+    StorageIOError, Vote,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::hardstate::{HardState, HardStateValue};
+use crate::wal::{Flusher, Wal};
+use crate::{
+    decode, encode, flush_db, NodeId, StoreError, TypeConfig, KEY_COMMITTED, KEY_LAST_PURGED,
+};
+
+type StorageResult<T> = Result<T, StorageError<NodeId>>;
+
+/// Raft log, vote and commit index. Cheap to clone (the clone is the log reader).
+#[derive(Clone)]
+pub struct LogStore {
+    db: sled::Db,
+    meta: sled::Tree,
+    wal: Arc<Mutex<Wal>>,
+    /// The vote and the last durable log id; std mutex, held only by blocking code (the
+    /// flusher thread, blocking tasks).
+    hard: Arc<Mutex<HardState>>,
+    flusher: Arc<Flusher>,
+}
+
+impl fmt::Debug for LogStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LogStore").finish_non_exhaustive()
+    }
+}
+
+/// Update the hard state on a blocking thread (it fsyncs).
+async fn update_hard(
+    hard: &Arc<Mutex<HardState>>,
+    f: impl FnOnce(&mut HardStateValue) + Send + 'static,
+) -> Result<(), StoreError> {
+    let hard = hard.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut value = h.value().clone();
+        f(&mut value);
+        h.write(value)
+    })
+    .await
+    .map_err(|e| StoreError::File {
+        path: PathBuf::from(crate::hardstate::FILE_NAME),
+        error: io::Error::other(e.to_string()),
+    })?
+}
+
+impl LogStore {
+    pub(crate) fn new(
+        db: sled::Db,
+        meta: sled::Tree,
+        wal: Wal,
+        hard: HardState,
+    ) -> Result<LogStore, StoreError> {
+        let hard = Arc::new(Mutex::new(hard));
+        Ok(LogStore {
+            flusher: Arc::new(Flusher::start(hard.clone())?),
+            db,
+            meta,
+            wal: Arc::new(Mutex::new(wal)),
+            hard,
+        })
+    }
+
+    fn wal(&self) -> MutexGuard<'_, Wal> {
+        self.wal.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether anything of Raft is stored: a vote, a log entry, or a purged prefix.
+    pub fn holds_state(&self) -> bool {
+        let hard = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
+        hard.value().vote.is_some()
+            || hard.value().last_log_id.is_some()
+            || !self.wal().is_empty()
+            || self.meta.contains_key(KEY_LAST_PURGED).unwrap_or(true)
+    }
+
+    /// The membership this store holds: the last membership entry of the log, else none
+    /// (then the state machine's, [`crate::SharedState::membership`], applies).
+    pub fn last_membership(
+        &self,
+    ) -> Result<Option<openraft::Membership<NodeId, BasicNode>>, StoreError> {
+        let wal = self.wal();
+        let Some(last) = wal.last_log_id() else {
+            return Ok(None);
+        };
+        const STEP: u64 = 256;
+        let mut end = last.index + 1;
+        while end > 0 {
+            let start = end.saturating_sub(STEP);
+            let entries = wal.read(start..end)?;
+            if entries.is_empty() {
+                break;
+            }
+            for entry in entries.into_iter().rev() {
+                if let EntryPayload::Membership(m) = entry.payload {
+                    return Ok(Some(m));
+                }
+            }
+            end = start;
+        }
+        Ok(None)
+    }
+
+    /// Bytes the data dir's stores take on disk: the log's segments and sled's `Db` (meta and
+    /// snapshot).
+    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
+        Ok(self.db.size_on_disk()? + self.wal().size_on_disk())
+    }
+
+    fn get_meta<T: DeserializeOwned>(
+        &self,
+        key: &[u8],
+        what: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        match self.meta.get(key)? {
+            Some(v) => Ok(Some(decode(what, &v)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put_meta<T: Serialize>(
+        &self,
+        key: &[u8],
+        what: &'static str,
+        value: &T,
+    ) -> Result<(), StoreError> {
+        self.meta.insert(key, encode(what, value)?)?;
+        Ok(())
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + fmt::Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        let start = match range.start_bound() {
+            Bound::Included(i) => *i,
+            Bound::Excluded(i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(i) => i.saturating_add(1),
+            Bound::Excluded(i) => *i,
+            Bound::Unbounded => u64::MAX,
+        };
+        self.wal()
+            .read(start..end)
+            .map_err(|e| StorageIOError::read_logs(&e).into())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
+        let last_purged_log_id: Option<LogId<NodeId>> = self
+            .get_meta(KEY_LAST_PURGED, "last purged log id")
+            .map_err(|e| StorageIOError::read_logs(&e))?;
+        let last_in_log = self.wal().last_log_id();
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id: last_in_log.max(last_purged_log_id),
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
+        let vote = *vote;
+        update_hard(&self.hard, move |v| v.vote = Some(vote))
+            .await
+            .map_err(|e| StorageIOError::write_vote(&e))?;
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote<NodeId>>> {
+        let hard = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
+        Ok(hard.value().vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
+        // Not flushed on purpose: openraft does not need it durable (sled writes it out in
+        // the background; a lost value only means re-applying from the snapshot).
+        self.put_meta(KEY_COMMITTED, "committed log id", &committed)
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
+        let c: Option<Option<LogId<NodeId>>> = self
+            .get_meta(KEY_COMMITTED, "committed log id")
+            .map_err(|e| StorageIOError::read(&e))?;
+        Ok(c.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<_> = entries.into_iter().collect();
+        let overwrites = {
+            let last = self.wal().last_log_id();
+            entries
+                .first()
+                .filter(|e| last.is_some_and(|l| e.log_id.index <= l.index))
+                .map(|e| e.log_id)
+        };
+        if let Some(from) = overwrites {
+            // openraft truncates before it overwrites; its storage test suite does not.
+            self.truncate(from).await?;
+        }
+        let written = self.wal().append(entries);
+        match written {
+            Ok(Some((last, file))) => {
+                // Acknowledged by the flusher once an fdatasync covering these entries is done
+                // and the hard state records them.
+                self.flusher.sync(file, last, callback);
+                Ok(())
+            }
+            Ok(None) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(io::Error::other(e.to_string())));
+                Err(StorageIOError::write_logs(&e).into())
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        tracing::debug!(%log_id, "truncate log from");
+        // The hard state first records the shorter log: a crash before the entries are gone
+        // leaves a log longer than recorded, which is harmless; the reverse would look like
+        // lost entries. Appends still queued would record their (now removed) ids after this,
+        // so let them finish first.
+        self.flusher.drain().await;
+        let before = match log_id.index.checked_sub(1) {
+            Some(prev) => self
+                .try_get_log_entries(prev..=prev)
+                .await?
+                .pop()
+                .map(|e| e.log_id),
+            None => None,
+        };
+        let last_purged: Option<LogId<NodeId>> = self
+            .get_meta(KEY_LAST_PURGED, "last purged log id")
+            .map_err(|e| StorageIOError::read_logs(&e))?;
+        let remaining = before.max(last_purged);
+        update_hard(&self.hard, move |v| v.last_log_id = remaining)
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.wal()
+            .truncate(log_id.index)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
+        tracing::debug!(%log_id, "purge log up to");
+        // Record first, durably: a crash before the segments are gone leaves only harmless
+        // stale entries, while segments gone without the record would look like a hole.
+        self.put_meta(KEY_LAST_PURGED, "last purged log id", &log_id)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        flush_db(&self.db)
+            .await
+            .map_err(|e| StorageIOError::write_logs(&StoreError::from(e)))?;
+        self.wal()
+            .purge(log_id.index)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        // Purging past the last entry (after a snapshot was installed) makes the purged id the
+        // last log id.
+        update_hard(&self.hard, move |v| {
+            if v.last_log_id.is_none_or(|l| l.index < log_id.index) {
+                v.last_log_id = Some(log_id);
+            }
+        })
+        .await
+        .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+}
