@@ -789,18 +789,24 @@ impl Node {
     /// this member was retired (a peer knows it under another incarnation): the node must not
     /// go on serving. Never resolves while the node is healthy.
     pub async fn fatal(&self) -> String {
-        let mut metrics = self.inner.raft.metrics();
+        // Raft's full metrics change with every entry; its server metrics (vote, role,
+        // membership) rarely. Both senders close when Raft stops, the full metrics holding
+        // the error: listening to the quiet one costs no wake-up per entry.
+        let mut server = self.inner.raft.server_metrics();
         let mut retired = self.inner.gate.identity().retired();
         loop {
-            if let Err(e) = &metrics.borrow().running_state {
+            if let Err(e) = &self.inner.raft.metrics().borrow().running_state {
                 return e.to_string();
             }
             if let Some(reason) = retired.borrow().as_ref() {
                 return format!("this member is retired: {reason}");
             }
             tokio::select! {
-                changed = metrics.changed() => if changed.is_err() {
-                    return "raft stopped".into();
+                changed = server.changed() => if changed.is_err() {
+                    return match &self.inner.raft.metrics().borrow().running_state {
+                        Err(e) => e.to_string(),
+                        Ok(()) => "raft stopped".into(),
+                    };
                 },
                 _ = retired.changed() => {}
             }
