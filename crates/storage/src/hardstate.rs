@@ -10,6 +10,7 @@
 //! value and is fdatasync'ed before the caller acknowledges anything, so a torn write leaves
 //! the previous value readable. A slot is `magic | seq u64 | len u32 | crc32 u32 | payload`,
 //! the payload being bincode of [`HardStateValue`]; the valid slot with the larger `seq` wins.
+//! Magic `FHS2` slots carry `committed` too; `FHS1` slots (the first layout) are still read.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -23,7 +24,10 @@ use crate::{NodeId, StoreError};
 
 /// File name inside the data dir.
 pub const FILE_NAME: &str = "hardstate";
-const MAGIC: &[u8; 4] = b"FHS1";
+/// Slots written by this build: [`HardStateValue`] with `committed`.
+const MAGIC: &[u8; 4] = b"FHS2";
+/// Slots of the first layout (no `committed`), still read.
+const MAGIC_V1: &[u8; 4] = b"FHS1";
 const SLOT: u64 = 4096;
 const HEADER: usize = 4 + 8 + 4 + 4;
 
@@ -35,6 +39,16 @@ pub struct HardStateValue {
     /// The last log id this node has made durable and may have acknowledged. The log on disk
     /// must reach at least its index.
     pub last_log_id: Option<LogId<NodeId>>,
+    /// The last committed log id this node knew when the record was written (openraft's
+    /// `save_committed`: a hint to re-apply committed entries at start, not needed durable).
+    pub committed: Option<LogId<NodeId>>,
+}
+
+/// The first layout of the record (`FHS1`).
+#[derive(Deserialize)]
+struct HardStateValueV1 {
+    vote: Option<Vote<NodeId>>,
+    last_log_id: Option<LogId<NodeId>>,
 }
 
 /// The open file and its current value. Not synchronized: the owner wraps it in a mutex.
@@ -167,7 +181,7 @@ fn read_slot(file: &File, slot: u64) -> io::Result<Option<(u64, HardStateValue)>
         }
     }
     let buf = &buf[..filled];
-    if buf.len() < HEADER || &buf[..4] != MAGIC {
+    if buf.len() < HEADER || (&buf[..4] != MAGIC && &buf[..4] != MAGIC_V1) {
         return Ok(None);
     }
     let seq = u64::from_le_bytes(buf[4..12].try_into().unwrap_or_default());
@@ -178,6 +192,17 @@ fn read_slot(file: &File, slot: u64) -> io::Result<Option<(u64, HardStateValue)>
     };
     if crc(seq, payload) != stored {
         return Ok(None);
+    }
+    if &buf[..4] == MAGIC_V1 {
+        let old: Option<HardStateValueV1> = bincode::deserialize(payload).ok();
+        return Ok(old.map(|v| {
+            let value = HardStateValue {
+                vote: v.vote,
+                last_log_id: v.last_log_id,
+                committed: None,
+            };
+            (seq, value)
+        }));
     }
     Ok(bincode::deserialize(payload).ok().map(|v| (seq, v)))
 }
@@ -191,7 +216,34 @@ mod tests {
         HardStateValue {
             vote: Some(Vote::new(3, 2)),
             last_log_id: Some(LogId::new(CommittedLeaderId::new(3, 2), index)),
+            committed: Some(LogId::new(CommittedLeaderId::new(3, 2), index - 1)),
         }
+    }
+
+    #[test]
+    fn first_layout_is_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let v1 = HardStateValueV1Out {
+            vote: Some(Vote::new(3, 2)),
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(3, 2), 9)),
+        };
+        let payload = bincode::serialize(&v1).expect("encode");
+        let mut buf = MAGIC_V1.to_vec();
+        buf.extend_from_slice(&1u64.to_le_bytes());
+        buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&crc(1, &payload).to_le_bytes());
+        buf.extend_from_slice(&payload);
+        std::fs::write(HardState::path_in(dir.path()), &buf).expect("write");
+        let hs = HardState::open(dir.path()).expect("open").expect("exists");
+        assert_eq!(hs.value().last_log_id, v1.last_log_id);
+        assert_eq!(hs.value().vote, v1.vote);
+        assert_eq!(hs.value().committed, None);
+    }
+
+    #[derive(Serialize)]
+    struct HardStateValueV1Out {
+        vote: Option<Vote<NodeId>>,
+        last_log_id: Option<LogId<NodeId>>,
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! sled `Db`, the member's identity in [`identity`].
 //!
 //! * `wal/`: segment files of sealed bincode [`openraft::Entry`] records ([`wal`]);
-//! * sled tree `meta`: `format` ([`DATA_DIR_FORMAT`]), `last_purged`, `committed` (sealed
-//!   bincode);
+//! * sled tree `meta`: `format` ([`DATA_DIR_FORMAT`]) and `last_purged` (sealed bincode;
+//!   layouts 1 and 2 kept `committed` here too);
 //! * sled tree `snapshot`: `meta` (sealed bincode [`SnapshotMeta`]) and `data` (sealed bincode
 //!   [`fenced_core::StateMachine`]), always written together in one transaction;
 //! * sled tree `log`: the log of layouts 1 and 2, moved into the `wal` when such a data dir is
@@ -22,8 +22,8 @@
 //! Durability: `append` is acknowledged after the log is fdatasync'ed *and* the hard state
 //! records its last log id (group commit, [`wal::Flusher`]); `save_vote` writes the hard state;
 //! `truncate` and `purge` sync before they report success, as do `build_snapshot` and
-//! `install_snapshot` (a sled flush). `save_committed` does not flush (openraft does not need it
-//! durable). Unreadable bytes on disk become a [`StorageError`], never a panic, and openraft
+//! `install_snapshot` (a sled flush). `save_committed` only remembers the value; the next
+//! hard-state record carries it (openraft does not need it durable). Unreadable bytes on disk become a [`StorageError`], never a panic, and openraft
 //! then stops the node.
 
 pub mod datadir;
@@ -351,6 +351,7 @@ fn open_checked(
                 hardstate::HardStateValue {
                     vote: legacy_vote,
                     last_log_id: last_in_log.max(last_purged),
+                    committed: None,
                 },
             )?
         }
@@ -364,9 +365,11 @@ fn open_checked(
         db.flush()?;
     }
     let wal = wal::Wal::open(dir, recorded, last_purged.map(|l| l.index))?;
-    if let Some(v) = meta.get(KEY_COMMITTED)? {
-        decode::<Option<LogId<NodeId>>>("committed log id", &v)?;
-    }
+    // Layouts 1 and 2 kept the committed log id in sled; the hard state holds it now.
+    let legacy_committed = match meta.get(KEY_COMMITTED)? {
+        Some(v) => decode::<Option<LogId<NodeId>>>("committed log id", &v)?,
+        None => None,
+    };
 
     let state = match read_snapshot(&snapshot)? {
         Some((meta, data)) => SmState {
@@ -377,7 +380,7 @@ fn open_checked(
         None => SmState::default(),
     };
 
-    let log_store = LogStore::new(db.clone(), meta, wal, hard)?;
+    let log_store = LogStore::new(db.clone(), meta, wal, hard, legacy_committed)?;
     let sm_store = StateMachineStore {
         db,
         snapshot,

@@ -1,6 +1,6 @@
-//! openraft's log storage over the [`Wal`]: entries in the write-ahead log, the vote and the
-//! last durable log id in the [`hardstate`](crate::hardstate) file, the last purged and the
-//! committed log id in sled's `meta` tree.
+//! openraft's log storage over the [`Wal`]: entries in the write-ahead log; the vote, the last
+//! durable and the committed log id in the [`hardstate`](crate::hardstate) file; the last
+//! purged log id in sled's `meta` tree.
 
 use std::fmt;
 use std::io;
@@ -18,9 +18,7 @@ use serde::Serialize;
 
 use crate::hardstate::{HardState, HardStateValue};
 use crate::wal::{Flusher, Wal};
-use crate::{
-    decode, encode, flush_db, NodeId, StoreError, TypeConfig, KEY_COMMITTED, KEY_LAST_PURGED,
-};
+use crate::{decode, encode, flush_db, NodeId, StoreError, TypeConfig, KEY_LAST_PURGED};
 
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
@@ -33,6 +31,8 @@ pub struct LogStore {
     /// The vote and the last durable log id; std mutex, held only by blocking code (the
     /// flusher thread, blocking tasks).
     hard: Arc<Mutex<HardState>>,
+    /// The last committed log id openraft told us; written with the next hard-state record.
+    committed: Arc<Mutex<Option<LogId<NodeId>>>>,
     flusher: Arc<Flusher>,
 }
 
@@ -42,16 +42,19 @@ impl fmt::Debug for LogStore {
     }
 }
 
-/// Update the hard state on a blocking thread (it fsyncs).
+/// Update the hard state on a blocking thread (it fsyncs), with the latest committed log id
+/// that the log reaches.
 async fn update_hard(
-    hard: &Arc<Mutex<HardState>>,
+    store: &LogStore,
     f: impl FnOnce(&mut HardStateValue) + Send + 'static,
 ) -> Result<(), StoreError> {
-    let hard = hard.clone();
+    let hard = store.hard.clone();
+    let committed = store.committed.clone();
     tokio::task::spawn_blocking(move || {
         let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
         let mut value = h.value().clone();
         f(&mut value);
+        crate::wal::note_committed(&mut value, &committed);
         h.write(value)
     })
     .await
@@ -62,19 +65,24 @@ async fn update_hard(
 }
 
 impl LogStore {
+    /// `committed`: the committed log id a data dir of an older layout kept in sled, used
+    /// if the hard state holds none.
     pub(crate) fn new(
         db: sled::Db,
         meta: sled::Tree,
         wal: Wal,
         hard: HardState,
+        committed: Option<LogId<NodeId>>,
     ) -> Result<LogStore, StoreError> {
+        let committed = Arc::new(Mutex::new(hard.value().committed.or(committed)));
         let hard = Arc::new(Mutex::new(hard));
         Ok(LogStore {
-            flusher: Arc::new(Flusher::start(hard.clone())?),
+            flusher: Arc::new(Flusher::start(hard.clone(), committed.clone())?),
             db,
             meta,
             wal: Arc::new(Mutex::new(wal)),
             hard,
+            committed,
         })
     }
 
@@ -187,7 +195,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StorageResult<()> {
         let vote = *vote;
-        update_hard(&self.hard, move |v| v.vote = Some(vote))
+        update_hard(self, move |v| v.vote = Some(vote))
             .await
             .map_err(|e| StorageIOError::write_vote(&e))?;
         Ok(())
@@ -199,18 +207,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StorageResult<()> {
-        // Not flushed on purpose: openraft does not need it durable (sled writes it out in
-        // the background; a lost value only means re-applying from the snapshot).
-        self.put_meta(KEY_COMMITTED, "committed log id", &committed)
-            .map_err(|e| StorageIOError::write(&e))?;
+        // Not durable on its own: openraft does not need it; the next hard-state record
+        // carries it.
+        *self
+            .committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = committed;
         Ok(())
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<NodeId>>> {
-        let c: Option<Option<LogId<NodeId>>> = self
-            .get_meta(KEY_COMMITTED, "committed log id")
-            .map_err(|e| StorageIOError::read(&e))?;
-        Ok(c.flatten())
+        let committed = *self
+            .committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // Never beyond the log this node holds (a record written as the log was cut).
+        let last = self.wal().last_log_id().map(|l| l.index);
+        Ok(committed.filter(|c| last.is_some_and(|l| c.index <= l)))
     }
 
     async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
@@ -268,7 +281,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .get_meta(KEY_LAST_PURGED, "last purged log id")
             .map_err(|e| StorageIOError::read_logs(&e))?;
         let remaining = before.max(last_purged);
-        update_hard(&self.hard, move |v| v.last_log_id = remaining)
+        update_hard(self, move |v| v.last_log_id = remaining)
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
         self.wal()
@@ -291,7 +304,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| StorageIOError::write_logs(&e))?;
         // Purging past the last entry (after a snapshot was installed) makes the purged id the
         // last log id.
-        update_hard(&self.hard, move |v| {
+        update_hard(self, move |v| {
             if v.last_log_id.is_none_or(|l| l.index < log_id.index) {
                 v.last_log_id = Some(log_id);
             }

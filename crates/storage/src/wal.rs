@@ -665,11 +665,16 @@ enum Job {
 
 impl Flusher {
     /// Start the thread; it ends when the last [`Flusher`] handle is dropped.
-    pub fn start(hard: Arc<Mutex<HardState>>) -> Result<Flusher, StoreError> {
+    /// `committed` is written with every hard-state record (see
+    /// [`HardStateValue::committed`](crate::hardstate::HardStateValue)).
+    pub fn start(
+        hard: Arc<Mutex<HardState>>,
+        committed: Arc<Mutex<Option<LogId<NodeId>>>>,
+    ) -> Result<Flusher, StoreError> {
         let (jobs, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("fenced-wal".into())
-            .spawn(move || flush_loop(&rx, &hard))
+            .spawn(move || flush_loop(&rx, &hard, &committed))
             .map_err(|e| io_err(Path::new("fenced-wal thread"), e))?;
         Ok(Flusher { jobs })
     }
@@ -693,7 +698,23 @@ impl Flusher {
     }
 }
 
-fn flush_loop(rx: &mpsc::Receiver<Job>, hard: &Mutex<HardState>) {
+/// Put the latest committed log id into a hard-state record about to be written, if the log
+/// it records reaches it.
+pub(crate) fn note_committed(
+    value: &mut crate::hardstate::HardStateValue,
+    committed: &Mutex<Option<LogId<NodeId>>>,
+) {
+    let c = *committed.lock().unwrap_or_else(PoisonError::into_inner);
+    if c.is_some_and(|c| value.last_log_id.is_some_and(|l| c.index <= l.index)) {
+        value.committed = c;
+    }
+}
+
+fn flush_loop(
+    rx: &mpsc::Receiver<Job>,
+    hard: &Mutex<HardState>,
+    committed: &Mutex<Option<LogId<NodeId>>>,
+) {
     let mut failed: Option<String> = None;
     let mut batch = Vec::new();
     while let Ok(first) = rx.recv() {
@@ -718,6 +739,7 @@ fn flush_loop(rx: &mpsc::Receiver<Job>, hard: &Mutex<HardState>) {
                     let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
                     let mut value = h.value().clone();
                     value.last_log_id = last;
+                    note_committed(&mut value, committed);
                     h.write(value).map_err(|e| e.to_string())
                 });
             if let Err(e) = synced {

@@ -554,6 +554,7 @@ async fn format_one_data_dir_keeps_its_tokens_and_continues_above_them() {
             fenced_storage::hardstate::HardStateValue {
                 vote: Some(Vote::new(1, 1)),
                 last_log_id: Some(log_id(1, 6)),
+                committed: None,
             },
         )
         .unwrap();
