@@ -76,6 +76,17 @@ struct ServeArgs {
     /// Entries kept before the last snapshot when purging.
     #[arg(long, default_value_t = 1_000, hide = true)]
     keep_logs: u64,
+    /// How often the leader sends heartbeats (ms).
+    #[arg(long, default_value_t = fenced_server::config::DEFAULT_HEARTBEAT_MS)]
+    heartbeat_ms: u64,
+    /// A follower that hears no leader for a random time in MIN..MAX ms (after the old
+    /// leader's lease of MAX ms) starts an election. Shorter: faster failover; too short for
+    /// the network or the machine's load: needless elections. See the README, "Failover".
+    #[arg(long, default_value_t = fenced_server::config::DEFAULT_ELECTION_TIMEOUT)]
+    election_timeout_ms: fenced_server::config::ElectionTimeout,
+    /// Worker threads of the node's runtime (default: one per core).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 /// TLS for a node: with these, gRPC and RESP accept TLS only, and calls between nodes use
@@ -174,7 +185,14 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let rt = match tokio::runtime::Runtime::new() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Cmd::Serve(ServeArgs {
+        threads: Some(n), ..
+    }) = &cli.command
+    {
+        builder.worker_threads((*n).max(1));
+    }
+    let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("fenced: cannot start the runtime: {e}");
@@ -207,6 +225,16 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.initial_cluster_token = a.initial_cluster_token;
     cfg.snapshot_logs = a.snapshot_logs;
     cfg.keep_logs = a.keep_logs;
+    if a.heartbeat_ms == 0 || a.heartbeat_ms * 2 >= a.election_timeout_ms.min_ms {
+        bail!(
+            "--heartbeat-ms {} must be more than 0 and less than half of the election \
+             timeout's minimum ({} ms)",
+            a.heartbeat_ms,
+            a.election_timeout_ms.min_ms
+        );
+    }
+    cfg.heartbeat_ms = a.heartbeat_ms;
+    cfg.election_timeout = a.election_timeout_ms;
     // A bad ACL file stops the node before it starts anything.
     let pass = a.requirepass.as_deref();
     cfg.resp_acl = Arc::new(match &a.acl_file {

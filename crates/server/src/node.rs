@@ -155,8 +155,8 @@ impl Node {
         let raft_config = Config {
             cluster_name: "fenced".into(),
             heartbeat_interval: cfg.heartbeat_ms,
-            election_timeout_min: cfg.election_timeout_ms.0,
-            election_timeout_max: cfg.election_timeout_ms.1,
+            election_timeout_min: cfg.election_timeout.min_ms,
+            election_timeout_max: cfg.election_timeout.max_ms,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_logs),
             max_in_snapshot_log_to_keep: cfg.keep_logs,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_SIZE,
