@@ -42,6 +42,23 @@ enum Cmd {
     /// Print a Markdown table (system × workload × nemesis) over the `--runs` folders under
     /// DIR (each with run-*/results.json), e.g. the output of jepsen/matrix.sh.
     Table { dir: PathBuf },
+    /// Failover time: SIGKILL the leader of a 3-node loopback cluster ROUNDS times and
+    /// measure kill → new leader and kill → next grant (writes OUT/failover.json).
+    Failover {
+        #[arg(long, default_value_t = 10)]
+        rounds: usize,
+        /// Extra `fenced serve` flags, e.g. "--election-timeout-ms 300..450".
+        #[arg(long, default_value = "", allow_hyphen_values = true)]
+        serve_args: String,
+        #[arg(long, default_value = "jepsen/store/failover")]
+        out: PathBuf,
+        /// Where `fenced` is (default: next to this binary, else PATH).
+        #[arg(long)]
+        bin_dir: Option<PathBuf>,
+        /// Third octet of the loopback addresses used (127.0.X.1-3).
+        #[arg(long, default_value_t = 77)]
+        subnet: u8,
+    },
     /// Delete namespaces (and kill the processes in them) left by runs with this prefix.
     Cleanup {
         #[arg(long, default_value = "fj")]
@@ -441,6 +458,36 @@ fn main() -> ExitCode {
             print!("{t}");
             true
         }),
+        Cmd::Failover {
+            rounds,
+            serve_args,
+            out,
+            bin_dir,
+            subnet,
+        } => (|| {
+            let bin_dir = match bin_dir {
+                Some(d) => d,
+                None => std::env::current_exe()?
+                    .parent()
+                    .context("binary has no folder")?
+                    .to_owned(),
+            };
+            let report = fenced_jepsen::failover::run(&fenced_jepsen::failover::FailoverOpts {
+                fenced: run::find_program("fenced", &bin_dir)?,
+                rounds,
+                serve_args: serve_args.split_whitespace().map(str::to_owned).collect(),
+                out,
+                subnet,
+            })?;
+            println!(
+                "median over {} rounds: new leader after {:.0} ms, next grant after {:.0} ms (max {:.0} ms)",
+                report.rounds.len(),
+                report.elected_median_ms,
+                report.next_grant_median_ms,
+                report.next_grant_max_ms
+            );
+            Ok(true)
+        })(),
         Cmd::Cleanup { prefix } => {
             let n = env::cleanup_prefix(&prefix);
             eprintln!("removed {n} namespaces with prefix {prefix}");

@@ -80,7 +80,8 @@ fn clock_shim(out: &Path) -> Option<PathBuf> {
     ok.then_some(lib)
 }
 
-fn find_program(name: &str, bin_dir: &Path) -> anyhow::Result<PathBuf> {
+/// `name` in `bin_dir`, else on PATH.
+pub fn find_program(name: &str, bin_dir: &Path) -> anyhow::Result<PathBuf> {
     let p = bin_dir.join(name);
     if p.exists() {
         return Ok(p);
