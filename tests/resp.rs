@@ -251,6 +251,51 @@ async fn redis_rs_rate_limiters_and_grpc_interop() {
     )
     .await;
     assert_eq!(stale, 0, "an old token renews nothing");
+
+    // LOCK.* pipelined: the writes that do not wait are proposed together, answered in order,
+    // each its own command (its own token), with a bad argument answered in its place.
+    let mut p = redis::pipe();
+    p.ignore_errors();
+    for args in [
+        &["LOCK.ACQUIRE", "p1", "o", "30000"][..],
+        &["LOCK.ACQUIRE", "p2", "o", "30000"],
+        &["LOCK.ACQUIRE", "p1", "other", "30000"],
+        &["LOCK.RELEASE", "p2", "o", "999999999"],
+        &["LOCK.ACQUIRE", "p3", "o", "not-a-number"],
+        &["LOCK.ACQUIRE", "p3", "o", "30000"],
+        &["LOCK.INFO", "p1"],
+        &["LOCK.ACQUIRE", "p1", "o", "30000"],
+        &["LOCK.RENEW", "p3", "o", "1", "30000"],
+    ] {
+        let c = p.cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+    }
+    let r: Vec<Value> = within("lock pipeline", STEP, p.query_async(&mut con))
+        .await
+        .expect("lock pipeline");
+    let int = |v: &Value| match v {
+        Value::Int(i) => *i,
+        other => panic!("expected an integer, got {other:?} in {r:?}"),
+    };
+    let (p1, p2, p3) = (int(&r[0]), int(&r[1]), int(&r[5]));
+    assert!(
+        p1 < p2 && p2 < p3,
+        "tokens follow the pipeline's order: {r:?}"
+    );
+    assert_eq!(r[2], Value::Nil, "p1 is held by o: {r:?}");
+    assert_eq!(int(&r[3]), 0, "wrong token releases nothing: {r:?}");
+    assert!(
+        matches!(&r[4], Value::ServerError(e) if e.details().is_some_and(|d| d.contains("integer"))),
+        "bad argument answered in place: {r:?}"
+    );
+    assert!(
+        matches!(&r[6], Value::Array(a) if a[3] == Value::Int(p1)),
+        "{r:?}"
+    );
+    assert_eq!(int(&r[7]), p1, "reentrant: the same token");
+    assert_eq!(int(&r[8]), 0, "token 1 is not p3's grant");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,6 +17,7 @@ use fenced_core::kv::{
     command_class, command_table, key_spec, Argv, CommandClass, KeySpec, KvCommand, KvEvent, Reply,
     Restriction,
 };
+use fenced_core::limits::DEDUP_WINDOW;
 use fenced_core::RequestId;
 use rand::Rng;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -24,7 +25,7 @@ use tokio::sync::broadcast;
 
 use crate::acl::User;
 use crate::frame::{encode, encode_push, parse_request, Proto};
-use crate::{ClusterError, Shared};
+use crate::{ClusterError, LockOp, LockOpReply, Shared};
 
 /// Most requests taken from the read buffer before replying.
 const MAX_PIPELINE: usize = 1024;
@@ -113,6 +114,57 @@ fn restricted(limits: Option<Restriction>, cmd: KvCommand) -> KvCommand {
             cmd: Box::new(cmd),
         },
         None => cmd,
+    }
+}
+
+/// `[WAIT ms]` after `LOCK.ACQUIRE name owner ttl`.
+fn acquire_wait(rest: &[Vec<u8>]) -> Result<u64, Reply> {
+    match rest {
+        [] => Ok(0),
+        [w, ms] if w.eq_ignore_ascii_case(b"WAIT") => parse_u64(ms),
+        _ => Err(Reply::err("ERR syntax error")),
+    }
+}
+
+/// `argv` as a [`LockOp`] if it is a `LOCK.*` write that does not wait (`Err`: its
+/// arguments are bad, and this is the reply).
+fn lock_op(argv: &Argv) -> Option<Result<LockOp, Reply>> {
+    lock_op_of(&upper(&argv[0]), &argv[1..])
+}
+
+fn lock_op_of(name: &str, a: &[Vec<u8>]) -> Option<Result<LockOp, Reply>> {
+    let parsed = || -> Result<Option<LockOp>, Reply> {
+        Ok(match name {
+            "LOCK.ACQUIRE" => {
+                let (name, owner, ttl_ms) = (text(&a[0])?, text(&a[1])?, parse_u64(&a[2])?);
+                (acquire_wait(&a[3..])? == 0).then_some(LockOp::Acquire {
+                    name,
+                    owner,
+                    ttl_ms,
+                })
+            }
+            "LOCK.RELEASE" => Some(LockOp::Release {
+                name: text(&a[0])?,
+                owner: text(&a[1])?,
+                token: parse_u64(&a[2])?,
+            }),
+            "LOCK.RENEW" => Some(LockOp::Renew {
+                name: text(&a[0])?,
+                owner: text(&a[1])?,
+                token: parse_u64(&a[2])?,
+                ttl_ms: parse_u64(&a[3])?,
+            }),
+            _ => None,
+        })
+    };
+    parsed().transpose()
+}
+
+fn lock_reply(r: Result<LockOpReply, ClusterError>) -> Reply {
+    match r {
+        Ok(LockOpReply::Acquired(t)) => t.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
+        Ok(LockOpReply::Done(ok)) => Reply::Int(ok as i64),
+        Err(e) => cluster_error(e),
     }
 }
 
@@ -271,6 +323,41 @@ impl Connection {
                     }
                     i = j;
                 }
+                CommandClass::Lock if lock_op(&reqs[i]).is_some() => {
+                    // A run of LOCK.* writes that do not wait: proposed together, in order,
+                    // each with its own request id — no more of them than the state
+                    // machine's dedup window, so every retry still finds its first outcome.
+                    let mut ops = Vec::new();
+                    let mut j = i;
+                    while j < reqs.len() && ops.len() < DEDUP_WINDOW as usize {
+                        if j > i && !matches!(self.gate(&reqs[j]), Ok(CommandClass::Lock)) {
+                            break;
+                        }
+                        match lock_op(&reqs[j]) {
+                            Some(Ok(op)) => ops.push((self.st.next_rid(), op)),
+                            _ => break,
+                        }
+                        j += 1;
+                    }
+                    let n = j - i;
+                    let replies = if ops.is_empty() {
+                        Vec::new()
+                    } else {
+                        self.shared.cluster.lock_batch(ops).await
+                    };
+                    for k in 0..n.max(1) {
+                        let r = match (replies.get(k), lock_op(&reqs[i + k])) {
+                            (_, Some(Err(e))) => e,
+                            (Some(r), _) => lock_reply(r.clone()),
+                            (None, _) => Reply::err(format!(
+                                "ERR internal: {} replies for {n} lock commands",
+                                replies.len()
+                            )),
+                        };
+                        self.reply(&r);
+                    }
+                    i += n.max(1);
+                }
                 _ => {
                     let r = self.single(&reqs[i], class).await;
                     if let Some(r) = r {
@@ -407,38 +494,31 @@ impl Connection {
         })
     }
 
+    /// `LOCK.*` one at a time: a waiting `LOCK.ACQUIRE` and `LOCK.INFO` (the others come in
+    /// runs through [`Connection::process`]).
     async fn lock_cmd(&mut self, name: &str, a: &[Vec<u8>]) -> Result<Reply, Reply> {
         let cluster = self.shared.cluster.clone();
         let r = match name {
             "LOCK.ACQUIRE" => {
                 let (lock, owner, ttl) = (text(&a[0])?, text(&a[1])?, parse_u64(&a[2])?);
-                let wait = match &a[3..] {
-                    [] => 0,
-                    [w, ms] if w.eq_ignore_ascii_case(b"WAIT") => parse_u64(ms)?,
-                    _ => return Err(Reply::err("ERR syntax error")),
-                };
+                let wait = acquire_wait(&a[3..])?;
                 let rid = self.st.next_rid();
                 cluster
                     .lock_acquire(rid, lock, owner, ttl, wait)
                     .await
                     .map(|t| t.map_or(Reply::Nil, |t| Reply::Int(t as i64)))
             }
-            "LOCK.RELEASE" => {
-                let (lock, owner, token) = (text(&a[0])?, text(&a[1])?, parse_u64(&a[2])?);
+            "LOCK.RELEASE" | "LOCK.RENEW" => {
+                let op = match lock_op_of(name, a) {
+                    Some(op) => op?,
+                    None => return Err(Reply::err("ERR syntax error")),
+                };
                 let rid = self.st.next_rid();
-                cluster
-                    .lock_release(rid, lock, owner, token)
-                    .await
-                    .map(|ok| Reply::Int(ok as i64))
-            }
-            "LOCK.RENEW" => {
-                let (lock, owner) = (text(&a[0])?, text(&a[1])?);
-                let (token, ttl) = (parse_u64(&a[2])?, parse_u64(&a[3])?);
-                let rid = self.st.next_rid();
-                cluster
-                    .lock_renew(rid, lock, owner, token, ttl)
-                    .await
-                    .map(|ok| Reply::Int(ok as i64))
+                let mut out = cluster.lock_batch(vec![(rid, op)]).await;
+                return Ok(match out.pop() {
+                    Some(r) => lock_reply(r),
+                    None => Reply::err("ERR internal: no reply"),
+                });
             }
             _ => cluster.lock_info(text(&a[0])?).await.map(|v| match v {
                 None => Reply::NilArray,

@@ -48,6 +48,40 @@ pub struct LockView {
     pub ttl_ms: u64,
 }
 
+/// A `LOCK.*` write that does not wait. Consecutive ones of a pipeline are proposed together
+/// ([`Cluster::lock_batch`]), in order, each with its own request id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockOp {
+    /// `LOCK.ACQUIRE name owner ttl_ms` (no `WAIT`, or `WAIT 0`).
+    Acquire {
+        name: String,
+        owner: String,
+        ttl_ms: u64,
+    },
+    /// `LOCK.RELEASE name owner token`.
+    Release {
+        name: String,
+        owner: String,
+        token: u64,
+    },
+    /// `LOCK.RENEW name owner token ttl_ms`.
+    Renew {
+        name: String,
+        owner: String,
+        token: u64,
+        ttl_ms: u64,
+    },
+}
+
+/// The outcome of a [`LockOp`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockOpReply {
+    /// `Acquire`: the token, or `None` if the lock is held by someone else.
+    Acquired(Option<u64>),
+    /// `Release`/`Renew`: whether the grant was held with that token.
+    Done(bool),
+}
+
 /// A read-only view evaluated on the state machine at a linearizable point; gets the
 /// state machine and its log time.
 pub type ReadFn = Box<dyn FnOnce(&StateMachine, Millis) -> Vec<Reply> + Send>;
@@ -61,7 +95,7 @@ pub trait Cluster: Send + Sync + 'static {
     /// Evaluate `f` linearizably: after a read-index barrier, with every expiry that was due
     /// on the leader's log clock already applied.
     async fn read(&self, f: ReadFn) -> Result<Vec<Reply>, ClusterError>;
-    /// `LOCK.ACQUIRE`: the token, or `None` if not granted within `wait_ms`.
+    /// `LOCK.ACQUIRE … WAIT ms`: the token, or `None` if not granted within `wait_ms`.
     async fn lock_acquire(
         &self,
         rid: RequestId,
@@ -70,23 +104,12 @@ pub trait Cluster: Send + Sync + 'static {
         ttl_ms: u64,
         wait_ms: u64,
     ) -> Result<Option<u64>, ClusterError>;
-    /// `LOCK.RELEASE`: whether a hold of `token` was dropped.
-    async fn lock_release(
+    /// Several `LOCK.*` writes that do not wait, proposed in order (a pipeline); one result
+    /// each.
+    async fn lock_batch(
         &self,
-        rid: RequestId,
-        name: String,
-        owner: String,
-        token: u64,
-    ) -> Result<bool, ClusterError>;
-    /// `LOCK.RENEW`: whether the lease of `token` was extended.
-    async fn lock_renew(
-        &self,
-        rid: RequestId,
-        name: String,
-        owner: String,
-        token: u64,
-        ttl_ms: u64,
-    ) -> Result<bool, ClusterError>;
+        ops: Vec<(RequestId, LockOp)>,
+    ) -> Vec<Result<LockOpReply, ClusterError>>;
     /// `LOCK.INFO`, linearizable.
     async fn lock_info(&self, name: String) -> Result<Option<LockView>, ClusterError>;
     /// Keyspace events applied on this node (pub/sub messages, list pushes).

@@ -111,6 +111,24 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     pub async fn call(&self, input: I, size: usize, gone: impl FnOnce() -> O) -> O {
         self.submit(input, size).await.unwrap_or_else(|_| gone())
     }
+
+    /// [`Batcher::call`] for several `(input, size)`: all are queued, in order, before any
+    /// is waited for, so they keep their order and share batches. One output each.
+    pub async fn call_all(
+        &self,
+        inputs: impl IntoIterator<Item = (I, usize)>,
+        gone: impl Fn() -> O,
+    ) -> Vec<O> {
+        let pending: Vec<_> = inputs
+            .into_iter()
+            .map(|(input, size)| self.submit(input, size))
+            .collect();
+        let mut out = Vec::with_capacity(pending.len());
+        for rx in pending {
+            out.push(rx.await.unwrap_or_else(|_| gone()));
+        }
+        out
+    }
 }
 
 #[cfg(test)]

@@ -331,19 +331,39 @@ impl Node {
         rid: Option<RequestId>,
         cmd: Command,
     ) -> Result<Response, NodeError> {
+        let mut out = self.propose_all(vec![(rid, cmd)]).await;
+        out.pop()
+            .unwrap_or_else(|| Err(NodeError::Unknown("no answer from the proposer".into())))
+    }
+
+    /// [`Node::propose`] for several commands at once (a client's pipeline): queued in order
+    /// into the same entries (or one forwarded batch), one result each. Around a leader change
+    /// the commands that must be tried again are, in their order, after those that were
+    /// already applied.
+    pub async fn propose_all(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
-        let mut unknown = None;
+        let n = proposals.len();
+        let mut done: Vec<Option<Proposed>> = vec![None; n];
+        let mut unknown: Vec<Option<String>> = vec![None; n];
         loop {
-            let attempt = match self.propose_local(rid, cmd.clone()).await {
-                Err(NodeError::NotLeader { leader: Some(addr) }) => {
-                    self.forward(&addr, rid, &cmd, 0).await
-                }
-                other => other,
-            };
+            let open: Vec<usize> = (0..n).filter(|i| done[*i].is_none()).collect();
+            if open.is_empty() {
+                return done.into_iter().flatten().collect();
+            }
+            let batch: Vec<Proposal> = open.iter().map(|i| proposals[*i].clone()).collect();
+            let mut attempt = self.propose_local_all(batch.clone()).await;
+            if let Some(Err(NodeError::NotLeader { leader: Some(addr) })) = attempt.first() {
+                // Not the leader (for all of them: leadership is checked once per call).
+                let addr = addr.clone();
+                attempt = self.forward_all(&addr, batch).await;
+            }
             let retry = Instant::now() < give_up;
-            match settle(attempt, &mut unknown, rid.is_some(), retry) {
-                Some(done) => return done,
-                None => tokio::time::sleep(RETRY_PAUSE).await,
+            for (i, result) in open.into_iter().zip(attempt) {
+                let has_id = proposals[i].0.is_some();
+                done[i] = settle(result, &mut unknown[i], has_id, retry);
+            }
+            if done.iter().any(Option::is_none) {
+                tokio::time::sleep(RETRY_PAUSE).await;
             }
         }
     }
@@ -420,21 +440,16 @@ impl Node {
         if let Err(e) = self.leader_term() {
             return vec![Err(e); proposals.len()];
         }
-        // Queue all before waiting for any, so they stay in order and share entries.
-        let pending: Vec<_> = proposals
-            .into_iter()
-            .map(|(rid, cmd)| {
-                let size = proposal_size(&cmd);
-                self.inner.proposer.submit((rid, cmd), size)
-            })
-            .collect();
-        let mut out = Vec::with_capacity(pending.len());
-        for rx in pending {
-            out.push(rx.await.unwrap_or_else(|_| {
+        let sized = proposals.into_iter().map(|p| {
+            let size = proposal_size(&p.1);
+            (p, size)
+        });
+        self.inner
+            .proposer
+            .call_all(sized, || {
                 Err(NodeError::Unknown("the proposal batcher stopped".into()))
-            }));
-        }
-        out
+            })
+            .await
     }
 
     /// One entry: stamp the batch's log time now, when it closes (so it is never earlier
@@ -540,15 +555,26 @@ impl Node {
         wait_ms: u64,
     ) -> Result<Response, NodeError> {
         if wait_ms == 0 {
-            let batcher = self.forwarder(addr);
-            let size = proposal_size(cmd);
-            return batcher
-                .call((rid, cmd.clone()), size, || {
-                    Err(NodeError::Unknown("the forwarding batcher stopped".into()))
-                })
-                .await;
+            let mut out = self.forward_all(addr, vec![(rid, cmd.clone())]).await;
+            return out.pop().unwrap_or_else(|| {
+                Err(NodeError::Unknown("the forwarding batcher stopped".into()))
+            });
         }
         self.forward_one(addr, rid, cmd, wait_ms).await
+    }
+
+    /// Have the leader at `addr` propose `proposals`, in order, in this node's next
+    /// forwarded batches to it ([`FORWARD_LIMITS`]); one result each.
+    async fn forward_all(&self, addr: &str, proposals: Vec<Proposal>) -> Vec<Proposed> {
+        let sized = proposals.into_iter().map(|p| {
+            let size = proposal_size(&p.1);
+            (p, size)
+        });
+        self.forwarder(addr)
+            .call_all(sized, || {
+                Err(NodeError::Unknown("the forwarding batcher stopped".into()))
+            })
+            .await
     }
 
     /// The batcher of forwarded proposals to the leader at `addr`.

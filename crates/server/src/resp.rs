@@ -16,7 +16,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use fenced_core::kv::{KvCommand, KvEvent, KvResponse, Reply};
 use fenced_core::{Command, RequestId, Response, StateMachine};
-use fenced_resp::{Cluster, ClusterError, LockView, ReadFn};
+use fenced_resp::{Cluster, ClusterError, LockOp, LockOpReply, LockView, ReadFn};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
@@ -125,42 +125,58 @@ impl Cluster for RespCluster {
         }
     }
 
-    async fn lock_release(
+    async fn lock_batch(
         &self,
-        rid: RequestId,
-        name: String,
-        owner: String,
-        token: u64,
-    ) -> Result<bool, ClusterError> {
-        let cmd = Command::Release { name, owner, token };
-        match self.node.propose(Some(rid), cmd).await {
-            Ok(Response::Released { .. }) => Ok(true),
-            Ok(Response::NotHeld) => Ok(false),
-            Ok(other) => Err(unexpected(other)),
-            Err(e) => Err(cluster_error(e)),
-        }
-    }
-
-    async fn lock_renew(
-        &self,
-        rid: RequestId,
-        name: String,
-        owner: String,
-        token: u64,
-        ttl_ms: u64,
-    ) -> Result<bool, ClusterError> {
-        let cmd = Command::Renew {
-            name,
-            owner,
-            token,
-            ttl_ms,
-        };
-        match self.node.propose(Some(rid), cmd).await {
-            Ok(Response::Renewed { .. }) => Ok(true),
-            Ok(Response::NotHeld) => Ok(false),
-            Ok(other) => Err(unexpected(other)),
-            Err(e) => Err(cluster_error(e)),
-        }
+        ops: Vec<(RequestId, LockOp)>,
+    ) -> Vec<Result<LockOpReply, ClusterError>> {
+        let proposals = ops
+            .into_iter()
+            .map(|(rid, op)| {
+                let cmd = match op {
+                    LockOp::Acquire {
+                        name,
+                        owner,
+                        ttl_ms,
+                    } => Command::Acquire {
+                        name,
+                        owner,
+                        ttl_ms,
+                        session: None,
+                        wait_ms: 0,
+                    },
+                    LockOp::Release { name, owner, token } => {
+                        Command::Release { name, owner, token }
+                    }
+                    LockOp::Renew {
+                        name,
+                        owner,
+                        token,
+                        ttl_ms,
+                    } => Command::Renew {
+                        name,
+                        owner,
+                        token,
+                        ttl_ms,
+                    },
+                };
+                (Some(rid), cmd)
+            })
+            .collect();
+        self.node
+            .propose_all(proposals)
+            .await
+            .into_iter()
+            .map(|r| match r {
+                Ok(Response::Granted { token, .. }) => Ok(LockOpReply::Acquired(Some(token))),
+                Ok(Response::NotGranted) => Ok(LockOpReply::Acquired(None)),
+                Ok(Response::Released { .. } | Response::Renewed { .. }) => {
+                    Ok(LockOpReply::Done(true))
+                }
+                Ok(Response::NotHeld) => Ok(LockOpReply::Done(false)),
+                Ok(other) => Err(unexpected(other)),
+                Err(e) => Err(cluster_error(e)),
+            })
+            .collect()
     }
 
     async fn lock_info(&self, name: String) -> Result<Option<LockView>, ClusterError> {
