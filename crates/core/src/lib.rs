@@ -15,6 +15,7 @@ pub mod command;
 pub mod kv;
 pub mod limits;
 pub mod machine;
+pub mod small_map;
 
 pub use command::{
     AcquireSpec, Applied, AppliedBatch, Batch, Command, Event, Index, Millis, Mode, ReleaseReason,

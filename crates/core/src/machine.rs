@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::command::*;
 use crate::kv::Keyspace;
 use crate::limits::*;
+use crate::small_map::SmallMap;
 use crate::{CoreError, SnapshotError};
 
 /// What a lock is, fixed by the first acquire of its name until the lock is idle again.
@@ -53,7 +54,7 @@ struct Holder {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 struct Lock {
     kind: LockKind,
-    holders: BTreeMap<HolderKey, Holder>,
+    holders: SmallMap<HolderKey, Holder>,
     /// Queued acquires, oldest first (keys of `StateMachine::waiters`).
     queue: VecDeque<RequestId>,
     /// No grant before this log time (lock-delay after an expiry).
@@ -64,7 +65,7 @@ impl Lock {
     fn new(kind: LockKind) -> Self {
         Lock {
             kind,
-            holders: BTreeMap::new(),
+            holders: SmallMap::new(),
             queue: VecDeque::new(),
             delay_until: None,
         }
