@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::cow::{CowMap, CowSet};
 use crate::{Millis, Revision, Token};
 
 pub use exec::{
@@ -241,14 +242,15 @@ pub struct Entry {
 /// The replicated keyspace.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct Keyspace {
-    keys: BTreeMap<Bytes, Entry>,
+    // Copy-on-write tables: a snapshot clones the keyspace in O(1) (see `crate::cow`).
+    keys: CowMap<Bytes, Entry>,
     /// `(expire_at, key)` for every key with an expiry.
-    expiries: BTreeSet<(Millis, Bytes)>,
+    expiries: CowSet<(Millis, Bytes)>,
     /// Highest token accepted by `FENCE.SET` per key. Kept when the key is deleted or
     /// flushed, so a stale writer stays fenced off.
-    fences: BTreeMap<Bytes, Token>,
+    fences: CowMap<Bytes, Token>,
     /// Script cache: lower-case hex SHA1 → source.
-    scripts: BTreeMap<String, String>,
+    scripts: CowMap<String, String>,
     /// Compiled scripts, each in its interpreter: this replica's, not replicated (skipped by
     /// serde, empty in a clone, ignored by `==`).
     #[serde(skip)]

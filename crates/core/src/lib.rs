@@ -12,6 +12,7 @@
 //!   outcome of its first application and never acts twice.
 
 pub mod command;
+pub mod cow;
 pub mod kv;
 pub mod limits;
 pub mod machine;

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use crate::command::*;
+use crate::cow::{CowMap, CowSet};
 use crate::kv::Keyspace;
 use crate::limits::*;
 use crate::small_map::SmallMap;
@@ -177,11 +178,12 @@ pub struct StateMachine {
     /// step that found something due). A grant's token, a session's id and a key's
     /// `create_revision`/`mod_revision` are the revision of the command that made them.
     revision: Revision,
-    locks: BTreeMap<String, Lock>,
-    waiters: BTreeMap<RequestId, Waiter>,
-    sessions: BTreeMap<SessionId, Session>,
-    clients: BTreeMap<u64, ClientRecord>,
-    deadlines: BTreeSet<(Millis, Due)>,
+    // Copy-on-write tables: a snapshot clones the state in O(1) (see `crate::cow`).
+    locks: CowMap<String, Lock>,
+    waiters: CowMap<RequestId, Waiter>,
+    sessions: CowMap<SessionId, Session>,
+    clients: CowMap<u64, ClientRecord>,
+    deadlines: CowSet<(Millis, Due)>,
     /// Locks whose holders, queue or delay changed in the entry being applied; their queues
     /// are served when the entry is done. Empty between entries.
     #[serde(skip)]
@@ -196,11 +198,11 @@ pub struct StateMachine {
 struct LegacyStateMachine {
     now: Millis,
     last_index: Index,
-    locks: BTreeMap<String, Lock>,
-    waiters: BTreeMap<RequestId, Waiter>,
-    sessions: BTreeMap<SessionId, Session>,
-    clients: BTreeMap<u64, ClientRecord>,
-    deadlines: BTreeSet<(Millis, Due)>,
+    locks: CowMap<String, Lock>,
+    waiters: CowMap<RequestId, Waiter>,
+    sessions: CowMap<SessionId, Session>,
+    clients: CowMap<u64, ClientRecord>,
+    deadlines: CowSet<(Millis, Due)>,
     kv: Keyspace,
 }
 
@@ -438,8 +440,7 @@ impl StateMachine {
         let now = self.now;
         let rec = self
             .clients
-            .entry(rid.client_id)
-            .or_insert_with(|| ClientRecord {
+            .get_or_insert_with(rid.client_id, || ClientRecord {
                 last_seen: now,
                 responses: BTreeMap::new(),
             });
@@ -685,8 +686,7 @@ impl StateMachine {
         let kind = LockKind::of(spec.mode);
         for name in &spec.names {
             self.locks
-                .entry(name.clone())
-                .or_insert_with(|| Lock::new(kind))
+                .get_or_insert_with(name.clone(), || Lock::new(kind))
                 .queue
                 .push_back(request);
         }
@@ -756,8 +756,7 @@ impl StateMachine {
         for name in names {
             let lock = self
                 .locks
-                .entry(name.clone())
-                .or_insert_with(|| Lock::new(LockKind::of(mode)));
+                .get_or_insert_with(name.clone(), || Lock::new(LockKind::of(mode)));
             let lease_due = |t| (t, Due::Lease(name.clone(), key.0.clone()));
             if let Some(h) = lock.holders.get_mut(key) {
                 h.holds = h.holds.saturating_add(1);
@@ -1226,7 +1225,7 @@ impl StateMachine {
         for (id, c) in &self.clients {
             expected.insert((c.last_seen + CLIENT_IDLE_MS, Due::ClientIdle(*id)));
         }
-        if expected != self.deadlines {
+        if !expected.iter().eq(self.deadlines.iter()) {
             return Err(format!(
                 "deadline index out of sync: expected {expected:?}, have {:?}",
                 self.deadlines
