@@ -31,6 +31,7 @@ pub mod frame;
 pub mod hardstate;
 pub mod identity;
 mod log;
+pub mod snapshot;
 pub mod wal;
 
 pub use log::LogStore;
@@ -58,7 +59,7 @@ openraft::declare_raft_types!(
         NodeId = u64,
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        SnapshotData = snapshot::SnapshotFile,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
@@ -371,19 +372,37 @@ fn open_checked(
         None => None,
     };
 
-    let state = match read_snapshot(&snapshot)? {
-        Some((meta, data)) => SmState {
-            last_applied: meta.last_log_id,
-            membership: meta.last_membership,
-            machine: decode_machine("state machine snapshot", &data)?,
-        },
+    let snapshots = snapshot::SnapshotStore::open(dir)?;
+    move_snapshot_out_of_sled(&db, &snapshot, &snapshots)?;
+    let state = match snapshots.current()? {
+        Some((_, path)) => {
+            let (meta, machine) = snapshot::load(&path)?;
+            SmState {
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership,
+                machine,
+            }
+        }
         None => SmState::default(),
     };
+    // Entries are purged only once a snapshot covers them.
+    if let Some(p) = last_purged {
+        if state.last_applied.is_none_or(|l| l.index < p.index) {
+            return Err(StoreError::Damaged {
+                path: snapshots.current_path(),
+                detail: format!(
+                    "the log was purged up to index {}, but no snapshot covers it (the \
+                     snapshot reaches {:?})",
+                    p.index,
+                    state.last_applied.map(|l| l.index)
+                ),
+            });
+        }
+    }
 
-    let log_store = LogStore::new(db.clone(), meta, wal, hard, legacy_committed)?;
+    let log_store = LogStore::new(db, meta, wal, hard, legacy_committed)?;
     let sm_store = StateMachineStore {
-        db,
-        snapshot,
+        snapshots: Arc::new(snapshots),
         state: Arc::new(RwLock::new(state)),
         events,
         snapshot_seq: 0,
@@ -564,10 +583,52 @@ impl fmt::Debug for SharedState {
     }
 }
 
+/// Move a snapshot kept in sled (before snapshots were files) into the snapshot directory,
+/// then drop sled's copy. A crash in between leaves both, and the move runs again.
+fn move_snapshot_out_of_sled(
+    db: &sled::Db,
+    tree: &sled::Tree,
+    snapshots: &snapshot::SnapshotStore,
+) -> Result<(), StoreError> {
+    let Some((meta, data)) = read_snapshot(tree)? else {
+        return Ok(());
+    };
+    if snapshots
+        .current()?
+        .is_none_or(|(have, _)| have.last_log_id < meta.last_log_id)
+    {
+        let machine = decode_machine("state machine snapshot", &data)?;
+        let path = snapshots.write(&meta, &machine)?;
+        snapshots.install(&path, &meta)?;
+        tracing::info!(id = %meta.snapshot_id, "moved the snapshot out of sled into a file");
+    }
+    tree.clear()?;
+    db.flush()?;
+    Ok(())
+}
+
+/// Read the snapshot a data dir of an older layout kept in sled (meta and data).
+fn read_snapshot(tree: &sled::Tree) -> Result<Option<(Meta, Vec<u8>)>, StoreError> {
+    let pair = tree.transaction(|tx| {
+        let meta = tx.get(KEY_SNAPSHOT_META)?;
+        let data = tx.get(KEY_SNAPSHOT_DATA)?;
+        Ok::<_, ConflictableTransactionError<StoreError>>((meta, data))
+    })?;
+    match pair {
+        (Some(meta), Some(data)) => Ok(Some((decode("snapshot meta", &meta)?, data.to_vec()))),
+        (None, None) => Ok(None),
+        (Some(_), None) | (None, Some(_)) => Err(StoreError::Corrupt {
+            what: "snapshot",
+            source: Box::new(bincode::ErrorKind::Custom(
+                "snapshot meta and data are not both present".into(),
+            )),
+        }),
+    }
+}
+
 /// The replicated state machine ([`fenced_core::StateMachine`]) and its snapshots.
 pub struct StateMachineStore {
-    db: sled::Db,
-    snapshot: sled::Tree,
+    snapshots: Arc<snapshot::SnapshotStore>,
     state: Arc<RwLock<SmState>>,
     events: EventSink,
     snapshot_seq: u64,
@@ -592,48 +653,16 @@ impl StateMachineStore {
     }
 }
 
-/// Read the stored snapshot (meta and data) consistently.
-fn read_snapshot(tree: &sled::Tree) -> Result<Option<(Meta, Vec<u8>)>, StoreError> {
-    let pair = tree.transaction(|tx| {
-        let meta = tx.get(KEY_SNAPSHOT_META)?;
-        let data = tx.get(KEY_SNAPSHOT_DATA)?;
-        Ok::<_, ConflictableTransactionError<StoreError>>((meta, data))
-    })?;
-    match pair {
-        (Some(meta), Some(data)) => Ok(Some((decode("snapshot meta", &meta)?, data.to_vec()))),
-        (None, None) => Ok(None),
-        (Some(_), None) | (None, Some(_)) => Err(StoreError::Corrupt {
-            what: "snapshot",
-            source: Box::new(bincode::ErrorKind::Custom(
-                "snapshot meta and data are not both present".into(),
-            )),
-        }),
-    }
-}
-
-/// Store `meta` + `data` as the current snapshot unless a newer one is already stored (a slow
-/// `build_snapshot` may finish after `install_snapshot` stored a newer one), then flush.
-async fn write_snapshot(
-    db: &sled::Db,
-    tree: &sled::Tree,
-    meta: &Meta,
-    data: &[u8],
-) -> Result<(), StoreError> {
-    let meta_bytes = encode("snapshot meta", meta)?;
-    tree.transaction(|tx| {
-        if let Some(current) = tx.get(KEY_SNAPSHOT_META)? {
-            let current: Meta =
-                decode("snapshot meta", &current).map_err(ConflictableTransactionError::Abort)?;
-            if current.last_log_id > meta.last_log_id {
-                return Ok(());
-            }
-        }
-        tx.insert(KEY_SNAPSHOT_META, meta_bytes.as_slice())?;
-        tx.insert(KEY_SNAPSHOT_DATA, data)?;
-        Ok(())
-    })?;
-    flush_db(db).await?;
-    Ok(())
+/// Run blocking snapshot I/O off the runtime's workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::File {
+            path: PathBuf::from(snapshot::DIR),
+            error: io::Error::other(e.to_string()),
+        })?
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
@@ -683,28 +712,69 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.snapshot_seq += 1;
+        // O(1): the state's tables are copy-on-write (fenced_core::cow); apply goes on while
+        // the builder writes this copy out.
         let state = self.read_state().clone();
         SnapshotBuilder {
-            db: self.db.clone(),
-            tree: self.snapshot.clone(),
+            snapshots: self.snapshots.clone(),
             state,
             seq: self.snapshot_seq,
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<Cursor<Vec<u8>>>> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<snapshot::SnapshotFile>> {
+        let file = self
+            .snapshots
+            .receiving()
+            .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
+        Ok(Box::new(file))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &Meta,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        mut snapshot: Box<snapshot::SnapshotFile>,
     ) -> StorageResult<()> {
-        let data = snapshot.into_inner();
-        let machine = decode_machine("received snapshot", &data)
-            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
-        write_snapshot(&self.db, &self.snapshot, meta, &data)
+        let err = |e: StoreError| StorageIOError::read_snapshot(Some(meta.signature()), &e);
+        snapshot.sync().await.map_err(err)?;
+        let mut path = snapshot.path().to_owned();
+        drop(snapshot);
+        if path.parent() != Some(self.snapshots.dir()) {
+            // Not a file of `begin_receiving_snapshot` (openraft's storage test suite hands
+            // over the leader's own): install a copy, never move someone else's file.
+            let own = self.snapshots.receiving().map_err(err)?.path().to_owned();
+            let (from, to) = (path, own.clone());
+            blocking(move || {
+                std::fs::copy(&from, &to)
+                    .and_then(|_| std::fs::File::open(&to)?.sync_all())
+                    .map_err(|error| StoreError::File { path: from, error })
+            })
+            .await
+            .map_err(err)?;
+            path = own;
+        }
+        let checked = path.clone();
+        let (stored_meta, machine) = match blocking(move || snapshot::load(&checked)).await {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(err(e).into());
+            }
+        };
+        if &stored_meta != meta {
+            let _ = std::fs::remove_file(&path);
+            return Err(err(StoreError::Checksum {
+                what: "received snapshot",
+                detail: format!(
+                    "it describes snapshot {}, the leader announced {}",
+                    stored_meta.snapshot_id, meta.snapshot_id
+                ),
+            })
+            .into());
+        }
+        let store = self.snapshots.clone();
+        let m = meta.clone();
+        blocking(move || store.install(&path, &m))
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let new_state = SmState {
@@ -720,28 +790,29 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     }
 
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
-        let stored =
-            read_snapshot(&self.snapshot).map_err(|e| StorageIOError::read_snapshot(None, &e))?;
-        Ok(stored.map(|(meta, data)| Snapshot {
+        let err = |e: StoreError| StorageIOError::read_snapshot(None, &e);
+        let Some((meta, path)) = self.snapshots.current().map_err(err)? else {
+            return Ok(None);
+        };
+        let file = snapshot::SnapshotFile::open(&path).map_err(err)?;
+        Ok(Some(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Box::new(file),
         }))
     }
 }
 
-/// A consistent copy of the state taken by `get_snapshot_builder`; `build_snapshot` serializes
-/// and stores it while `apply` continues.
+/// A consistent copy of the state taken by `get_snapshot_builder` (O(1), copy-on-write);
+/// `build_snapshot` writes it into a snapshot file while `apply` continues.
 pub struct SnapshotBuilder {
-    db: sled::Db,
-    tree: sled::Tree,
+    snapshots: Arc<snapshot::SnapshotStore>,
     state: SmState,
     seq: u64,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
-        let data = encode("state machine", &self.state.machine)
-            .map_err(|e| StorageIOError::read_state_machine(&e))?;
+        let started = std::time::Instant::now();
         let snapshot_id = match self.state.last_applied {
             Some(l) => format!("{}-{}-{}", l.leader_id.term, l.index, self.seq),
             None => format!("0-0-{}", self.seq),
@@ -751,12 +822,29 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             last_membership: self.state.membership.clone(),
             snapshot_id,
         };
-        write_snapshot(&self.db, &self.tree, &meta, &data)
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let err = |e: StoreError| StorageIOError::write_snapshot(Some(meta.signature()), &e);
+        let (store, m, machine) = (
+            self.snapshots.clone(),
+            meta.clone(),
+            self.state.machine.clone(),
+        );
+        let path = blocking(move || {
+            let path = store.write(&m, &machine)?;
+            store.install(&path, &m)?;
+            Ok(store.current_path())
+        })
+        .await
+        .map_err(err)?;
+        let file = snapshot::SnapshotFile::open(&path).map_err(err)?;
+        tracing::info!(
+            id = %meta.snapshot_id,
+            bytes = std::fs::metadata(&path).map_or(0, |m| m.len()),
+            ms = started.elapsed().as_millis() as u64,
+            "snapshot built"
+        );
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Box::new(file),
         })
     }
 }

@@ -126,12 +126,6 @@ impl LogStore {
         Ok(None)
     }
 
-    /// Bytes the data dir's stores take on disk: the log's segments and sled's `Db` (meta and
-    /// snapshot).
-    pub fn size_on_disk(&self) -> Result<u64, StoreError> {
-        Ok(self.db.size_on_disk()? + self.wal().size_on_disk())
-    }
-
     fn get_meta<T: DeserializeOwned>(
         &self,
         key: &[u8],

@@ -1,5 +1,4 @@
 use std::collections::BTreeSet;
-use std::io::Cursor;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +13,7 @@ use openraft::{
     StorageError, StorageIOError, StoredMembership, Vote,
 };
 use tempfile::TempDir;
+use tokio::io::AsyncWriteExt;
 
 struct SledBuilder;
 
@@ -210,13 +210,16 @@ async fn install_snapshot_replaces_state() {
     .await
     .unwrap();
 
-    let snap = a
+    let mut snap = a
         .get_snapshot_builder()
         .await
         .build_snapshot()
         .await
         .unwrap();
-    b.install_snapshot(&snap.meta, snap.snapshot).await.unwrap();
+    // What openraft does with a leader's snapshot: stream it into a file the follower gives.
+    let mut rx = b.begin_receiving_snapshot().await.unwrap();
+    tokio::io::copy(&mut snap.snapshot, &mut rx).await.unwrap();
+    b.install_snapshot(&snap.meta, rx).await.unwrap();
 
     let shared = b.shared();
     assert!(shared.read(|m| m.lock_info("a").is_some()));
@@ -227,12 +230,31 @@ async fn install_snapshot_replaces_state() {
         snap.meta
     );
 
-    // Garbage snapshot data is refused and leaves the state alone.
+    // Garbage snapshot data, or a snapshot that is not the one announced, is refused and
+    // leaves the state and the stored snapshot alone.
     let mut meta = snap.meta.clone();
     meta.last_log_id = Some(log_id(2, 9));
-    let bad = Box::new(Cursor::new(vec![0xff; 3]));
+    let mut bad = b.begin_receiving_snapshot().await.unwrap();
+    bad.write_all(&[0xff; 3]).await.unwrap();
     assert!(b.install_snapshot(&meta, bad).await.is_err());
+    let mut other = b.begin_receiving_snapshot().await.unwrap();
+    let mut again = a.get_current_snapshot().await.unwrap().unwrap();
+    tokio::io::copy(&mut again.snapshot, &mut other)
+        .await
+        .unwrap();
+    assert!(b.install_snapshot(&meta, other).await.is_err());
     assert!(shared.read(|m| m.lock_info("a").is_some()));
+    assert_eq!(
+        b.get_current_snapshot().await.unwrap().unwrap().meta,
+        snap.meta
+    );
+    // Only the received files are left behind by nothing: the directory holds the current
+    // snapshot alone.
+    let files: Vec<_> = std::fs::read_dir(dir_b.path().join(fenced_storage::snapshot::DIR))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(files, ["current.snap"]);
 }
 
 #[tokio::test]
@@ -644,13 +666,87 @@ async fn corrupt_snapshot_fails_open() {
             .await
             .unwrap();
     }
+    let file = dir
+        .path()
+        .join(fenced_storage::snapshot::DIR)
+        .join("current.snap");
+    let good = std::fs::read(&file).unwrap();
+    for at in [0, 20, good.len() / 2, good.len() - 1] {
+        let mut bad = good.clone();
+        bad[at] ^= 0x08;
+        std::fs::write(&file, &bad).unwrap();
+        assert_refused(dir.path(), |e| matches!(e, StoreError::Checksum { .. }));
+    }
+    std::fs::write(&file, &good[..good.len() - 7]).unwrap();
+    assert_refused(dir.path(), |e| matches!(e, StoreError::Checksum { .. }));
+    // The snapshot gone while the log was purged past it: nothing can rebuild the state.
+    std::fs::write(&file, &good).unwrap();
+    {
+        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+        log.blocking_append([blank(1, 1), blank(1, 2)])
+            .await
+            .unwrap();
+        log.purge(log_id(1, 1)).await.unwrap();
+    }
+    std::fs::remove_file(&file).unwrap();
+    assert_refused(dir.path(), |e| matches!(e, StoreError::Damaged { .. }));
+}
+
+/// A data dir of layout 2 kept its snapshot in sled: opened, it moves into a file (once),
+/// with the same state.
+#[tokio::test]
+async fn sled_snapshot_moves_into_a_file() {
+    let dir = TempDir::new().unwrap();
+    let state = {
+        let mut sm = fenced_core::StateMachine::default();
+        for e in history() {
+            if let EntryPayload::Normal(b) = e.payload {
+                sm.apply_batch(e.log_id.index, &b);
+            }
+        }
+        sm
+    };
+    let meta = openraft::SnapshotMeta::<NodeId, openraft::BasicNode> {
+        last_log_id: Some(log_id(1, 6)),
+        last_membership: StoredMembership::default(),
+        snapshot_id: "1-6-1".into(),
+    };
     {
         let db = sled::open(dir.path()).unwrap();
         let snap = db.open_tree("snapshot").unwrap();
-        snap.insert("data", &b"\xff\xff\xff"[..]).unwrap();
+        let seal = |b: Vec<u8>| fenced_storage::frame::seal(&b);
+        snap.insert("meta", seal(bincode::serialize(&meta).unwrap()))
+            .unwrap();
+        snap.insert("data", seal(state.to_bytes())).unwrap();
+        let m = db.open_tree("meta").unwrap();
+        m.insert("format", &[2u8][..]).unwrap();
+        m.insert(
+            "last_purged",
+            seal(bincode::serialize(&log_id(1, 6)).unwrap()),
+        )
+        .unwrap();
         db.flush().unwrap();
+        fenced_storage::hardstate::HardState::create(
+            dir.path(),
+            fenced_storage::hardstate::HardStateValue {
+                vote: Some(Vote::new(1, 1)),
+                last_log_id: Some(log_id(1, 6)),
+                committed: None,
+            },
+        )
+        .unwrap();
     }
-    assert_refused(dir.path(), |e| matches!(e, StoreError::Checksum { .. }));
+    for _ in 0..2 {
+        let (_log, mut sm) = open(dir.path(), no_events()).unwrap();
+        assert_eq!(sm.shared().read(|m| m.clone()), state);
+        let cur = sm.get_current_snapshot().await.unwrap().unwrap();
+        assert_eq!(cur.meta, meta);
+    }
+    let db = sled::open(dir.path()).unwrap();
+    assert!(
+        db.open_tree("snapshot").unwrap().is_empty(),
+        "sled's copy is gone"
+    );
 }
 
 #[test]
