@@ -17,6 +17,9 @@ pub struct Workload {
     pub ttl: Duration,
     pub wait: Duration,
     pub work: Duration,
+    /// Target pairs/s of all clients together (each client paces its share); `None`: as
+    /// fast as they go.
+    pub rate: Option<f64>,
     /// Prefix of the lock names (unique per run, so runs never see each other's keys).
     pub prefix: String,
 }
@@ -178,8 +181,21 @@ pub async fn run(backends: Vec<Box<dyn DistLock>>, w: &Workload) -> Measured {
                 first_error: None,
             };
             barrier.wait().await;
-            let deadline = Instant::now() + w.duration;
+            let start = Instant::now();
+            let deadline = start + w.duration;
+            // With a rate, this client's pair n starts no earlier than start + n / share.
+            let every = w
+                .rate
+                .filter(|r| *r > 0.0)
+                .map(|r| Duration::from_secs_f64(w.clients.max(1) as f64 / r));
+            let mut n = 0u32;
             while Instant::now() < deadline {
+                if let Some(every) = every {
+                    // Spread the clients' slots over one period.
+                    let offset = every.mul_f64(i as f64 / w.clients.max(1) as f64);
+                    tokio::time::sleep_until((start + offset + every * n).into()).await;
+                    n += 1;
+                }
                 let t0 = Instant::now();
                 match b.acquire(&key, w.ttl, w.wait).await {
                     Ok(Some(g)) => {

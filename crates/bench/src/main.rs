@@ -61,6 +61,10 @@ struct Cli {
     /// Simulated work while holding the lock (µs).
     #[arg(long, default_value_t = 0)]
     work_us: u64,
+    /// Target acquire+release pairs per second of all clients together (each client paces
+    /// its share); default: as fast as they go.
+    #[arg(long)]
+    rate: Option<f64>,
     /// How long one acquire may wait: server-side (fenced, etcd) or by retrying (Redis,
     /// Redlock).
     #[arg(long, default_value_t = 10_000)]
@@ -270,6 +274,7 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
                     ttl: Duration::from_millis(cli.ttl_ms),
                     wait: Duration::from_millis(cli.wait_ms),
                     work: Duration::from_micros(cli.work_us),
+                    rate: cli.rate,
                     prefix: format!("bench-{run_id}-r{round}-c{}k{}", cell.clients, cell.keys),
                 };
                 let clients = (0..cell.clients)
