@@ -468,8 +468,13 @@ async fn bad_data_dirs_are_refused_naming_the_file() {
         .map(|e| e.expect("entry").path())
         .max()
         .expect("a log segment");
-    for file in [dir.join("db"), segment] {
-        let len = std::fs::metadata(&file).expect("stat").len();
+    for (file, len) in [
+        (
+            dir.join("db"),
+            std::fs::metadata(dir.join("db")).expect("stat").len(),
+        ),
+        (segment.clone(), records_end(&segment)),
+    ] {
         let rel = file.strip_prefix(&dir).expect("inside").to_owned();
         for start in [0, len / 5, len / 2, len * 3 / 4, len.saturating_sub(8192)] {
             targets.push((rel.clone(), start));
@@ -558,6 +563,21 @@ fn copy_dir(from: &Path, to: &Path) -> std::path::PathBuf {
         }
     }
     to.to_owned()
+}
+
+/// Where the records of a log segment end: its 16-byte header, then length-prefixed records
+/// up to a zero length (the zeros a segment grows by) or the end of the file.
+fn records_end(segment: &Path) -> u64 {
+    let bytes = std::fs::read(segment).expect("read segment");
+    let mut at = 16;
+    while at + 4 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+        if len == 0 {
+            break;
+        }
+        at += 4 + len;
+    }
+    at as u64
 }
 
 /// Flip 8 bytes every ~1 KiB of `file` from `start` on (the damage of the report).

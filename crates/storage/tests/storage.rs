@@ -287,32 +287,41 @@ fn log_records(dir: &Path) -> (std::path::PathBuf, Vec<Vec<u8>>) {
     let bytes = std::fs::read(&path).unwrap();
     let mut records = Vec::new();
     let mut at = 16;
-    while at < bytes.len() {
+    // Records end at a zero length (the zeros a segment grows by) or at the end of the file.
+    while at + 4 <= bytes.len() {
         let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+        if len == 0 {
+            break;
+        }
         records.push(bytes[at + 4..at + 4 + len].to_vec());
         at += 4 + len;
     }
     (path, records)
 }
 
-/// Rewrite the write-ahead log of a closed store after `edit` changed its records.
+/// Rewrite the write-ahead log of a closed store after `edit` changed its records, keeping
+/// the zeros after them.
 fn poke_log(dir: &Path, edit: impl FnOnce(&mut Vec<Vec<u8>>)) {
     let (path, mut records) = log_records(dir);
     edit(&mut records);
-    let mut bytes = std::fs::read(&path).unwrap()[..16].to_vec();
+    let old = std::fs::read(&path).unwrap();
+    let mut bytes = old[..16].to_vec();
     for r in records {
         bytes.extend_from_slice(&(r.len() as u32).to_le_bytes());
         bytes.extend_from_slice(&r);
     }
+    bytes.resize(bytes.len().max(old.len()), 0);
     std::fs::write(&path, bytes).unwrap();
 }
 
-/// Append raw bytes to the write-ahead log of a closed store.
+/// Write raw bytes right after the last record of the write-ahead log of a closed store (where
+/// the next append would go).
 fn append_raw(dir: &Path, raw: &[u8]) {
-    use std::io::Write;
-    let (path, _) = log_records(dir);
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
-    f.write_all(raw).unwrap();
+    use std::os::unix::fs::FileExt;
+    let (path, records) = log_records(dir);
+    let end: usize = 16 + records.iter().map(|r| 4 + r.len()).sum::<usize>();
+    let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(raw, end as u64).unwrap();
 }
 
 /// A data dir with the six entries of [`history`], closed.
@@ -401,14 +410,35 @@ async fn damaged_log_is_refused_at_open_never_truncated() {
         )
     });
 
+    // An acknowledged record zeroed (its length reads 0, where the zeros ahead of the
+    // records begin): the log seems to end early, and the hard state notices.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    {
+        use std::os::unix::fs::FileExt;
+        let (path, records) = log_records(dir.path());
+        let at = 16 + records[..4].iter().map(|r| 4 + r.len() as u64).sum::<u64>();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.write_all_at(&[0; 4], at).unwrap();
+    }
+    assert_refused(dir.path(), |e| {
+        matches!(
+            e,
+            StoreError::LogEndsEarly {
+                found: Some(4),
+                recorded: 6
+            }
+        )
+    });
+
     // The tail cut inside the last acknowledged record.
     let dir = TempDir::new().unwrap();
     stored_history(dir.path()).await;
     {
-        let (path, _) = log_records(dir.path());
-        let len = std::fs::metadata(&path).unwrap().len();
+        let (path, records) = log_records(dir.path());
+        let end = 16 + records.iter().map(|r| 4 + r.len() as u64).sum::<u64>();
         let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-        f.set_len(len - 3).unwrap();
+        f.set_len(end - 3).unwrap();
     }
     assert_refused(dir.path(), |e| {
         matches!(
