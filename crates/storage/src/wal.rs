@@ -221,6 +221,19 @@ pub struct Wal {
 }
 
 impl Wal {
+    /// A log with no segments yet, in `dir` (the log directory).
+    fn empty(dir: PathBuf, purged: Option<u64>) -> Wal {
+        Wal {
+            dir,
+            segments: Vec::new(),
+            last: None,
+            purged,
+            cache: VecDeque::new(),
+            cache_bytes: 0,
+            segment_bytes: SEGMENT_BYTES,
+        }
+    }
+
     /// Open (or create) the log in `data_dir`, checking every record. `recorded` is the last
     /// log id the hard state says this node made durable; `purged` the last purged index.
     pub fn open(
@@ -254,15 +267,7 @@ impl Wal {
         }
         firsts.sort_unstable();
 
-        let mut wal = Wal {
-            dir,
-            segments: Vec::new(),
-            last: None,
-            purged,
-            cache: VecDeque::new(),
-            cache_bytes: 0,
-            segment_bytes: SEGMENT_BYTES,
-        };
+        let mut wal = Wal::empty(dir, purged);
         let mut problem = None;
         'segments: for (pos, first) in firsts.iter().copied().enumerate() {
             let path = wal.dir.join(segment_name(first));
@@ -436,15 +441,7 @@ impl Wal {
         }
         std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
         crate::sync_dir(data_dir)?;
-        let mut wal = Wal {
-            dir,
-            segments: Vec::new(),
-            last: None,
-            purged,
-            cache: VecDeque::new(),
-            cache_bytes: 0,
-            segment_bytes: SEGMENT_BYTES,
-        };
+        let mut wal = Wal::empty(dir, purged);
         wal.append(entries)?;
         for s in &wal.segments {
             s.file.sync_data().map_err(|e| io_err(&s.path, e))?;
