@@ -20,9 +20,8 @@ use fenced_client::{Client, ClientOptions};
 use serde::Serialize;
 
 use crate::env::{Env, NetMode, Spec};
+use crate::run::{fenced_serve_args, GRPC_PORT};
 
-const GRPC_PORT: u16 = 7380;
-const RESP_PORT: u16 = 7379;
 const ROUND_LIMIT: Duration = Duration::from_secs(30);
 
 /// What to run.
@@ -86,21 +85,7 @@ pub fn run(o: &FailoverOpts) -> anyhow::Result<FailoverReport> {
         .collect();
     for (i, name) in names.iter().enumerate() {
         let ip = env.host(name)?.ip.clone();
-        let mut args = vec![
-            "serve".to_string(),
-            "--id".into(),
-            (i + 1).to_string(),
-            "--data-dir".into(),
-            o.out.join("data").join(name).display().to_string(),
-            "--grpc-addr".into(),
-            format!("{ip}:{GRPC_PORT}"),
-            "--resp-addr".into(),
-            format!("{ip}:{RESP_PORT}"),
-            "--initial-cluster".into(),
-            cluster.join(","),
-            "--initial-cluster-state".into(),
-            "new".into(),
-        ];
+        let mut args = fenced_serve_args(i + 1, &o.out.join("data").join(name), &ip, &cluster);
         args.extend(o.serve_args.iter().cloned());
         let spec = Spec {
             host: (*name).to_owned(),
@@ -153,22 +138,27 @@ pub fn run(o: &FailoverOpts) -> anyhow::Result<FailoverReport> {
     Ok(report)
 }
 
+/// One node's status, if it answers within half a second.
+async fn status_of(endpoint: &str) -> Option<fenced_client::Status> {
+    let c = Client::connect_with(
+        [endpoint],
+        ClientOptions {
+            retry_for: Duration::ZERO,
+            ..ClientOptions::default()
+        },
+    )
+    .ok()?;
+    tokio::time::timeout(Duration::from_millis(500), c.status())
+        .await
+        .ok()?
+        .ok()
+}
+
 /// The leader as every reachable node sees it, once they agree.
 async fn agreed_leader(endpoints: &[String]) -> Option<u64> {
     let mut leader = None;
     for e in endpoints {
-        let c = Client::connect_with(
-            [e],
-            ClientOptions {
-                retry_for: Duration::ZERO,
-                ..ClientOptions::default()
-            },
-        )
-        .ok()?;
-        let s = tokio::time::timeout(Duration::from_millis(500), c.status())
-            .await
-            .ok()?
-            .ok()?;
+        let s = status_of(e).await?;
         if s.leader == 0 || leader.is_some_and(|l| l != s.leader) {
             return None;
         }
@@ -179,19 +169,7 @@ async fn agreed_leader(endpoints: &[String]) -> Option<u64> {
 
 /// The index a node has applied.
 async fn applied(endpoint: &str) -> Option<u64> {
-    let c = Client::connect_with(
-        [endpoint],
-        ClientOptions {
-            retry_for: Duration::ZERO,
-            ..ClientOptions::default()
-        },
-    )
-    .ok()?;
-    let s = tokio::time::timeout(Duration::from_millis(500), c.status())
-        .await
-        .ok()?
-        .ok()?;
-    Some(s.last_applied)
+    status_of(endpoint).await.map(|s| s.last_applied)
 }
 
 async fn probe(client: &Client, n: u64) -> bool {

@@ -58,7 +58,7 @@ pub struct TestOpts {
     pub bin_dir: PathBuf,
 }
 
-const GRPC_PORT: u16 = 7380;
+pub const GRPC_PORT: u16 = 7380;
 const RESP_PORT: u16 = 7379;
 const REDIS_PORT: u16 = 6379;
 const GUARD_PORT: u16 = 7390;
@@ -125,6 +125,27 @@ fn write_clock(dir: &Path, node: &str, offset_ms: i64) -> anyhow::Result<()> {
     std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
 }
 
+/// `fenced serve` for member `id` at `ip` (the harness's ports) of `cluster`
+/// (`ID=IP:PORT` each), with `--initial-cluster-state new` — also on restarts (restart-empty
+/// included): a wiped node must still not vote.
+pub fn fenced_serve_args(id: usize, data_dir: &Path, ip: &str, cluster: &[String]) -> Vec<String> {
+    vec![
+        "serve".into(),
+        "--id".into(),
+        id.to_string(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--grpc-addr".into(),
+        format!("{ip}:{GRPC_PORT}"),
+        "--resp-addr".into(),
+        format!("{ip}:{RESP_PORT}"),
+        "--initial-cluster".into(),
+        cluster.join(","),
+        "--initial-cluster-state".into(),
+        "new".into(),
+    ]
+}
+
 fn node_spec(o: &TestOpts, l: &Layout, env: &Env, i: usize) -> anyhow::Result<Spec> {
     let name = &l.nodes[i];
     let ip = env.host(name)?.ip.clone();
@@ -143,23 +164,7 @@ fn node_spec(o: &TestOpts, l: &Layout, env: &Env, i: usize) -> anyhow::Result<Sp
             Spec {
                 host: name.clone(),
                 program: find_program("fenced", &o.bin_dir)?,
-                args: vec![
-                    "serve".into(),
-                    "--id".into(),
-                    (i + 1).to_string(),
-                    "--data-dir".into(),
-                    l.data_dir.join(name).display().to_string(),
-                    "--grpc-addr".into(),
-                    format!("{ip}:{GRPC_PORT}"),
-                    "--resp-addr".into(),
-                    format!("{ip}:{RESP_PORT}"),
-                    "--initial-cluster".into(),
-                    cluster.join(","),
-                    // Also on restarts (restart-empty included): a wiped node must still
-                    // not vote.
-                    "--initial-cluster-state".into(),
-                    "new".into(),
-                ],
+                args: fenced_serve_args(i + 1, &l.data_dir.join(name), &ip, &cluster),
                 env: vec![("FENCED_TEST_CLOCK_OFFSET_FILE".into(), clock)],
             }
         }
