@@ -22,39 +22,10 @@ mkdir -p "$OUT"
 for p in redis-cli python3; do
     command -v $p >/dev/null || { echo "$p is missing (apt-get install -y redis-tools python3)" >&2; exit 1; }
 done
-if [ -z "${FENCED_BIN:-}" ] || [ -z "${BENCH_BIN:-}" ]; then
-    cargo build --release -q -p fenced-server -p fenced-bench
-fi
-FENCED=${FENCED_BIN:-$ROOT/target/release/fenced}
-BENCH=${BENCH_BIN:-$ROOT/target/release/fenced-bench}
-
-WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/fenced-million.XXXXXX")
-declare -A PID
-cleanup() {
-    for pid in "${PID[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PID[@]}"; do
-        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    cp "$WORK"/*.log "$OUT"/ 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
 O=${PORT_OFFSET:-0}
 FG=$((27780 + O)) FR=$((27770 + O))
-CLUSTER=1=127.0.0.1:$((FG + 1)),2=127.0.0.1:$((FG + 2)),3=127.0.0.1:$((FG + 3))
-GRPC=127.0.0.1:$((FG + 1)),127.0.0.1:$((FG + 2)),127.0.0.1:$((FG + 3))
-start() { # node
-    local i=$1
-    FENCED_LOG=info,openraft=warn "$FENCED" serve --id "$i" --data-dir "$WORK/fenced-$i" \
-        --grpc-addr 127.0.0.1:$((FG + i)) --resp-addr 127.0.0.1:$((FR + i)) \
-        --initial-cluster "$CLUSTER" --initial-cluster-state new >>"$WORK/fenced-$i.log" 2>&1 &
-    PID[$i]=$!
-}
-leader() { "$FENCED" status --endpoints "$GRPC" 2>/dev/null | sed -n 's/.*"leader":\([0-9]*\).*/\1/p'; }
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 wait_grant() { # until a lock is granted; prints seconds waited
     local t0 t1
     t0=$(date +%s.%N)
@@ -80,13 +51,12 @@ mem() { # "rss MiB / peak MiB" per node
 disk() { du -sm "$WORK"/fenced-{1,2,3} | awk '{printf "%s MiB ", $1}'; }
 throughput() {
     "$BENCH" --backend fenced --clients 64 --keys c --duration "$DURATION" --fenced "$GRPC" \
-        --pids "fenced=${PID[1]},${PID[2]},${PID[3]}" 2>/dev/null | grep -E '^\| 64' |
+        --pids "fenced=$(server_pids)" 2>/dev/null | grep -E '^\| 64' |
         awk -F'|' '{gsub(/ /, "", $5); gsub(/^ +| +$/, "", $8); print $5 " pairs/s, acquire p50/p99/p99.9 " $8 " ms"}'
 }
 snapshots() { grep -h "snapshot built" "$WORK"/fenced-*.log | sed 's/\x1b\[[0-9;]*m//g' | tail -3; }
 
-for i in 1 2 3; do start "$i"; done
-for _ in $(seq 300); do [ -n "$(leader)" ] && break; sleep 0.1; done
+cluster_start
 L=$(leader)
 echo "leader: node $L" >&2
 {
@@ -120,8 +90,7 @@ t1=$(date +%s.%N)
 # Full restart.
 for i in 1 2 3; do kill -TERM "${PID[$i]}"; done
 for i in 1 2 3; do wait "${PID[$i]}" 2>/dev/null || true; done
-t0=$(date +%s.%N)
-for i in 1 2 3; do start "$i"; done
+for i in 1 2 3; do node_start "$i"; done
 {
     echo "- restart (all 3 nodes, SIGTERM then start): first grant after $(wait_grant) s"
     echo "- after restart: memory $(mem)"

@@ -22,47 +22,17 @@ PERF=${PERF:-1}
 OUT=${OUT:-$ROOT/bench/results/profile-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 
-if [ -z "${FENCED_BIN:-}" ] || [ -z "${BENCH_BIN:-}" ]; then
-    cargo build --release -q -p fenced-server -p fenced-bench
-fi
-FENCED=${FENCED_BIN:-$ROOT/target/release/fenced}
-BENCH=${BENCH_BIN:-$ROOT/target/release/fenced-bench}
 if [ "$PERF" = 1 ] && ! command -v perf >/dev/null; then
     echo "perf is missing: apt-get install -y linux-perf" >&2
     exit 1
 fi
-
-WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/fenced-profile.XXXXXX")
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do
-        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
 O=${PORT_OFFSET:-0}
 FG=$((27580 + O)) FR=$((27570 + O))
-CLUSTER=1=127.0.0.1:$((FG + 1)),2=127.0.0.1:$((FG + 2)),3=127.0.0.1:$((FG + 3))
-FPIDS=()
-for i in 1 2 3; do
-    FENCED_LOG=warn "$FENCED" serve --id $i --data-dir "$WORK/fenced-$i" \
-        --grpc-addr 127.0.0.1:$((FG + i)) --resp-addr 127.0.0.1:$((FR + i)) \
-        --initial-cluster "$CLUSTER" --initial-cluster-state new >"$WORK/fenced-$i.log" 2>&1 &
-    PIDS+=($!)
-    FPIDS+=($!)
-done
-for _ in $(seq 300); do
-    "$FENCED" status --endpoints 127.0.0.1:$((FG + 1)) 2>/dev/null | grep -q '"leader":[1-9]' && break
-    sleep 0.1
-done
-LEADER=$("$FENCED" status --endpoints 127.0.0.1:$((FG + 1)) | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
-echo "leader: node $LEADER (pid ${FPIDS[$((LEADER - 1))]})" | tee "$OUT/nodes.txt"
+# shellcheck source=bench/lib.sh
+FENCED_LOG=warn . "$ROOT/bench/lib.sh"
+cluster_start
+LEADER=$(leader)
+echo "leader: node $LEADER (pid ${PID[$LEADER]})" | tee "$OUT/nodes.txt"
 
 counters() { # pid → "utime stime voluntary_ctxt nonvoluntary_ctxt" (summed over threads)
     local pid=$1 u=0 s=0 v=0 n=0 t f
@@ -77,14 +47,12 @@ counters() { # pid → "utime stime voluntary_ctxt nonvoluntary_ctxt" (summed ov
 }
 
 "$BENCH" --backend "$BACKEND" --clients "$CLIENTS" --keys "$KEYS" --duration "$((DURATION + 2))" \
-    --fenced 127.0.0.1:$((FG + 1)),127.0.0.1:$((FG + 2)),127.0.0.1:$((FG + 3)) \
-    --fenced-resp 127.0.0.1:$((FR + 1)),127.0.0.1:$((FR + 2)),127.0.0.1:$((FR + 3)) \
-    --pids "$BACKEND=$(IFS=,; echo "${FPIDS[*]}")" >"$OUT/bench.txt" 2>&1 &
+    --fenced "$GRPC" --fenced-resp "$RESP" --pids "$BACKEND=$(server_pids)" >"$OUT/bench.txt" 2>&1 &
 BPID=$!
 PIDS+=($BPID)
 sleep 1
 declare -A BEFORE
-for i in 1 2 3; do BEFORE[$i]=$(counters "${FPIDS[$((i - 1))]}"); done
+for i in 1 2 3; do BEFORE[$i]=$(counters "${PID[$i]}"); done
 if [ "$PERF" = 1 ]; then
     perf record -F 999 -a -g -o "$OUT/perf.data" -- sleep "$DURATION" 2>"$OUT/perf-record.log"
 else
@@ -94,7 +62,7 @@ fi
     tck=$(getconf CLK_TCK)
     echo "per node over ${DURATION}s: CPU ms (user/system), context switches (voluntary/involuntary), threads"
     for i in 1 2 3; do
-        pid=${FPIDS[$((i - 1))]}
+        pid=${PID[$i]}
         read -r u0 s0 v0 n0 <<<"${BEFORE[$i]}"
         read -r u1 s1 v1 n1 <<<"$(counters "$pid")"
         role=follower

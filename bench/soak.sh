@@ -19,43 +19,11 @@ MINUTES=${MINUTES:-30}
 EVERY=${EVERY:-15}
 OUT=${OUT:-$ROOT/bench/results/soak-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
-if [ -z "${FENCED_BIN:-}" ] || [ -z "${BENCH_BIN:-}" ]; then
-    cargo build --release -q -p fenced-server -p fenced-bench
-fi
-FENCED=${FENCED_BIN:-$ROOT/target/release/fenced}
-BENCH=${BENCH_BIN:-$ROOT/target/release/fenced-bench}
-
-WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/fenced-soak.XXXXXX")
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-    for pid in "${PIDS[@]}"; do
-        for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    cp "$WORK"/*.log "$OUT"/ 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
 O=${PORT_OFFSET:-0}
 FG=$((27880 + O)) FR=$((27870 + O))
-CLUSTER=1=127.0.0.1:$((FG + 1)),2=127.0.0.1:$((FG + 2)),3=127.0.0.1:$((FG + 3))
-GRPC=127.0.0.1:$((FG + 1)),127.0.0.1:$((FG + 2)),127.0.0.1:$((FG + 3))
-declare -A PID
-for i in 1 2 3; do
-    FENCED_LOG=info,openraft=warn "$FENCED" serve --id "$i" --data-dir "$WORK/fenced-$i" \
-        --grpc-addr 127.0.0.1:$((FG + i)) --resp-addr 127.0.0.1:$((FR + i)) \
-        --initial-cluster "$CLUSTER" --initial-cluster-state new >"$WORK/fenced-$i.log" 2>&1 &
-    PID[$i]=$!
-    PIDS+=($!)
-done
-for _ in $(seq 300); do
-    "$FENCED" status --endpoints "$GRPC" 2>/dev/null | grep -q '"leader":[1-9]' && break
-    sleep 0.1
-done
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
+cluster_start
 
 PEAK=$("$BENCH" --backend fenced --clients 64 --keys c --duration 10 --fenced "$GRPC" 2>/dev/null |
     grep -E '^\| 64' | awk -F'|' '{gsub(/ /, "", $5); print $5}')
@@ -76,7 +44,7 @@ sample() { # elapsed
 echo "elapsed_s,node,rss_mib,data_dir_mib,log_mib,snapshot_mib,applied_index" >"$OUT/samples.csv"
 SECS=$((MINUTES * 60))
 "$BENCH" --backend fenced --clients 64 --keys c --duration "$SECS" --rate "$RATE" \
-    --fenced "$GRPC" --pids "fenced=${PID[1]},${PID[2]},${PID[3]}" >>"$OUT/bench.txt" 2>&1 &
+    --fenced "$GRPC" --pids "fenced=$(server_pids)" >>"$OUT/bench.txt" 2>&1 &
 BPID=$!
 PIDS+=($BPID)
 t0=$(date +%s)
