@@ -192,6 +192,22 @@ fi
     echo "# $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(lscpu | sed -n 's/^Model name: *//p')"
     echo "# redis $(redis-server --version 2>/dev/null | sed 's/.*v=\([^ ]*\).*/\1/'), $(etcd --version 2>/dev/null | head -1)"
     echo "# fenced-bench --compare $BACKENDS ${ARGS[*]}"
+    # The disk every backend fsyncs to: 500 fdatasyncs of a 4 KiB append, as the logs do.
+    python3 - "$WORK" <<'FSYNC' || true
+import os, sys, time
+path = os.path.join(sys.argv[1], "fsync-probe")
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+ts = []
+for _ in range(500):
+    t = time.perf_counter()
+    os.write(fd, b"x" * 4096)
+    os.fdatasync(fd)
+    ts.append(time.perf_counter() - t)
+os.close(fd)
+os.remove(path)
+ts.sort()
+print(f"# fdatasync of a 4 KiB append: p50 {ts[250] * 1e3:.3f} ms, p99 {ts[495] * 1e3:.3f} ms")
+FSYNC
 } | tee "$OUT/machine.txt" >&2
 "$BENCH" --compare "$BACKENDS" "${ARGS[@]}" --json "$OUT/results.json" --markdown "$OUT/table.md"
 
