@@ -85,7 +85,8 @@ pub struct NodeConfig {
     /// Mixed into the cluster id of a new cluster, so that two clusters with the same member
     /// list get different ids.
     pub initial_cluster_token: String,
-    /// Build a snapshot after this many log entries (and then purge the log before it).
+    /// Build a snapshot after this many log entries, once the log on disk is also at least
+    /// as large as the last snapshot (and then purge the log before it).
     pub snapshot_logs: u64,
     /// Log entries kept before the last snapshot when purging.
     pub keep_logs: u64,

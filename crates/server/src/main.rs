@@ -70,7 +70,8 @@ struct ServeArgs {
     /// different tokens.
     #[arg(long, default_value = DEFAULT_CLUSTER_TOKEN)]
     initial_cluster_token: String,
-    /// Build a snapshot (and purge the log before it) every N entries.
+    /// Build a snapshot (and purge the log before it) after N entries, once the log on disk
+    /// is also at least as large as the last snapshot.
     #[arg(long, default_value_t = 5_000, hide = true)]
     snapshot_logs: u64,
     /// Entries kept before the last snapshot when purging.

@@ -139,6 +139,7 @@ impl Node {
         let gate = PeerGate::new(identity.clone(), cfg.grpc_addr.clone());
         let (log_store, sm_store) = (opened.log, opened.state_machine);
         let state = sm_store.shared();
+        let gauge = fenced_storage::CompactionGauge::new(&log_store, &sm_store);
 
         // This member's address is fixed by the membership; serving at another one would
         // make peers refuse it (an address change needs a membership change).
@@ -160,7 +161,8 @@ impl Node {
             heartbeat_interval: cfg.heartbeat_ms,
             election_timeout_min: cfg.election_timeout.min_ms,
             election_timeout_max: cfg.election_timeout.max_ms,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_logs),
+            // `compactor` decides when (it weighs the log against the snapshot's size).
+            snapshot_policy: SnapshotPolicy::Never,
             max_in_snapshot_log_to_keep: cfg.keep_logs,
             snapshot_max_chunk_size: SNAPSHOT_CHUNK_SIZE,
             ..Default::default()
@@ -292,6 +294,12 @@ impl Node {
         }
 
         tasks.push(crate::resp::start(node.clone(), &cfg, shutdown_rx.clone()).await?);
+        tasks.push(tokio::spawn(compactor(
+            raft.clone(),
+            gauge,
+            cfg.snapshot_logs,
+            shutdown_rx.clone(),
+        )));
         tasks.push(tokio::spawn(node.clone().ticker(shutdown_rx)));
         Ok(Running {
             node,
@@ -921,6 +929,56 @@ impl Node {
     }
 }
 
+/// How often [`compactor`] looks at the log.
+const COMPACT_EVERY: Duration = Duration::from_millis(200);
+
+/// Build a snapshot (after which openraft purges the log before it, keeping `keep_logs`
+/// entries) once at least `min_entries` entries were applied since the last one **and** the
+/// log on disk is at least as large as that snapshot. The second rule makes the cost of
+/// snapshots proportional to the log they let us drop: writing a 130 MB state (a million
+/// held locks) every 5,000 entries took ~15 % of this machine's CPU from the requests, while
+/// a small state still compacts every `min_entries`. The data dir stays within about twice
+/// the state's size plus one log segment.
+async fn compactor(
+    raft: Raft,
+    gauge: fenced_storage::CompactionGauge,
+    min_entries: u64,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(COMPACT_EVERY) => {}
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+        let (applied, snapshot) = {
+            let m = raft.metrics();
+            let m = m.borrow();
+            (
+                m.last_applied.map_or(0, |l| l.index),
+                m.snapshot.map_or(0, |l| l.index),
+            )
+        };
+        if applied.saturating_sub(snapshot) < min_entries.max(1) {
+            continue;
+        }
+        // A lock and a stat: cheap enough for a worker thread.
+        let (log, snap) = (gauge.log_bytes(), gauge.snapshot_bytes());
+        if !snapshot_due(applied - snapshot, min_entries, log, snap) {
+            continue;
+        }
+        tracing::debug!(applied, snapshot, log, snap, "triggering a snapshot");
+        if let Err(e) = raft.trigger().snapshot().await {
+            tracing::debug!("snapshot trigger: {e}");
+            return;
+        }
+    }
+}
+
+/// [`compactor`]'s rule: enough entries since the last snapshot, and a log at least as large.
+fn snapshot_due(entries_since: u64, min_entries: u64, log_bytes: u64, snapshot_bytes: u64) -> bool {
+    entries_since >= min_entries.max(1) && log_bytes >= snapshot_bytes
+}
+
 /// Turn a status from a peer back into a node error, keeping the leader hint.
 pub fn status_to_error(status: &tonic::Status) -> NodeError {
     match status.code() {
@@ -994,6 +1052,21 @@ mod tests {
 
     fn not_leader() -> Result<Response, NodeError> {
         Err(NodeError::NotLeader { leader: None })
+    }
+
+    #[test]
+    fn snapshots_wait_for_entries_and_for_a_log_as_large_as_the_last_snapshot() {
+        // A small state: the entry count decides.
+        assert!(!snapshot_due(4_999, 5_000, 10 << 20, 300 << 10));
+        assert!(snapshot_due(5_000, 5_000, 10 << 20, 300 << 10));
+        // A 130 MB state: not before the log has grown as large.
+        assert!(!snapshot_due(20_000, 5_000, 100 << 20, 130 << 20));
+        assert!(snapshot_due(20_000, 5_000, 130 << 20, 130 << 20));
+        // No snapshot yet: the count alone.
+        assert!(snapshot_due(5_000, 5_000, 0, 0));
+        // 0 entries configured still needs one new entry.
+        assert!(!snapshot_due(0, 0, 1, 0));
+        assert!(snapshot_due(1, 0, 1, 0));
     }
 
     #[test]

@@ -653,6 +653,33 @@ impl StateMachineStore {
     }
 }
 
+/// What the server's snapshot trigger weighs: bytes of log on disk against the size of the
+/// last snapshot. Cheap to clone; reads only sizes.
+#[derive(Clone)]
+pub struct CompactionGauge {
+    log: LogStore,
+    snapshots: Arc<snapshot::SnapshotStore>,
+}
+
+impl CompactionGauge {
+    pub fn new(log: &LogStore, state_machine: &StateMachineStore) -> CompactionGauge {
+        CompactionGauge {
+            log: log.clone(),
+            snapshots: state_machine.snapshots.clone(),
+        }
+    }
+
+    /// Bytes the write-ahead log's segments take on disk.
+    pub fn log_bytes(&self) -> u64 {
+        self.log.size_on_disk()
+    }
+
+    /// Size of the current snapshot file (0 without one).
+    pub fn snapshot_bytes(&self) -> u64 {
+        std::fs::metadata(self.snapshots.current_path()).map_or(0, |m| m.len())
+    }
+}
+
 /// Run blocking snapshot I/O off the runtime's workers.
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,

@@ -90,6 +90,11 @@ impl LogStore {
         self.wal.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Bytes the write-ahead log's segments take on disk.
+    pub fn size_on_disk(&self) -> u64 {
+        self.wal().size_on_disk()
+    }
+
     /// Whether anything of Raft is stored: a vote, a log entry, or a purged prefix.
     pub fn holds_state(&self) -> bool {
         let hard = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
