@@ -269,9 +269,17 @@ impl Wal {
 
         let mut wal = Wal::empty(dir, purged);
         let mut problem = None;
+        // After a purge the log must go on right after the purged prefix: a first segment
+        // that starts later lost its predecessor (`purge` records the purged id durably
+        // before it deletes segments).
+        let start = purged.map(|p| p + 1);
         'segments: for (pos, first) in firsts.iter().copied().enumerate() {
             let path = wal.dir.join(segment_name(first));
-            let expected = wal.last.map_or(first, |l| l.index + 1);
+            let expected = match (wal.last, start) {
+                (Some(l), _) => l.index + 1,
+                (None, Some(s)) => first.min(s),
+                (None, None) => first,
+            };
             if first != expected {
                 problem = Some(Problem {
                     index: expected,
@@ -841,7 +849,7 @@ mod tests {
     fn segments_roll_over_and_read_back_across_them() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut wal = small(dir.path(), None, None);
-        for i in 1..=40 {
+        for i in 0..=40 {
             wal.append([blank(1, i)]).expect("append");
         }
         wal.cache.clear();
@@ -852,7 +860,7 @@ mod tests {
         );
         assert_eq!(
             indexes(&wal.read(0..100).expect("read")),
-            (1..=40).collect::<Vec<_>>()
+            (0..=40).collect::<Vec<_>>()
         );
         assert_eq!(
             indexes(&wal.read(7..23).expect("read")),
@@ -862,7 +870,7 @@ mod tests {
         let wal = small(dir.path(), Some(40), None);
         assert_eq!(
             indexes(&wal.read(0..100).expect("read")),
-            (1..=40).collect::<Vec<_>>()
+            (0..=40).collect::<Vec<_>>()
         );
         assert_eq!(wal.last_log_id().map(|l| l.index), Some(40));
     }
@@ -871,7 +879,7 @@ mod tests {
     fn truncate_and_purge_across_segments_survive_reopen() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut wal = small(dir.path(), None, None);
-        for i in 1..=40 {
+        for i in 0..=40 {
             wal.append([blank(1, i)]).expect("append");
         }
         let before = segment_files(dir.path()).len();
@@ -910,7 +918,7 @@ mod tests {
     fn a_missing_segment_is_a_hole() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut wal = small(dir.path(), None, None);
-        for i in 1..=40 {
+        for i in 0..=40 {
             wal.append([blank(1, i)]).expect("append");
         }
         drop(wal);
@@ -930,12 +938,36 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_first_segment_after_a_purge_is_a_hole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = small(dir.path(), None, None);
+        for i in 1..=40 {
+            wal.append([blank(1, i)]).expect("append");
+        }
+        wal.purge(3).expect("purge");
+        drop(wal);
+        let files = segment_files(dir.path());
+        let first: u64 = files[0].trim_end_matches(".wal").parse().expect("name");
+        assert!(first <= 4, "the segment holding entry 4 stays");
+        std::fs::remove_file(dir.path().join(DIR).join(&files[0])).expect("rm");
+        let recorded = Some(LogId::new(CommittedLeaderId::new(1, 1), 40));
+        assert!(matches!(
+            Wal::open(dir.path(), recorded, Some(3)),
+            Err(StoreError::LogHole { after: 3, .. })
+        ));
+        // Purged past the lost segment, the log legitimately starts later.
+        let next: u64 = files[1].trim_end_matches(".wal").parse().expect("name");
+        let wal = Wal::open(dir.path(), recorded, Some(next - 1)).expect("open");
+        assert_eq!(wal.last_log_id().map(|l| l.index), Some(40));
+    }
+
+    #[test]
     fn a_newer_segment_version_is_named_not_called_corrupt() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut wal = small(dir.path(), None, None);
-        wal.append([blank(1, 1)]).expect("append");
+        wal.append([blank(1, 0)]).expect("append");
         drop(wal);
-        let path = dir.path().join(DIR).join(segment_name(1));
+        let path = dir.path().join(DIR).join(segment_name(0));
         let mut bytes = std::fs::read(&path).expect("read");
         bytes[8] = 9;
         std::fs::write(&path, bytes).expect("write");
