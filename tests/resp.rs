@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
 use support::{
-    follower_of, have, resp_cmd as cmd, resp_connect as connect, run_bounded, wait_for, within,
+    follower_of, require, resp_cmd as cmd, resp_connect as connect, run_bounded, wait_for, within,
     Cluster, LEADER_TIMEOUT,
 };
 
@@ -34,9 +34,7 @@ async fn cmd_err(con: &mut MultiplexedConnection, args: &[&str]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cli_scripted_session() {
-    if !have("redis-cli", &["--version"]) {
-        return;
-    }
+    require("redis-cli", &["--version"]);
     let c = Cluster::start(60, "resp_cli", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let node = follower_of(leader);
@@ -74,9 +72,7 @@ async fn redis_cli_scripted_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_py_lock_resp2_and_resp3() {
-    if !have("python3", &["-c", "import redis"]) {
-        return;
-    }
+    require("python3", &["-c", "import redis"]);
     let c = Cluster::start(61, "resp_py", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let script = concat!(

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use support::{
-    follower_of, have, resp_cmd as cmd, resp_connect_with, run_bounded, within, Cluster,
+    follower_of, require, resp_cmd as cmd, resp_connect_with, run_bounded, within, Cluster,
     LEADER_TIMEOUT,
 };
 
@@ -419,7 +419,8 @@ async fn acl_users_on_a_cluster() {
     assert_eq!(v, "1");
 
     // redis-cli --user/--pass.
-    if have("redis-cli", &["--version"]) {
+    require("redis-cli", &["--version"]);
+    {
         let mut cli = Command::new("redis-cli");
         cli.args(["-h", &c.ip(node), "-p", "7379", "--no-auth-warning"])
             .args(["--user", "locker", "--pass", "lockpw"]);
@@ -447,7 +448,8 @@ async fn acl_users_on_a_cluster() {
     }
 
     // redis-py's Lock as locker, RESP2 against the leader and RESP3 against a follower.
-    if have("python3", &["-c", "import redis"]) {
+    require("python3", &["-c", "import redis"]);
+    {
         for (proto, id) in [("2", leader), ("3", node)] {
             let mut py = Command::new("python3");
             py.args(["-c", REDIS_PY, &c.ip(id), "7379", proto]);

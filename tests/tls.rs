@@ -24,7 +24,7 @@ use fenced_client::{Client, ClientOptions, ClientTls};
 use fenced_proto::raft::forward_client::ForwardClient;
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::{ProposeRequest, RaftRequest};
-use support::{follower_of, have, run_bounded, Cluster, LEADER_TIMEOUT};
+use support::{follower_of, require, run_bounded, Cluster, LEADER_TIMEOUT};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -207,7 +207,8 @@ async fn tls_cluster_end_to_end() {
     assert_ne!(foreign.code(), tonic::Code::Ok);
 
     // RESP over TLS with unchanged clients.
-    if have("redis-cli", &["--version"]) {
+    require("redis-cli", &["--version"]);
+    {
         let mut cli = Command::new("redis-cli");
         cli.args([
             "--tls",
@@ -235,7 +236,8 @@ async fn tls_cluster_end_to_end() {
         let (_, out, _) = run_bounded(plain, "", Duration::from_secs(30));
         assert!(!out.contains("v1"), "plaintext RESP was served: {out}");
     }
-    if have("python3", &["-c", "import redis"]) {
+    require("python3", &["-c", "import redis"]);
+    {
         let script = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../../tests/resp/redis_py_lock.py"
@@ -301,7 +303,8 @@ async fn tls_require_client_cert() {
         "a node-CA certificate at the API: {accepted:?}"
     );
 
-    if have("redis-cli", &["--version"]) {
+    require("redis-cli", &["--version"]);
+    {
         let (cert, key) = (member.clone(), member_key.clone());
         let base = ["--tls", "--cacert", good_ca.as_str(), "-h"];
         let mut with = Command::new("redis-cli");

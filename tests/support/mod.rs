@@ -559,18 +559,28 @@ pub async fn within<T>(what: &str, timeout: Duration, fut: impl Future<Output = 
     }
 }
 
-/// Whether an external client is installed (`bin probe...` succeeds); says SKIPPED if not.
-pub fn have(bin: &str, probe: &[&str]) -> bool {
+/// Fail the test unless an outside program works (`bin probe...` succeeds): a missing
+/// client must never turn a test into a silent pass. `scripts/test.sh` (the README's test
+/// command) installs all of them.
+pub fn require(bin: &str, probe: &[&str]) {
     let ok = Command::new(bin)
         .args(probe)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
-    if !ok {
-        eprintln!("SKIPPED: {bin} is not installed (.ci/run installs it)");
-    }
-    ok
+    let install = match (bin, probe) {
+        ("python3", _) => "apt-get install -y python3-redis (or: python3 -m pip install redis)",
+        ("redis-cli", _) => "apt-get install -y redis-tools",
+        ("redis-server", _) => "apt-get install -y redis-server",
+        _ => "see scripts/test.sh",
+    };
+    assert!(
+        ok,
+        "`{bin} {}` failed: this test needs it. Install it with `{install}`, or run the \
+         tests with scripts/test.sh, which installs what they need",
+        probe.join(" ")
+    );
 }
 
 /// Run a program with a hard time limit; returns (status ok, stdout, stderr).

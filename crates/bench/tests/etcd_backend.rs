@@ -1,5 +1,6 @@
 //! The etcd backend against a real single-node etcd on loopback (started and always killed by
-//! this test). Skips, saying so, when `etcd` is not installed (Debian: etcd-server).
+//! this test). Fails, with the install command, when `etcd` is not installed
+//! (`apt-get install -y etcd-server`; `scripts/test.sh` does).
 
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -29,18 +30,17 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
-fn start_etcd() -> Option<Etcd> {
-    if Command::new("etcd")
+fn start_etcd() -> Etcd {
+    let installed = Command::new("etcd")
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .map(|s| !s.success())
-        .unwrap_or(true)
-    {
-        eprintln!("SKIP: etcd is not installed (apt-get install etcd-server)");
-        return None;
-    }
+        .is_ok_and(|s| s.success());
+    assert!(
+        installed,
+        "etcd is not installed: apt-get install -y etcd-server (scripts/test.sh does)"
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let (cp, pp) = (free_port(), free_port());
     let client = format!("127.0.0.1:{cp}");
@@ -70,18 +70,16 @@ fn start_etcd() -> Option<Etcd> {
         });
     }
     let child = cmd.spawn().expect("spawn etcd");
-    Some(Etcd {
+    Etcd {
         child,
         client,
         _dir: dir,
-    })
+    }
 }
 
 #[tokio::test]
 async fn etcd_session_lock() {
-    let Some(etcd) = start_etcd() else {
-        return;
-    };
+    let etcd = start_etcd();
     let a = EtcdLock::connect(&etcd.client).unwrap();
     let b = EtcdLock::connect(&etcd.client).unwrap();
     let ttl = Duration::from_secs(5);

@@ -1,8 +1,8 @@
 //! Redis and Redlock against real `redis-server` processes on loopback.
 //!
 //! Each test starts its own servers on free 127.0.0.1 ports and kills them when it ends, also
-//! on panic (Drop) and if the test process dies (PR_SET_PDEATHSIG). Skips, saying so, when
-//! `redis-server` is not installed (`.ci/run` installs it).
+//! on panic (Drop) and if the test process dies (PR_SET_PDEATHSIG). Fails, with the install
+//! command, when `redis-server` is not installed (`scripts/test.sh` installs it).
 
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -38,18 +38,17 @@ impl Drop for RedisServer {
     }
 }
 
-fn have_redis() -> bool {
+fn require_redis() {
     let ok = Command::new("redis-server")
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        eprintln!("SKIP: redis-server is not installed (apt-get install redis-server)");
-    }
-    ok
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok,
+        "redis-server is not installed: apt-get install -y redis-server (scripts/test.sh does)"
+    );
 }
 
 fn free_port() -> u16 {
@@ -132,9 +131,7 @@ fn fast_retry() -> RetryPolicy {
 
 #[tokio::test]
 async fn single_redis_lock_cycle() {
-    if !have_redis() {
-        return;
-    }
+    require_redis();
     let srv = start_redis();
     let cfg = RedisConfig {
         timeout: Duration::from_secs(1),
@@ -224,9 +221,7 @@ fn redlock_on(servers: &[RedisServer], instance_timeout: Duration) -> Redlock {
 
 #[tokio::test]
 async fn redlock_majority_mutual_exclusion_and_unlock_everywhere() {
-    if !have_redis() {
-        return;
-    }
+    require_redis();
     let servers = five();
     // Generous per-instance timeouts: this test is about the protocol, not speed, and a
     // loaded CI machine must not turn a slow first connect into a missing key.
@@ -256,9 +251,7 @@ async fn redlock_majority_mutual_exclusion_and_unlock_everywhere() {
 
 #[tokio::test]
 async fn redlock_survives_a_minority_down_not_a_majority() {
-    if !have_redis() {
-        return;
-    }
+    require_redis();
     let mut servers = five();
     let ttl = Duration::from_secs(10);
     // Two of five down: still a majority.
@@ -310,9 +303,7 @@ async fn redlock_survives_a_minority_down_not_a_majority() {
 
 #[tokio::test]
 async fn redlock_majority_reached_but_validity_exhausted_fails_and_releases_all() {
-    if !have_redis() {
-        return;
-    }
+    require_redis();
     let servers = five();
     // Three instances stall for 1 s (DEBUG SLEEP), so a majority needs a slow one. With a
     // generous per-instance timeout all five say yes — but after ~1 s, far past a 300 ms TTL.
@@ -392,9 +383,7 @@ async fn stall(servers: &[RedisServer], secs: f64) -> Vec<std::thread::JoinHandl
 
 #[tokio::test]
 async fn redlock_extend_needs_a_majority() {
-    if !have_redis() {
-        return;
-    }
+    require_redis();
     let servers = five();
     let rl = redlock_on(&servers, Duration::from_secs(1));
     let g = rl

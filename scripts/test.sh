@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The test command (README.md): install the outside programs the tests drive when they are
+# missing — redis-server and redis-tools (the Redis/Redlock backends, redis-cli), etcd-server
+# (the etcd comparison backend), python3 with redis-py (its Lock runs unchanged against the RESP
+# front end), iproute2 and iptables (network namespaces and partitions of the fault-injection
+# tests) — then run the whole workspace's tests. A test whose program is still missing fails
+# with the install command; none passes by skipping.
+#
+#   scripts/test.sh                    # everything
+#   scripts/test.sh -p fenced-core     # extra arguments go to cargo test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+missing=()
+command -v redis-server >/dev/null || missing+=(redis-server)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v etcd >/dev/null || missing+=(etcd-server)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v iptables >/dev/null || missing+=(iptables)
+command -v python3 >/dev/null || missing+=(python3)
+
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "installing: ${missing[*]}" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "missing: ${missing[*]} — install them (Debian: apt-get install -y ${missing[*]})," >&2
+        echo "or the tests that need them fail" >&2
+    fi
+fi
+# redis-py for the python3 on PATH (which may not be Debian's): pip first, then Debian's package.
+if command -v python3 >/dev/null && ! python3 -c 'import redis' 2>/dev/null; then
+    python3 -m pip install -q redis 2>/dev/null ||
+        { [ "$(id -u)" = 0 ] && apt-get install -y -qq --no-install-recommends python3-redis >/dev/null; } ||
+        echo "redis-py is missing: python3 -m pip install redis (or apt-get install -y python3-redis)" >&2
+fi
+# Package installs may start redis-server on 6379 and etcd on 2379; the tests use their own
+# loopback ports and never these.
+
+exec cargo test --workspace --locked "$@"
