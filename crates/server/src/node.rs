@@ -958,12 +958,9 @@ async fn compactor(
                 m.snapshot.map_or(0, |l| l.index),
             )
         };
-        if applied.saturating_sub(snapshot) < min_entries.max(1) {
-            continue;
-        }
-        // A lock and a stat: cheap enough for a worker thread.
+        // A lock and a stat: cheap enough for a worker thread five times a second.
         let (log, snap) = (gauge.log_bytes(), gauge.snapshot_bytes());
-        if !snapshot_due(applied - snapshot, min_entries, log, snap) {
+        if !snapshot_due(applied.saturating_sub(snapshot), min_entries, log, snap) {
             continue;
         }
         tracing::debug!(applied, snapshot, log, snap, "triggering a snapshot");
