@@ -37,7 +37,7 @@ async fn acquire(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wiped_follower_restarted_with_its_old_flags_never_votes() {
-    let c = Cluster::start(90, "amnesia", &[]);
+    let c = Cluster::start("amnesia", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let followers: Vec<u64> = c.ids().filter(|&i| i != leader).collect();
     let (slow, wiped) = (followers[0], followers[1]);
@@ -154,7 +154,7 @@ async fn wiped_follower_restarted_with_its_old_flags_never_votes() {
 /// leader and granted the lock again with a smaller token.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wiped_majority_waits_for_the_member_that_remembers() {
-    let c = Cluster::start(92, "wiped-majority", &[]);
+    let c = Cluster::start("wiped-majority", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let client = c.client();
     let mut last = 0;
@@ -327,7 +327,7 @@ async fn applied(grpc: &str) -> u64 {
 /// Bad data dirs: clear errors, nothing created or overwritten, never a vote from a short log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_data_dirs_are_refused_naming_the_file() {
-    let net = support::free_net(91, "bad-data-dirs");
+    let net = support::free_net("bad-data-dirs");
     let tmp = tempfile::Builder::new()
         .prefix("fenced-bad-data-dirs-")
         .tempdir()

@@ -44,7 +44,7 @@ async fn a_paused_b_took_over(c: &Cluster) -> (Client, Client, Grant, Grant) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holders_write_is_rejected_and_the_new_holders_data_survives() {
-    let c = Cluster::start(40, "kleppmann", &[]);
+    let c = Cluster::start("kleppmann", &[]);
     let storage_dir = tempfile::tempdir().expect("tempdir");
     let storage = FenceStore::open(storage_dir.path()).expect("storage");
     let (a, _b, ga, gb) = a_paused_b_took_over(&c).await;
@@ -87,7 +87,7 @@ async fn a_paused_holders_write_is_rejected_and_the_new_holders_data_survives() 
 /// gRPC twin of RESP's `FENCE.SET`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_keyspace_rejects_the_paused_holders_write() {
-    let c = Cluster::start(41, "kleppmann_kv", &[]);
+    let c = Cluster::start("kleppmann_kv", &[]);
     let (a, b, ga, gb) = a_paused_b_took_over(&c).await;
     b.fenced_put("file", b"written by B", gb.token)
         .await

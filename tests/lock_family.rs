@@ -26,7 +26,7 @@ fn client(c: &Cluster, session_ttl: Duration) -> Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_write_lock_shares_readers_and_queues_writers_fairly() {
-    let c = Cluster::start(30, "rwlock", &[]);
+    let c = Cluster::start("rwlock", &[]);
     c.wait_for_leader(T).await;
     let a = client(&c, Duration::from_secs(10));
     let b = client(&c, Duration::from_secs(10));
@@ -88,7 +88,7 @@ async fn read_write_lock_shares_readers_and_queues_writers_fairly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_never_exceeds_its_permits() {
-    let c = Cluster::start(31, "semaphore", &[]);
+    let c = Cluster::start("semaphore", &[]);
     c.wait_for_leader(T).await;
     let cl = client(&c, Duration::from_secs(10));
     let now = LockOptions::default();
@@ -135,7 +135,7 @@ async fn semaphore_never_exceeds_its_permits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_lock_is_all_or_nothing() {
-    let c = Cluster::start(32, "multilock", &[]);
+    let c = Cluster::start("multilock", &[]);
     c.wait_for_leader(T).await;
     let a = client(&c, Duration::from_secs(10));
     let b = client(&c, Duration::from_secs(10));
@@ -193,7 +193,7 @@ async fn multi_lock_is_all_or_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_unlock_poisons_the_guard_and_runs_its_callback() {
-    let c = Cluster::start(33, "lockloss", &[]);
+    let c = Cluster::start("lockloss", &[]);
     c.wait_for_leader(T).await;
     let holder = client(&c, Duration::from_secs(10));
     let admin = client(&c, Duration::from_secs(10));
@@ -232,7 +232,7 @@ async fn force_unlock_poisons_the_guard_and_runs_its_callback() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_delay_holds_an_expired_lock_back_but_not_a_released_one() {
-    let c = Cluster::start(34, "lockdelay", &[]);
+    let c = Cluster::start("lockdelay", &[]);
     c.wait_for_leader(T).await;
     let cl = client(&c, Duration::from_secs(10));
     let other = client(&c, Duration::from_secs(10));
@@ -284,7 +284,7 @@ async fn lock_delay_holds_an_expired_lock_back_but_not_a_released_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_session_poisons_every_guard_of_it() {
-    let c = Cluster::start(35, "sessionloss", &[]);
+    let c = Cluster::start("sessionloss", &[]);
     c.wait_for_leader(T).await;
     let holder = client(&c, Duration::from_secs(10));
     let admin = client(&c, Duration::from_secs(10));

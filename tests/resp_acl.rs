@@ -183,7 +183,7 @@ print("redis-py acl ok")
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_users_on_a_cluster() {
-    let c = Cluster::start_with(80, "resp_acl", |dir, _| {
+    let c = Cluster::start_with("resp_acl", |dir, _| {
         let path = dir.join("users.acl");
         std::fs::write(&path, ACL_FILE).expect("writing the ACL file");
         (vec!["--acl-file".into(), path.display().to_string()], None)

@@ -79,8 +79,8 @@ impl Pki {
 /// `clients-ca.pem` with its certificate `member.pem`, and an unrelated CA `rogue-ca.pem` with
 /// its certificate `rogue.pem`. `mtls`: clients must present a certificate, of the client CA
 /// (`--tls-require-client-cert --tls-client-ca`); the harness's clients present `member.pem`.
-fn start(k: u8, test: &str, mtls: bool) -> Cluster {
-    Cluster::start_with(k, test, move |dir, ips| {
+fn start(test: &str, mtls: bool) -> Cluster {
+    Cluster::start_with(test, move |dir, ips| {
         let good = Pki::new(dir, "good");
         let (cert, key) = good.issue("node", ips);
         good.issue("client", &["client".to_string()]);
@@ -161,7 +161,7 @@ fn raw_channel(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_cluster_end_to_end() {
-    let c = start(70, "tls", false);
+    let c = start("tls", false);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let follower = follower_of(leader);
 
@@ -265,7 +265,7 @@ async fn tls_cluster_end_to_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_require_client_cert() {
-    let c = start(71, "tls_mtls", true);
+    let c = start("tls_mtls", true);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let good_ca = file(&c, "good-ca.pem");
 

@@ -1,0 +1,60 @@
+//! Outside programs: requiring them, and running them with a time limit.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Fail the test unless an outside program works (`bin probe...` succeeds): a missing
+/// client must never turn a test into a silent pass. `scripts/test.sh` (the README's test
+/// command) installs all of them.
+pub fn require(bin: &str, probe: &[&str]) {
+    let ok = Command::new(bin)
+        .args(probe)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    let install = match (bin, probe) {
+        ("python3", _) => "apt-get install -y python3-redis (or: python3 -m pip install redis)",
+        ("redis-cli", _) => "apt-get install -y redis-tools",
+        ("redis-server", _) => "apt-get install -y redis-server",
+        _ => "see scripts/test.sh",
+    };
+    assert!(
+        ok,
+        "`{bin} {}` failed: this test needs it. Install it with `{install}`, or run the \
+         tests with scripts/test.sh, which installs what they need",
+        probe.join(" ")
+    );
+}
+
+/// Run a program with a hard time limit; returns (status ok, stdout, stderr).
+pub fn run_bounded(mut cmd: Command, stdin: &str, limit: Duration) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning a client");
+    if let Some(mut i) = child.stdin.take() {
+        let _ = i.write_all(stdin.as_bytes());
+    }
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if start.elapsed() < limit => std::thread::sleep(Duration::from_millis(50)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("client ran longer than {limit:?}");
+            }
+        }
+    }
+    let out = child.wait_with_output().expect("client output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
