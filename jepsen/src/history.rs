@@ -1,4 +1,4 @@
-//! History files (design.md §4.4, a contract): one JSON object per line, in the order events
+//! History files (a contract that outside checks read; the format is this module's): one JSON object per line, in the order events
 //! happened. Clients are separate processes; each appends to its own file and the control
 //! process merges the files by `time` (CLOCK_MONOTONIC is one clock for every process on the
 //! machine, whatever network namespace it runs in).

@@ -1,6 +1,6 @@
 //! Jepsen-style fault injection for fenced (over gRPC and over RESP), Redis and Redlock: real processes in network
 //! namespaces, nemeses on a seeded schedule, client processes recording histories in the
-//! design.md §4.4 format, and checkers (mutual exclusion, fencing, stale writes, lost updates,
+//! format of `history.rs`, and checkers (mutual exclusion, fencing, stale writes, lost updates,
 //! linearizability, availability) that turn a history into a verdict. See docs/jepsen.md.
 
 pub mod checker;

@@ -1,7 +1,7 @@
 //! The pure core of fenced: a deterministic state machine of leased locks, sessions and
 //! request deduplication, applied to Raft log entries.
 //!
-//! Rules (see `design.md` §3):
+//! Rules (docs/architecture.md, "Rules of the core"):
 //! * time comes only from the entries (`now = max(now, entry.time_ms)`); no clock, no
 //!   randomness, no I/O;
 //! * a log entry carries a [`Batch`] of commands; every applied command takes the next store

@@ -1,5 +1,6 @@
-//! One lock interface for every backend the project compares: fenced (gRPC now; fenced over
-//! RESP once that front end exists), a single Redis, Redlock over N Redis masters, and etcd.
+//! One lock interface for every backend the project compares: fenced over gRPC ([`fenced`]),
+//! fenced over RESP, a single Redis, Redlock over N Redis masters (those in `fenced-redlock`),
+//! and etcd (in `fenced-bench`).
 //!
 //! The trait is object-safe (`Box<dyn DistLock>`), so a load generator or a fault-injection
 //! harness can hold any backend behind one type. A backend is one *client*: it owns its
@@ -9,10 +10,9 @@
 //! etcd). Redis and Redlock grants have no token: nothing they return lets protected storage
 //! reject a paused former holder.
 //!
-//! Backends still to come (issue 5, the RESP front end) slot in as two more implementations in
-//! `fenced-redlock`, beside [`fenced-redlock`'s] Redis backend: `LOCK.ACQUIRE/RELEASE/RENEW`
-//! (token = the integer reply) and plain `SET NX PX` + Lua release against fenced, whose token
-//! is `FENCE.TOKEN key`.
+//! fenced over RESP comes in two shapes: `fenced_redlock::FencedResp` with `LOCK.ACQUIRE/RELEASE/
+//! RENEW` (token = the integer reply), and `RedisLock::fenced_setnx`, the unchanged Redis pattern
+//! (`SET NX PX` + Lua release), whose token is `FENCE.TOKEN key value`.
 
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! fenced through its RESP front end (design.md §4.2), with an unchanged Redis client:
+//! fenced through its RESP front end (README, "Redis clients (RESP)"), with an unchanged Redis client:
 //!
 //! * [`FencedResp`]: the native commands `LOCK.ACQUIRE name owner ttl_ms [WAIT ms]` (waiting
 //!   server-side, FIFO; the reply is the fencing token), `LOCK.RELEASE name owner token`,

@@ -1,4 +1,4 @@
-//! The RESP front end of fenced (design.md §4.2): unchanged Redis clients on the replicated,
+//! The RESP front end of fenced (README, "Redis clients (RESP)"): unchanged Redis clients on the replicated,
 //! linearizable keyspace and lock table.
 //!
 //! Shape (after tokio-rs/mini-redis): [`frame`] parses and encodes RESP2/RESP3, [`conn`]

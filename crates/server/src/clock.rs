@@ -1,4 +1,4 @@
-//! The leader's log clock (design.md §3).
+//! The leader's log clock (docs/architecture.md, "Rules of the core": log time).
 //!
 //! Log time is stamped by the leader as *the log time when it took office + its monotonic
 //! clock's elapsed time since then*, never its wall clock. A wall-clock jump on any node can

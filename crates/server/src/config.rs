@@ -1,4 +1,4 @@
-//! Node configuration (the `fenced serve` flags, design.md §4.1).
+//! Node configuration (the `fenced serve` flags).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,5 +1,5 @@
 //! `fenced`: run a node (`serve`), run a command under a lock (`lock`), show the cluster
-//! (`status`). See design.md §4.1 for the contract.
+//! (`status`). Flags and ports: `fenced serve --help` and the README.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
