@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use fenced_client::{Client, ClientOptions, LockOptions};
 use fenced_resp::acl::Acl;
 use fenced_server::config::{parse_cluster, ClusterState, DEFAULT_CLUSTER_TOKEN};
-use fenced_server::{Node, NodeConfig};
+use fenced_server::NodeConfig;
 
 /// Exit status of `fenced lock` when the lock was not acquired in time (EX_TEMPFAIL).
 const EXIT_NOT_ACQUIRED: u8 = 75;
@@ -250,7 +250,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
         cfg.tls = Some(tls);
     }
-    let running = Node::start(cfg.clone())
+    let running = fenced_server::start(cfg.clone())
         .await
         .context("starting the node")?;
     tracing::info!(

@@ -1,0 +1,68 @@
+//! `fenced.v1.Kv`: fenced writes (`FencedPut`, the typed face of `FENCE.SET`) and reads.
+
+use fenced_core::kv::{KvCommand, Reply as KvReply};
+use fenced_core::{Command, Response};
+use fenced_proto::v1 as pb;
+use tonic::{Request, Status};
+
+use fenced_proto::v1::kv_server::Kv;
+
+use super::{request_id, unexpected, Api, Reply};
+
+#[tonic::async_trait]
+impl Kv for Api {
+    async fn fenced_put(&self, req: Request<pb::FencedPutRequest>) -> Reply<pb::FencedPutResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        let argv = vec![
+            b"FENCE.SET".to_vec(),
+            r.key.clone().into_bytes(),
+            r.value,
+            r.token.to_string().into_bytes(),
+        ];
+        let replies = match self
+            .node
+            .propose(Some(rid), Command::Kv(KvCommand::Batch(vec![argv])))
+            .await?
+        {
+            Response::Kv(k) => k.replies,
+            other => return Err(unexpected(other)),
+        };
+        let (accepted, highest) = match replies.first() {
+            Some(KvReply::Status(_)) => (true, r.token),
+            // "STALE token N is older than M": M is the mark the entry was checked against.
+            Some(KvReply::Error(e)) if e.starts_with("STALE") => {
+                let highest = e.rsplit(' ').next().and_then(|m| m.parse().ok());
+                (false, highest.unwrap_or(r.token))
+            }
+            Some(KvReply::Error(e)) => return Err(Status::invalid_argument(e.clone())),
+            other => return Err(Status::internal(format!("unexpected reply {other:?}"))),
+        };
+        Ok(self.reply(pb::FencedPutResponse { accepted, highest }))
+    }
+
+    async fn get(&self, req: Request<pb::GetRequest>) -> Reply<pb::GetResponse> {
+        let key = req.into_inner().key.into_bytes();
+        // Expiry is judged at the leader's log time of the read, not at the last applied
+        // entry's (which may be old on an idle cluster).
+        let leader_now = self.node.read_barrier_time().await?;
+        let (value, fence) = self.node.local(|sm| {
+            let argv = [b"GET".to_vec(), key.clone()];
+            let now = leader_now.max(sm.now());
+            (sm.kv().read(now, &argv), sm.kv().fence(&key))
+        });
+        let out = match value {
+            Some(KvReply::Bulk(v)) => pb::GetResponse {
+                found: true,
+                value: v,
+                fence,
+            },
+            Some(KvReply::Error(e)) => return Err(Status::failed_precondition(e)),
+            _ => pb::GetResponse {
+                fence,
+                ..Default::default()
+            },
+        };
+        Ok(self.reply(out))
+    }
+}

@@ -1,0 +1,135 @@
+//! `fenced.v1.Session`: open, keep alive, close, and the watch stream of lock-loss events.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use fenced_core::{Command, Event, Response};
+use fenced_proto::v1 as pb;
+use tokio_stream::Stream;
+use tonic::{Request, Status};
+
+use fenced_proto::v1::session_server::Session;
+
+use super::{request_id, unexpected, Api, Reply};
+
+use super::lock::reason_name;
+
+/// How often a lock-loss watch checks that its session still exists (it may end without an
+/// event reaching this node, e.g. when the node catches up by snapshot).
+const WATCH_CHECK: Duration = Duration::from_millis(500);
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Session for Api {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
+        let session = req.into_inner().session;
+        let node = self.node.clone();
+        let mut released = node.hub().watch_released();
+        // The session must exist now (linearizable), or the watch ends at once.
+        let exists = node.read(|sm| sm.session_info(session).is_some()).await?;
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let gone = pb::SessionEvent {
+                reason: "session_gone".into(),
+                ..Default::default()
+            };
+            if !exists {
+                let _ = tx.send(Ok(gone)).await;
+                return;
+            }
+            let mut check = tokio::time::interval(WATCH_CHECK);
+            loop {
+                let event = tokio::select! {
+                    e = released.recv() => e,
+                    _ = check.tick() => {
+                        if node.local(|sm| sm.session_info(session).is_none()) {
+                            let _ = tx.send(Ok(gone)).await;
+                            return;
+                        }
+                        continue;
+                    }
+                    () = tx.closed() => return,
+                };
+                let msg = match event {
+                    Ok(Event::LockReleased {
+                        name,
+                        owner,
+                        session: Some(s),
+                        token,
+                        reason,
+                    }) if s == session => pb::SessionEvent {
+                        name,
+                        token,
+                        owner,
+                        reason: reason_name(reason).into(),
+                    },
+                    Ok(_) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => pb::SessionEvent {
+                        reason: "lagged".into(),
+                        ..Default::default()
+                    },
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                };
+                if tx.send(Ok(msg)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let stream: WatchStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+        Ok(tonic::Response::new(stream))
+    }
+
+    async fn open(&self, req: Request<pb::OpenSessionRequest>) -> Reply<pb::OpenSessionResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        match self
+            .node
+            .propose(Some(rid), Command::OpenSession { ttl_ms: r.ttl_ms })
+            .await?
+        {
+            Response::SessionOpened { session, .. } => Ok(self.reply(pb::OpenSessionResponse {
+                session,
+                ttl_ms: r.ttl_ms,
+            })),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn keep_alive(&self, req: Request<pb::KeepAliveRequest>) -> Reply<pb::KeepAliveResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        match self
+            .node
+            .propose(Some(rid), Command::KeepAlive { session: r.session })
+            .await?
+        {
+            Response::SessionAlive { deadline_ms } => Ok(self.reply(pb::KeepAliveResponse {
+                alive: true,
+                ttl_ms: self.remaining(deadline_ms),
+            })),
+            Response::NoSuchSession => Ok(self.reply(pb::KeepAliveResponse::default())),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn close(
+        &self,
+        req: Request<pb::CloseSessionRequest>,
+    ) -> Reply<pb::CloseSessionResponse> {
+        let r = req.into_inner();
+        let rid = request_id(r.request)?;
+        let closed = match self
+            .node
+            .propose(Some(rid), Command::CloseSession { session: r.session })
+            .await?
+        {
+            Response::SessionClosed => true,
+            Response::NoSuchSession => false,
+            other => return Err(unexpected(other)),
+        };
+        Ok(self.reply(pb::CloseSessionResponse { closed }))
+    }
+}
