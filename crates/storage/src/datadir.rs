@@ -66,10 +66,7 @@ fn is_fresh(dir: &Path) -> Result<bool, StoreError> {
     match std::fs::read_dir(dir) {
         Ok(mut entries) => Ok(entries.next().is_none()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
-        Err(error) => Err(StoreError::File {
-            path: dir.to_owned(),
-            error,
-        }),
+        Err(error) => Err(StoreError::file(dir, error)),
     }
 }
 
@@ -161,10 +158,7 @@ fn bootstrap_empty(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened,
             dir.display()
         )));
     }
-    std::fs::create_dir_all(dir).map_err(|error| StoreError::File {
-        path: dir.to_owned(),
-        error,
-    })?;
+    std::fs::create_dir_all(dir).map_err(|error| StoreError::file(dir, error))?;
     create(dir, plan, events)
 }
 

@@ -60,13 +60,6 @@ pub struct HardState {
     value: HardStateValue,
 }
 
-fn io_err(path: &Path, e: io::Error) -> StoreError {
-    StoreError::File {
-        path: path.to_owned(),
-        error: e,
-    }
-}
-
 impl HardState {
     pub fn path_in(dir: &Path) -> PathBuf {
         dir.join(FILE_NAME)
@@ -80,7 +73,7 @@ impl HardState {
             .write(true)
             .create_new(true)
             .open(&path)
-            .map_err(|e| io_err(&path, e))?;
+            .map_err(|e| StoreError::file(&path, e))?;
         let mut hs = HardState {
             path,
             file,
@@ -98,11 +91,13 @@ impl HardState {
         let file = match OpenOptions::new().read(true).write(true).open(&path) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_err(&path, e)),
+            Err(e) => return Err(StoreError::file(&path, e)),
         };
         let mut best: Option<(u64, HardStateValue)> = None;
         for slot in 0..2 {
-            if let Some((seq, value)) = read_slot(&file, slot).map_err(|e| io_err(&path, e))? {
+            if let Some((seq, value)) =
+                read_slot(&file, slot).map_err(|e| StoreError::file(&path, e))?
+            {
                 if best.as_ref().is_none_or(|(s, _)| seq > *s) {
                     best = Some((seq, value));
                 }
@@ -156,7 +151,7 @@ impl HardState {
         self.file
             .write_all_at(&buf, offset)
             .and_then(|()| self.file.sync_data())
-            .map_err(|e| io_err(&self.path, e))?;
+            .map_err(|e| StoreError::file(&self.path, e))?;
         self.seq = seq;
         self.value = value;
         Ok(())

@@ -98,13 +98,6 @@ fn damaged(path: &Path, detail: impl Into<String>) -> StoreError {
     }
 }
 
-fn file_err(path: &Path, source: io::Error) -> StoreError {
-    StoreError::File {
-        path: path.to_owned(),
-        error: source,
-    }
-}
-
 pub fn path_in(dir: &Path) -> PathBuf {
     dir.join(FILE_NAME)
 }
@@ -115,7 +108,7 @@ pub fn load(dir: &Path) -> Result<Option<Identity>, StoreError> {
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(file_err(&path, e)),
+        Err(e) => return Err(StoreError::file(&path, e)),
     };
     let on_disk: OnDisk = serde_json::from_slice(&bytes)
         .map_err(|e| damaged(&path, format!("not a valid identity file ({e})")))?;
@@ -156,7 +149,7 @@ pub fn store(dir: &Path, identity: &Identity) -> Result<(), StoreError> {
         f.sync_all()?;
         std::fs::rename(&tmp, &path)
     };
-    write().map_err(|e| file_err(&path, e))?;
+    write().map_err(|e| StoreError::file(&path, e))?;
     crate::sync_dir(dir)
 }
 

@@ -165,6 +165,16 @@ pub enum StoreError {
     Poisoned,
 }
 
+impl StoreError {
+    /// An I/O error on `path`.
+    pub(crate) fn file(path: &Path, error: std::io::Error) -> StoreError {
+        StoreError::File {
+            path: path.to_owned(),
+            error,
+        }
+    }
+}
+
 impl From<TransactionError<StoreError>> for StoreError {
     fn from(e: TransactionError<StoreError>) -> Self {
         match e {
@@ -230,10 +240,7 @@ fn decode_machine(
 pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|error| StoreError::File {
-            path: dir.to_owned(),
-            error,
-        })
+        .map_err(|error| StoreError::file(dir, error))
 }
 
 /// One fsync at a time: concurrent `flush_async` calls on one sled `Db` were seen to hang

@@ -40,13 +40,6 @@ const MAGIC: &[u8; 8] = b"FNCDSNP\0";
 const LAYOUT: u32 = 1;
 const HEADER: usize = 8 + 4 + 1 + 4;
 
-fn io_err(path: &Path, error: io::Error) -> StoreError {
-    StoreError::File {
-        path: path.to_owned(),
-        error,
-    }
-}
-
 /// bincode with the options of `bincode::serialize` (fixed-width integers), bounded.
 fn codec(limit: u64) -> impl Options {
     bincode::DefaultOptions::new()
@@ -96,12 +89,12 @@ impl SnapshotStore {
         let listing = match std::fs::read_dir(&dir) {
             Ok(l) => Some(l),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io_err(&dir, e)),
+            Err(e) => return Err(StoreError::file(&dir, e)),
         };
         for item in listing.into_iter().flatten() {
-            let path = item.map_err(|e| io_err(&dir, e))?.path();
+            let path = item.map_err(|e| StoreError::file(&dir, e))?.path();
             if path.extension().is_some_and(|e| e == "tmp") {
-                std::fs::remove_file(&path).map_err(|e| io_err(&path, e))?;
+                std::fs::remove_file(&path).map_err(|e| StoreError::file(&path, e))?;
             }
         }
         Ok(SnapshotStore {
@@ -122,7 +115,7 @@ impl SnapshotStore {
     /// A new temporary file name in the snapshot directory (created if missing).
     fn tmp_path(&self) -> Result<PathBuf, StoreError> {
         if !self.dir.exists() {
-            std::fs::create_dir_all(&self.dir).map_err(|e| io_err(&self.dir, e))?;
+            std::fs::create_dir_all(&self.dir).map_err(|e| StoreError::file(&self.dir, e))?;
             if let Some(parent) = self.dir.parent() {
                 crate::sync_dir(parent)?;
             }
@@ -140,7 +133,7 @@ impl SnapshotStore {
     ) -> Result<PathBuf, StoreError> {
         let path = self.tmp_path()?;
         let result = (|| {
-            let file = File::create(&path).map_err(|e| io_err(&path, e))?;
+            let file = File::create(&path).map_err(|e| StoreError::file(&path, e))?;
             let mut w = Crc {
                 inner: BufWriter::with_capacity(1 << 20, file),
                 hasher: crc32fast::Hasher::new(),
@@ -158,7 +151,7 @@ impl SnapshotStore {
                 .and_then(|()| w.write_all(&[frame::VERSION]))
                 .and_then(|()| w.write_all(&meta_len.to_le_bytes()))
                 .and_then(|()| w.write_all(&meta_bytes))
-                .map_err(|e| io_err(&path, e))?;
+                .map_err(|e| StoreError::file(&path, e))?;
             codec(u64::MAX)
                 .serialize_into(&mut w, machine)
                 .map_err(|source| StoreError::Encode {
@@ -170,11 +163,11 @@ impl SnapshotStore {
             inner
                 .write_all(&crc.to_le_bytes())
                 .and_then(|()| inner.flush())
-                .map_err(|e| io_err(&path, e))?;
+                .map_err(|e| StoreError::file(&path, e))?;
             let file = inner
                 .into_inner()
-                .map_err(|e| io_err(&path, e.into_error()))?;
-            file.sync_all().map_err(|e| io_err(&path, e))
+                .map_err(|e| StoreError::file(&path, e.into_error()))?;
+            file.sync_all().map_err(|e| StoreError::file(&path, e))
         })();
         if result.is_err() {
             let _ = std::fs::remove_file(&path);
@@ -194,11 +187,11 @@ impl SnapshotStore {
         if current.exists() {
             let have = read_meta(&current)?;
             if have.last_log_id > meta.last_log_id {
-                std::fs::remove_file(path).map_err(|e| io_err(path, e))?;
+                std::fs::remove_file(path).map_err(|e| StoreError::file(path, e))?;
                 return Ok(false);
             }
         }
-        std::fs::rename(path, &current).map_err(|e| io_err(path, e))?;
+        std::fs::rename(path, &current).map_err(|e| StoreError::file(path, e))?;
         crate::sync_dir(&self.dir)?;
         Ok(true)
     }
@@ -221,7 +214,7 @@ impl SnapshotStore {
             .write(true)
             .create_new(true)
             .open(&path)
-            .map_err(|e| io_err(&path, e))?;
+            .map_err(|e| StoreError::file(&path, e))?;
         Ok(SnapshotFile::new(file, path))
     }
 }
@@ -260,14 +253,14 @@ fn read_header(path: &Path, r: &mut impl Read) -> Result<(u8, Meta), StoreError>
 
 /// The meta of the snapshot file at `path`.
 pub fn read_meta(path: &Path) -> Result<Meta, StoreError> {
-    let mut f = BufReader::new(File::open(path).map_err(|e| io_err(path, e))?);
+    let mut f = BufReader::new(File::open(path).map_err(|e| StoreError::file(path, e))?);
     read_header(path, &mut f).map(|(_, meta)| meta)
 }
 
 /// Check the whole file at `path` against its checksum, then decode it. Blocking.
 pub fn load(path: &Path) -> Result<(Meta, fenced_core::StateMachine), StoreError> {
-    let mut f = File::open(path).map_err(|e| io_err(path, e))?;
-    let len = f.metadata().map_err(|e| io_err(path, e))?.len();
+    let mut f = File::open(path).map_err(|e| StoreError::file(path, e))?;
+    let len = f.metadata().map_err(|e| StoreError::file(path, e))?.len();
     if len < (HEADER + 4) as u64 {
         return Err(damaged(path, format!("{len} bytes is too short")));
     }
@@ -275,7 +268,7 @@ pub fn load(path: &Path) -> Result<(Meta, fenced_core::StateMachine), StoreError
     let mut r = BufReader::with_capacity(1 << 20, &mut f).take(len - 4);
     let mut buf = vec![0u8; 1 << 16];
     loop {
-        let n = r.read(&mut buf).map_err(|e| io_err(path, e))?;
+        let n = r.read(&mut buf).map_err(|e| StoreError::file(path, e))?;
         if n == 0 {
             break;
         }
@@ -284,7 +277,7 @@ pub fn load(path: &Path) -> Result<(Meta, fenced_core::StateMachine), StoreError
     let mut stored = [0u8; 4];
     f.seek(SeekFrom::Start(len - 4))
         .and_then(|_| f.read_exact(&mut stored))
-        .map_err(|e| io_err(path, e))?;
+        .map_err(|e| StoreError::file(path, e))?;
     let (stored, actual) = (u32::from_le_bytes(stored), hasher.finalize());
     if stored != actual {
         return Err(damaged(
@@ -292,7 +285,8 @@ pub fn load(path: &Path) -> Result<(Meta, fenced_core::StateMachine), StoreError
             format!("stored crc32 {stored:08x}, computed {actual:08x}"),
         ));
     }
-    f.seek(SeekFrom::Start(0)).map_err(|e| io_err(path, e))?;
+    f.seek(SeekFrom::Start(0))
+        .map_err(|e| StoreError::file(path, e))?;
     let mut r = BufReader::with_capacity(1 << 20, f).take(len - 4);
     let (_, meta) = read_header(path, &mut r)?;
     let machine = codec(len)
@@ -321,7 +315,7 @@ impl SnapshotFile {
 
     /// Open the snapshot file at `path` for reading.
     pub fn open(path: &Path) -> Result<SnapshotFile, StoreError> {
-        let file = File::open(path).map_err(|e| io_err(path, e))?;
+        let file = File::open(path).map_err(|e| StoreError::file(path, e))?;
         Ok(SnapshotFile::new(file, path.to_owned()))
     }
 
@@ -332,11 +326,14 @@ impl SnapshotFile {
     /// Flush and fsync what was written into it.
     pub async fn sync(&mut self) -> Result<(), StoreError> {
         use tokio::io::AsyncWriteExt;
-        self.file.flush().await.map_err(|e| io_err(&self.path, e))?;
+        self.file
+            .flush()
+            .await
+            .map_err(|e| StoreError::file(&self.path, e))?;
         self.file
             .sync_all()
             .await
-            .map_err(|e| io_err(&self.path, e))
+            .map_err(|e| StoreError::file(&self.path, e))
     }
 }
 

@@ -64,13 +64,6 @@ const CACHE_BYTES: usize = 32 * 1024 * 1024;
 
 type LogEntry = Entry<TypeConfig>;
 
-fn io_err(path: &Path, error: io::Error) -> StoreError {
-    StoreError::File {
-        path: path.to_owned(),
-        error,
-    }
-}
-
 fn segment_name(first: u64) -> String {
     format!("{first:020}.wal")
 }
@@ -119,9 +112,9 @@ impl Segment {
             .create(true)
             .truncate(true)
             .open(&path)
-            .map_err(|e| io_err(&path, e))?;
+            .map_err(|e| StoreError::file(&path, e))?;
         file.write_all_at(&header(), 0)
-            .map_err(|e| io_err(&path, e))?;
+            .map_err(|e| StoreError::file(&path, e))?;
         let mut seg = Segment {
             first,
             path,
@@ -131,7 +124,9 @@ impl Segment {
             allocated: HEADER,
         };
         seg.grow(HEADER)?;
-        seg.file.sync_data().map_err(|e| io_err(&seg.path, e))?;
+        seg.file
+            .sync_data()
+            .map_err(|e| StoreError::file(&seg.path, e))?;
         crate::sync_dir(dir)?;
         Ok(seg)
     }
@@ -150,7 +145,7 @@ impl Segment {
             let n = (target - at).min(ZEROS.len() as u64);
             self.file
                 .write_all_at(&ZEROS[..n as usize], at)
-                .map_err(|e| io_err(&self.path, e))?;
+                .map_err(|e| StoreError::file(&self.path, e))?;
             at += n;
         }
         self.allocated = target;
@@ -177,7 +172,7 @@ impl Segment {
         let mut buf = vec![0u8; (stop - start) as usize];
         self.file
             .read_exact_at(&mut buf, start)
-            .map_err(|e| io_err(&self.path, e))?;
+            .map_err(|e| StoreError::file(&self.path, e))?;
         let mut out = Vec::with_capacity(b - a);
         for i in a..b {
             let span = self.span(i);
@@ -245,11 +240,11 @@ impl Wal {
         let listing = match std::fs::read_dir(&dir) {
             Ok(l) => Some(l),
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(io_err(&dir, e)),
+            Err(e) => return Err(StoreError::file(&dir, e)),
         };
         let mut firsts = Vec::new();
         for item in listing.into_iter().flatten() {
-            let item = item.map_err(|e| io_err(&dir, e))?;
+            let item = item.map_err(|e| StoreError::file(&dir, e))?;
             let name = item.file_name();
             let name = name.to_string_lossy();
             match name
@@ -292,12 +287,12 @@ impl Wal {
                 });
                 break;
             }
-            let bytes = std::fs::read(&path).map_err(|e| io_err(&path, e))?;
+            let bytes = std::fs::read(&path).map_err(|e| StoreError::file(&path, e))?;
             let file = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .open(&path)
-                .map_err(|e| io_err(&path, e))?;
+                .map_err(|e| StoreError::file(&path, e))?;
             if bytes.len() < HEADER as usize || &bytes[..8] != MAGIC {
                 problem = Some(Problem {
                     index: first,
@@ -410,10 +405,10 @@ impl Wal {
                 let f = OpenOptions::new()
                     .write(true)
                     .open(&cut_path)
-                    .map_err(|e| io_err(&cut_path, e))?;
+                    .map_err(|e| StoreError::file(&cut_path, e))?;
                 f.set_len(p.offset)
                     .and_then(|()| f.sync_data())
-                    .map_err(|e| io_err(&cut_path, e))?;
+                    .map_err(|e| StoreError::file(&cut_path, e))?;
                 if let Some(seg) = wal.segments.get_mut(p.segment) {
                     seg.allocated = p.offset;
                 }
@@ -430,7 +425,7 @@ impl Wal {
             }
         }
         if !wal.dir.exists() {
-            std::fs::create_dir_all(&wal.dir).map_err(|e| io_err(&wal.dir, e))?;
+            std::fs::create_dir_all(&wal.dir).map_err(|e| StoreError::file(&wal.dir, e))?;
             crate::sync_dir(data_dir)?;
         }
         Ok(wal)
@@ -445,14 +440,16 @@ impl Wal {
     ) -> Result<(), StoreError> {
         let dir = data_dir.join(DIR);
         if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+            std::fs::remove_dir_all(&dir).map_err(|e| StoreError::file(&dir, e))?;
         }
-        std::fs::create_dir_all(&dir).map_err(|e| io_err(&dir, e))?;
+        std::fs::create_dir_all(&dir).map_err(|e| StoreError::file(&dir, e))?;
         crate::sync_dir(data_dir)?;
         let mut wal = Wal::empty(dir, purged);
         wal.append(entries)?;
         for s in &wal.segments {
-            s.file.sync_data().map_err(|e| io_err(&s.path, e))?;
+            s.file
+                .sync_data()
+                .map_err(|e| StoreError::file(&s.path, e))?;
         }
         Ok(())
     }
@@ -513,7 +510,7 @@ impl Wal {
         seg.grow(buf.len() as u64)?;
         seg.file
             .write_all_at(&buf, seg.end)
-            .map_err(|e| io_err(&seg.path, e))?;
+            .map_err(|e| StoreError::file(&seg.path, e))?;
         for (_, len) in &batch {
             seg.offsets.push(seg.end);
             seg.end += *len as u64;
@@ -600,7 +597,7 @@ impl Wal {
                 seg.file
                     .set_len(offset)
                     .and_then(|()| seg.file.sync_data())
-                    .map_err(|e| io_err(&seg.path, e))?;
+                    .map_err(|e| StoreError::file(&seg.path, e))?;
                 seg.offsets.truncate(i);
                 seg.end = offset;
                 seg.allocated = offset;
@@ -684,7 +681,7 @@ fn remove_segment(path: &Path) -> Result<(), StoreError> {
     match std::fs::remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(io_err(path, e)),
+        Err(e) => Err(StoreError::file(path, e)),
     }
 }
 
@@ -722,7 +719,7 @@ impl Flusher {
         std::thread::Builder::new()
             .name("fenced-wal".into())
             .spawn(move || flush_loop(&rx, &hard, &committed))
-            .map_err(|e| io_err(Path::new("fenced-wal thread"), e))?;
+            .map_err(|e| StoreError::file(Path::new("fenced-wal thread"), e))?;
         Ok(Flusher { jobs })
     }
 
