@@ -588,6 +588,20 @@ fn seal_v1(payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The hard state an upgraded data dir of the tests below had: voted for 1 in term 1, log
+/// durable up to index 6.
+fn record_old_hard_state(dir: &Path) {
+    fenced_storage::hardstate::HardState::create(
+        dir,
+        fenced_storage::hardstate::HardStateValue {
+            vote: Some(Vote::new(1, 1)),
+            last_log_id: Some(log_id(1, 6)),
+            committed: None,
+        },
+    )
+    .unwrap();
+}
+
 #[tokio::test]
 async fn format_one_data_dir_keeps_its_tokens_and_continues_above_them() {
     let dir = TempDir::new().unwrap();
@@ -601,15 +615,7 @@ async fn format_one_data_dir_keeps_its_tokens_and_continues_above_them() {
         let meta = db.open_tree("meta").unwrap();
         meta.insert("format", &[1u8][..]).unwrap();
         db.flush().unwrap();
-        fenced_storage::hardstate::HardState::create(
-            dir.path(),
-            fenced_storage::hardstate::HardStateValue {
-                vote: Some(Vote::new(1, 1)),
-                last_log_id: Some(log_id(1, 6)),
-                committed: None,
-            },
-        )
-        .unwrap();
+        record_old_hard_state(dir.path());
     }
     let (mut log, mut sm) = open(dir.path(), no_events()).unwrap();
     let entries = log.try_get_log_entries(..).await.unwrap();
@@ -756,15 +762,7 @@ async fn sled_snapshot_moves_into_a_file() {
         )
         .unwrap();
         db.flush().unwrap();
-        fenced_storage::hardstate::HardState::create(
-            dir.path(),
-            fenced_storage::hardstate::HardStateValue {
-                vote: Some(Vote::new(1, 1)),
-                last_log_id: Some(log_id(1, 6)),
-                committed: None,
-            },
-        )
-        .unwrap();
+        record_old_hard_state(dir.path());
     }
     for _ in 0..2 {
         let (_log, mut sm) = open(dir.path(), no_events()).unwrap();
