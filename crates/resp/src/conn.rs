@@ -335,28 +335,30 @@ impl Connection {
                         }
                         match lock_op(&reqs[j]) {
                             Some(Ok(op)) => ops.push((self.st.next_rid(), op)),
+                            // Bad arguments first in the run: answered alone.
+                            Some(Err(e)) if ops.is_empty() => {
+                                self.reply(&e);
+                                j += 1;
+                                break;
+                            }
                             _ => break,
                         }
                         j += 1;
                     }
-                    let n = j - i;
-                    let replies = if ops.is_empty() {
-                        Vec::new()
-                    } else {
-                        self.shared.cluster.lock_batch(ops).await
-                    };
-                    for k in 0..n.max(1) {
-                        let r = match (replies.get(k), lock_op(&reqs[i + k])) {
-                            (_, Some(Err(e))) => e,
-                            (Some(r), _) => lock_reply(r.clone()),
-                            (None, _) => Reply::err(format!(
-                                "ERR internal: {} replies for {n} lock commands",
-                                replies.len()
-                            )),
-                        };
-                        self.reply(&r);
+                    if !ops.is_empty() {
+                        let n = ops.len();
+                        let mut replies = self.shared.cluster.lock_batch(ops).await.into_iter();
+                        for _ in 0..n {
+                            let r = match replies.next() {
+                                Some(r) => lock_reply(r),
+                                None => Reply::err(format!(
+                                    "ERR internal: fewer replies than {n} lock commands"
+                                )),
+                            };
+                            self.reply(&r);
+                        }
                     }
-                    i += n.max(1);
+                    i = j;
                 }
                 _ => {
                     let r = self.single(&reqs[i], class).await;
