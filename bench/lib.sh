@@ -1,6 +1,6 @@
-# Shared by bench/profile.sh, bench/million.sh and bench/soak.sh (sourced, not run): the
-# release binaries, a 3-node fenced cluster on loopback with fsync on, and a trap that stops
-# everything started here and keeps the node logs in $OUT.
+# Shared by bench/run.sh, bench/profile.sh, bench/million.sh and bench/soak.sh (sourced, not
+# run): the release binaries, a 3-node fenced cluster on loopback with fsync on, and a trap
+# that stops everything in PIDS and keeps the logs of $WORK in $OUT.
 #
 # Before sourcing: ROOT (the repository), OUT (results folder), FG and FR (gRPC and RESP base
 # ports: node i listens on FG+i and FR+i). Provides FENCED, BENCH, WORK, CLUSTER, GRPC, RESP,

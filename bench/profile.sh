@@ -29,8 +29,8 @@ fi
 O=${PORT_OFFSET:-0}
 FG=$((27580 + O)) FR=$((27570 + O))
 # shellcheck source=bench/lib.sh
-FENCED_LOG=warn . "$ROOT/bench/lib.sh"
-cluster_start
+. "$ROOT/bench/lib.sh"
+FENCED_LOG=warn cluster_start
 LEADER=$(leader)
 echo "leader: node $LEADER (pid ${PID[$LEADER]})" | tee "$OUT/nodes.txt"
 

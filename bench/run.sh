@@ -62,41 +62,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # Debian's packages may start their own services on the default ports; we use others.
 
-# --- build --------------------------------------------------------------------------------
-# FENCED_BIN / BENCH_BIN: use prebuilt binaries instead (e.g. of another checkout).
-if [ -z "${FENCED_BIN:-}" ] || [ -z "${BENCH_BIN:-}" ]; then
-    cargo build --release -q -p fenced-server -p fenced-bench
-fi
-FENCED=${FENCED_BIN:-$ROOT/target/release/fenced}
-BENCH=${BENCH_BIN:-$ROOT/target/release/fenced-bench}
-
-# --- start everything, stop it on exit ----------------------------------------------------
-WORK=$(mktemp -d "${TMPDIR:-/var/tmp}/fenced-bench.XXXXXX")
-PIDS=()
-cleanup() {
-    local rc=$?
-    for pid in "${PIDS[@]}"; do
-        kill -TERM "$pid" 2>/dev/null || true
-    done
-    for pid in "${PIDS[@]}"; do
-        for _ in $(seq 50); do
-            kill -0 "$pid" 2>/dev/null || break
-            sleep 0.1
-        done
-        kill -KILL "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-    if [ $rc -ne 0 ]; then
-        echo "bench failed (rc $rc); server logs kept in $WORK" >&2
-    else
-        rm -rf "$WORK"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
 O=${PORT_OFFSET:-0}
 FG=$((27480 + O)) FR=$((27470 + O)) RP=$((26379 + O)) EC=$((23790 + O)) EP=$((23800 + O))
+# Release binaries (FENCED_BIN / BENCH_BIN: prebuilt ones instead, e.g. of another
+# checkout), $WORK, the 3-node fenced cluster, and stopping everything in PIDS on exit.
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 for p in $((FG + 1)) $((FG + 2)) $((FG + 3)) $((FR + 1)) $((FR + 2)) $((FR + 3)) \
     $(seq "$RP" $((RP + 6))) $((EC + 1)) $((EC + 2)) $((EC + 3)) $((EP + 1)) $((EP + 2)) $((EP + 3)); do
@@ -118,21 +89,10 @@ ARGS=(--duration "$DURATION" --rounds "$ROUNDS" --clients "$CLIENTS" --keys "$KE
     --ttl-ms "$TTL_MS" --work-us "$WORK_US")
 
 if need fenced; then
-    CLUSTER=1=127.0.0.1:$((FG + 1)),2=127.0.0.1:$((FG + 2)),3=127.0.0.1:$((FG + 3))
-    FPIDS=()
-    for i in 1 2 3; do
-        FENCED_LOG=warn "$FENCED" serve --id $i --data-dir "$WORK/fenced-$i" \
-            --grpc-addr 127.0.0.1:$((FG + i)) --resp-addr 127.0.0.1:$((FR + i)) \
-            --initial-cluster "$CLUSTER" --initial-cluster-state new >"$WORK/fenced-$i.log" 2>&1 &
-        PIDS+=($!)
-        FPIDS+=($!)
-    done
-    F=$(IFS=,; echo "${FPIDS[*]}")
+    FENCED_LOG=warn cluster_start
+    F=$(server_pids)
     ARGS+=(--pids "fenced=$F" --pids "fenced-resp=$F" --pids "fenced-setnx=$F")
-    wait_for "a fenced leader" 300 sh -c \
-        "'$FENCED' status --endpoints 127.0.0.1:$((FG + 1)) | grep -q '\"leader\":[1-9]'"
-    ARGS+=(--fenced 127.0.0.1:$((FG + 1)),127.0.0.1:$((FG + 2)),127.0.0.1:$((FG + 3)))
-    ARGS+=(--fenced-resp 127.0.0.1:$((FR + 1)),127.0.0.1:$((FR + 2)),127.0.0.1:$((FR + 3)))
+    ARGS+=(--fenced "$GRPC" --fenced-resp "$RESP")
 fi
 
 start_redis() { # port, extra args...
@@ -228,9 +188,9 @@ if [ -n "${REDIS_BENCH:-}" ]; then
     for b in fenced redis redis-aof; do
         need "$b," || { echo "REDIS_BENCH needs backend $b" >&2; exit 1; }
     done
-    LEADER=$("$FENCED" status --endpoints 127.0.0.1:$((FG + 1)) | sed -n 's/.*"leader":\([0-9]*\).*/\1/p')
+    LEADER=$(leader)
     [ -n "$LEADER" ] || { echo "no fenced leader for redis-benchmark" >&2; exit 1; }
-    TARGETS=("fenced:$((FR + LEADER)):$(IFS=' '; echo "${FPIDS[*]}")"
+    TARGETS=("fenced:$((FR + LEADER)):${PID[1]} ${PID[2]} ${PID[3]}"
         "redis:$RP:$REDIS_PID" "redis-aof:$((RP + 1)):$AOF_PID")
     {
         echo "| command | pipeline | target | requests/s | p50 / p99 (ms) | server CPU µs/request |"
