@@ -532,7 +532,11 @@ impl StateMachine {
                 // A pipeline (`KvCommand::Batch`) takes one more revision per command after
                 // its first, except in an entry from before revisions.
                 let mut rev = revision;
-                let reply = self.kv.apply(&mut rev, !legacy, self.now, cmd, events);
+                let mut kv_events = Vec::new();
+                let reply = self
+                    .kv
+                    .apply(&mut rev, !legacy, self.now, cmd, &mut kv_events);
+                events.extend(kv_events.into_iter().map(Event::Kv));
                 self.revision = rev;
                 Ok(Response::Kv(reply))
             }

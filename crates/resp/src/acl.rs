@@ -8,8 +8,8 @@
 //!   `on >P ~* &* +@all`, the behaviour without an ACL file). A file that defines `default`
 //!   together with `--requirepass` is refused as ambiguous.
 //! * Passwords are kept as SHA-256 digests and compared in constant time.
-//! * Command categories are derived here, once, from the core command table
-//!   ([`fenced_core::kv::command_table`]) and a few name lists ([`category_commands`]).
+//! * Command categories are the core command table's: each row lists its own
+//!   ([`fenced_core::kv::CommandSpec::acl`]); [`category_commands`] reads them.
 //! * [`User::check`] is the front end's permission check: the command, then its keys
 //!   ([`fenced_core::kv::command_keys`]), then its channels. Writes of restricted users are
 //!   also sent as [`KvCommand::Restricted`](fenced_core::kv::KvCommand::Restricted) so that
@@ -20,7 +20,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fenced_core::kv::{command_table, noperm_command, Argv, CommandClass, Reply, Restriction};
+use fenced_core::kv::{
+    command_table, lookup, noperm_command, Argv, Reply, Restriction, CATEGORIES,
+};
 use sha2::{Digest, Sha256};
 
 /// Reply to `ACL SETUSER/DELUSER/LOAD/SAVE`.
@@ -29,26 +31,6 @@ pub const NOT_AT_RUNTIME: &str =
 
 /// Commands every connection may run, authenticated and permitted or not (as in Redis).
 const ALWAYS_ALLOWED: &[&str] = &["AUTH", "HELLO", "QUIT", "RESET"];
-
-/// Categories in the order `ACL CAT` lists them (`all` is accepted but not listed, as in
-/// Redis).
-const CATEGORIES: &[&str] = &[
-    "keyspace",
-    "read",
-    "write",
-    "sortedset",
-    "list",
-    "hash",
-    "string",
-    "pubsub",
-    "admin",
-    "blocking",
-    "dangerous",
-    "connection",
-    "transaction",
-    "scripting",
-    "fencing",
-];
 
 /// Why an ACL file was refused.
 #[derive(thiserror::Error, Debug)]
@@ -78,102 +60,30 @@ pub enum AclError {
     RequirepassAndDefault { file: String },
 }
 
-/// Whether command `name` (upper case, of class `class`) is in category `cat` (lower case).
-/// The one definition of the categories.
-fn in_category(cat: &str, name: &str, class: CommandClass) -> bool {
-    let is = |names: &[&str]| names.contains(&name);
-    match cat {
-        "all" => true,
-        // Redis's @read/@write do not include scripting or pub/sub; TIME is only @fast.
-        "read" => (class == CommandClass::Read && name != "TIME") || name == "LOCK.INFO",
-        "write" => {
-            (matches!(class, CommandClass::Write | CommandClass::Blocking)
-                && !is(&["EVAL", "EVALSHA", "SCRIPT", "PUBLISH"]))
-                || is(&["LOCK.ACQUIRE", "LOCK.RELEASE", "LOCK.RENEW"])
-        }
-        "keyspace" => is(&[
-            "DEL",
-            "UNLINK",
-            "EXISTS",
-            "TYPE",
-            "KEYS",
-            "SCAN",
-            "EXPIRE",
-            "PEXPIRE",
-            "EXPIREAT",
-            "PEXPIREAT",
-            "TTL",
-            "PTTL",
-            "EXPIRETIME",
-            "PEXPIRETIME",
-            "PERSIST",
-            "DBSIZE",
-            "FLUSHDB",
-            "FLUSHALL",
-        ]),
-        "string" => is(&[
-            "GET", "SET", "SETNX", "SETEX", "PSETEX", "GETDEL", "GETSET", "INCR", "INCRBY", "DECR",
-            "DECRBY", "APPEND", "STRLEN", "MGET", "MSET",
-        ]),
-        "hash" => is(&[
-            "HSET", "HMSET", "HSETNX", "HGET", "HMGET", "HDEL", "HEXISTS", "HINCRBY", "HGETALL",
-            "HLEN", "HKEYS", "HVALS",
-        ]),
-        "list" => is(&[
-            "LPUSH", "RPUSH", "LPOP", "RPOP", "LLEN", "LRANGE", "LINDEX", "LSET", "LREM", "LTRIM",
-            "BLPOP", "BRPOP",
-        ]),
-        "sortedset" => is(&[
-            "ZADD",
-            "ZINCRBY",
-            "ZREM",
-            "ZCARD",
-            "ZSCORE",
-            "ZRANGE",
-            "ZRANGEBYSCORE",
-            "ZREMRANGEBYSCORE",
-            "ZCOUNT",
-        ]),
-        "pubsub" => is(&[
-            "PUBLISH",
-            "SUBSCRIBE",
-            "UNSUBSCRIBE",
-            "PSUBSCRIBE",
-            "PUNSUBSCRIBE",
-        ]),
-        "scripting" => is(&["EVAL", "EVALSHA", "SCRIPT"]),
-        "transaction" => is(&["MULTI", "EXEC", "DISCARD", "WATCH", "UNWATCH"]),
-        "connection" => is(&[
-            "PING", "ECHO", "HELLO", "AUTH", "SELECT", "QUIT", "RESET", "CLIENT", "COMMAND",
-        ]),
-        // LOCK.ACQUIRE … WAIT blocks too.
-        "blocking" => class == CommandClass::Blocking || name == "LOCK.ACQUIRE",
-        "dangerous" => is(&["FLUSHDB", "FLUSHALL", "KEYS", "CONFIG", "INFO", "ACL"]),
-        "admin" => is(&["CONFIG", "ACL"]),
-        "fencing" => name.starts_with("LOCK.") || name.starts_with("FENCE."),
-        _ => false,
-    }
-}
-
 /// The commands (upper case, table order) of category `cat` (any case; `all` included).
 /// `None` if there is no such category.
 pub fn category_commands(cat: &str) -> Option<Vec<&'static str>> {
-    let cat = cat.to_ascii_lowercase();
-    if cat != "all" && !CATEGORIES.contains(&cat.as_str()) {
-        return None;
-    }
+    let all = cat.eq_ignore_ascii_case("all");
+    let bit = match CATEGORIES
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(cat))
+    {
+        Some((_, bit)) => *bit,
+        None if all => 0,
+        None => return None,
+    };
     Some(
         command_table()
             .iter()
-            .filter(|(n, _, c)| in_category(&cat, n, *c))
-            .map(|(n, _, _)| *n)
+            .filter(|c| all || c.in_category(bit))
+            .map(|c| c.name)
             .collect(),
     )
 }
 
-/// The categories `ACL CAT` lists.
-pub fn categories() -> &'static [&'static str] {
-    CATEGORIES
+/// The categories `ACL CAT` lists, in its order.
+pub fn categories() -> impl Iterator<Item = &'static str> {
+    CATEGORIES.iter().map(|(name, _)| *name)
 }
 
 type Digest32 = [u8; 32];
@@ -376,7 +286,7 @@ impl User {
 
     fn set_all_commands(&mut self, allow: bool) {
         self.commands = if allow {
-            command_table().iter().map(|(n, _, _)| *n).collect()
+            command_table().iter().map(|c| c.name).collect()
         } else {
             BTreeSet::new()
         };
@@ -409,9 +319,8 @@ impl User {
             }
         } else {
             let upper = text.to_ascii_uppercase();
-            let (name, _, _) = command_table()
-                .iter()
-                .find(|(n, _, _)| *n == upper)
+            let name = lookup(upper.as_bytes())
+                .map(|c| c.name)
                 .ok_or_else(|| format!("unknown command '{text}'"))?;
             if allow {
                 self.commands.insert(name);
@@ -803,7 +712,7 @@ impl Acl {
                     .collect(),
             ),
             "cat" => match a.get(1) {
-                None => Reply::Array(CATEGORIES.iter().map(Reply::bulk).collect()),
+                None => Reply::Array(categories().map(Reply::bulk).collect()),
                 Some(cat) => match category_commands(&String::from_utf8_lossy(cat)) {
                     Some(cmds) => Reply::Array(
                         cmds.iter()

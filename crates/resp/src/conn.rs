@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use fenced_core::kv::{
-    command_class, command_table, key_spec, Argv, CommandClass, KeySpec, KvCommand, KvEvent, Reply,
-    Restriction,
+    command_class, command_table, lookup, Argv, CommandClass, CommandSpec, KeySpec, KvCommand,
+    KvEvent, Reply, Restriction,
 };
 use fenced_core::limits::DEDUP_WINDOW;
 use fenced_core::RequestId;
@@ -376,7 +376,7 @@ impl Connection {
     /// here, after the permission check (so a refused command aborts the transaction).
     fn gate(&mut self, argv: &Argv) -> Result<CommandClass, Reply> {
         let name = upper(&argv[0]);
-        let class = command_class(argv).map_err(Reply::Error);
+        let class = command_class(argv).map_err(|e| Reply::Error(e.to_string()));
         let refused = match &self.st.user {
             None if !matches!(name.as_str(), "AUTH" | "HELLO" | "QUIT" | "RESET") => {
                 Some(Reply::err(NOAUTH))
@@ -977,15 +977,15 @@ fn push_message(st: &State, channel: &[u8], message: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-fn command_info(name: &str, arity: i32, class: CommandClass) -> Reply {
-    let mut flags = match class {
+fn command_info(c: &CommandSpec) -> Reply {
+    let mut flags = match c.base_class() {
         CommandClass::Read => vec![Reply::Status("readonly".into())],
         CommandClass::Write | CommandClass::Lock | CommandClass::Blocking => {
             vec![Reply::Status("write".into())]
         }
         CommandClass::Connection => vec![Reply::Status("fast".into())],
     };
-    let (first, last, step) = match key_spec(name) {
+    let (first, last, step) = match c.keys {
         KeySpec::None | KeySpec::Whole => (0, 0, 0),
         KeySpec::Script => {
             flags.push(Reply::Status("movablekeys".into()));
@@ -997,8 +997,8 @@ fn command_info(name: &str, arity: i32, class: CommandClass) -> Reply {
         KeySpec::AllButLast => (1, -2, 1),
     };
     Reply::Array(vec![
-        Reply::bulk(name.to_ascii_lowercase()),
-        Reply::Int(arity as i64),
+        Reply::bulk(c.name.to_ascii_lowercase()),
+        Reply::Int(c.arity as i64),
         Reply::Array(flags),
         Reply::Int(first),
         Reply::Int(last),
@@ -1009,30 +1009,19 @@ fn command_info(name: &str, arity: i32, class: CommandClass) -> Reply {
 fn command_cmd(a: &[Vec<u8>]) -> Reply {
     let table = command_table();
     match a.first().map(|s| upper(s)).as_deref() {
-        None => Reply::Array(
-            table
-                .iter()
-                .map(|(n, ar, c)| command_info(n, *ar, *c))
-                .collect(),
-        ),
+        None => Reply::Array(table.iter().map(|c| command_info(c)).collect()),
         Some("COUNT") => Reply::Int(table.len() as i64),
         Some("DOCS") => Reply::Map(vec![]),
         Some("INFO") => Reply::Array(
             a[1..]
                 .iter()
-                .map(|n| {
-                    let n = upper(n);
-                    table
-                        .iter()
-                        .find(|(t, _, _)| *t == n)
-                        .map_or(Reply::Nil, |(t, ar, c)| command_info(t, *ar, *c))
-                })
+                .map(|n| lookup(n).map_or(Reply::Nil, command_info))
                 .collect(),
         ),
         Some("LIST") => Reply::Array(
             table
                 .iter()
-                .map(|(n, _, _)| Reply::bulk(n.to_ascii_lowercase()))
+                .map(|c| Reply::bulk(c.name.to_ascii_lowercase()))
                 .collect(),
         ),
         Some(other) => Reply::err(format!(

@@ -200,7 +200,7 @@ fn arg() -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn command() -> impl Strategy<Value = Argv> {
-    let names: Vec<&'static str> = command_table().iter().map(|(n, _, _)| *n).collect();
+    let names: Vec<&'static str> = command_table().iter().map(|c| c.name).collect();
     (
         prop::sample::select(names),
         prop::collection::vec(arg(), 0..7),

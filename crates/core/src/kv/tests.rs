@@ -1,4 +1,6 @@
+use super::script::sha1hex;
 use super::*;
+use crate::{Millis, Revision};
 
 fn argv(s: &str) -> Argv {
     s.split_whitespace()
@@ -10,7 +12,7 @@ struct T {
     ks: Keyspace,
     revision: Revision,
     now: Millis,
-    events: Vec<crate::Event>,
+    events: Vec<KvEvent>,
 }
 
 impl T {
@@ -69,7 +71,7 @@ fn strings_and_revisions() {
     assert_eq!(t.run("INCR n"), Reply::Int(1));
     assert_eq!(t.run("INCRBY n 41"), Reply::Int(42));
     assert_eq!(t.run("DECR n"), Reply::Int(41));
-    assert_eq!(t.run("HSET k f v"), Reply::err(exec::WRONGTYPE));
+    assert_eq!(t.run("HSET k f v"), Reply::err(WRONGTYPE));
     assert_eq!(
         t.run("SET k v EX 0"),
         Reply::err("ERR invalid expire time in 'set' command")
@@ -104,7 +106,7 @@ fn fence_token_for_a_value() {
     );
     assert_eq!(t.read("FENCE.TOKEN nope bob"), Reply::Nil);
     assert_eq!(t.run("HSET h f v"), Reply::Int(1));
-    assert_eq!(t.read("FENCE.TOKEN h x"), Reply::err(exec::WRONGTYPE));
+    assert_eq!(t.read("FENCE.TOKEN h x"), Reply::err(WRONGTYPE));
     assert_eq!(t.read("FENCE.TOKEN lk a b"), Reply::err("ERR syntax error"));
 }
 
@@ -171,10 +173,7 @@ fn hashes_lists_zsets() {
         t.read("ZRANGE z 0 -1 REV"),
         Reply::Array(vec![bulk("c"), bulk("b")])
     );
-    assert!(t
-        .events
-        .iter()
-        .any(|e| matches!(e, crate::Event::Kv(KvEvent::Pushed { .. }))));
+    assert!(t.events.iter().any(|e| matches!(e, KvEvent::Pushed { .. })));
 }
 
 #[test]
@@ -282,7 +281,7 @@ fn lua_basics_and_conversions() {
     // redis.call raises; redis.pcall returns the error table.
     assert_eq!(
         eval(&mut t, "return redis.call('HGET', 'k', 'f')", &[], &[]),
-        Reply::err(exec::WRONGTYPE)
+        Reply::err(WRONGTYPE)
     );
     assert_eq!(
         eval(
@@ -291,7 +290,7 @@ fn lua_basics_and_conversions() {
             &[],
             &[]
         ),
-        bulk(exec::WRONGTYPE)
+        bulk(WRONGTYPE)
     );
     // Runtime errors, sandbox.
     let r = eval(&mut t, "return os.time()", &[], &[]);
@@ -800,10 +799,10 @@ fn command_keys_follow_the_key_specs() {
         assert_eq!(command_keys(&argv(none)), Keys::None, "{none}");
     }
     // Every keyspace and lock command has a spec other than None, except these.
-    for (name, _, class) in command_table() {
-        let spec = key_spec(name);
+    for c in command_table() {
+        let (name, spec) = (&c.name, key_spec(c.name));
         let keyless = matches!(*name, "TIME" | "SCRIPT" | "PUBLISH");
-        match class {
+        match c.base_class() {
             CommandClass::Connection => {
                 assert!(
                     spec == KeySpec::None || *name == "WATCH",
@@ -1016,7 +1015,7 @@ fn restricted_scripts_keep_command_and_channel_limits() {
         .events
         .iter()
         .filter_map(|e| match e {
-            crate::Event::Kv(KvEvent::Published { channel, .. }) => Some(channel.clone()),
+            KvEvent::Published { channel, .. } => Some(channel.clone()),
             _ => None,
         })
         .collect();
@@ -1178,7 +1177,7 @@ fn a_global_set_in_one_run_is_gone_in_the_next() {
         assert_eq!(eval(&mut t, s, &[], &[]), bulk("nil"));
     }
     assert!(
-        t.ks.lua.contains(&lua::sha1hex(s.as_bytes())),
+        t.ks.lua.contains(&sha1hex(s.as_bytes())),
         "the interpreter is reused"
     );
     // The libraries a script changed are whole again for the next run.
@@ -1229,9 +1228,9 @@ fn the_interpreter_cache_is_bounded() {
     }
     assert_eq!(t.ks.lua.usage().0, LUA_CACHE_SCRIPTS);
     // Least recently run first out: the first scripts are gone, the last ones still there.
-    assert!(!t.ks.lua.contains(&lua::sha1hex(b"return 0")));
+    assert!(!t.ks.lua.contains(&sha1hex(b"return 0")));
     let last = format!("return {}", LUA_CACHE_SCRIPTS + 19);
-    assert!(t.ks.lua.contains(&lua::sha1hex(last.as_bytes())));
+    assert!(t.ks.lua.contains(&sha1hex(last.as_bytes())));
     // Not part of the replicated state.
     let mut other = T::new();
     for i in 0..LUA_CACHE_SCRIPTS + 20 {

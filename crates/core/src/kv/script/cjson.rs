@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex};
 
 use mlua::{LightUserData, Lua, MultiValue, Table, Value as LV};
 
-use super::lua::Budget;
-use super::LUA_MEMORY_LIMIT;
+use super::budget::Budget;
+use crate::kv::types::LUA_MEMORY_LIMIT;
 
 /// lua-cjson's `DEFAULT_ENCODE_MAX_DEPTH`/`DEFAULT_DECODE_MAX_DEPTH`, and our ceiling for both.
 const MAX_DEPTH: i64 = 1000;

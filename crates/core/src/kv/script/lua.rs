@@ -68,7 +68,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use mlua::chunk::ChunkMode;
@@ -77,47 +77,13 @@ use mlua::{
     VmState,
 };
 
-use super::exec::{fmt_f64, Ctx};
-use super::{
+use super::budget::Budget;
+use super::cjson;
+use crate::kv::args::fmt_f64;
+use crate::kv::error::KvError;
+use crate::kv::types::{
     Bytes, Reply, LUA_CACHE_BYTES, LUA_CACHE_SCRIPTS, LUA_INSTRUCTION_BUDGET, LUA_MEMORY_LIMIT,
 };
-
-/// The instruction budget of one script run: counted by the VM hook, and charged by native
-/// helpers (`cjson`) for work done outside the VM.
-pub(super) struct Budget {
-    spent: AtomicU64,
-    over: AtomicBool,
-}
-
-impl Budget {
-    fn new() -> Budget {
-        Budget {
-            spent: AtomicU64::new(0),
-            over: AtomicBool::new(false),
-        }
-    }
-
-    /// Spend `n` instructions; past the budget (now or before) this fails, and keeps failing.
-    pub(super) fn charge(&self, n: u64) -> mlua::Result<()> {
-        let spent = self.spent.fetch_add(n, Ordering::Relaxed).saturating_add(n);
-        if spent > LUA_INSTRUCTION_BUDGET || self.over.load(Ordering::Relaxed) {
-            self.over.store(true, Ordering::Relaxed);
-            return Err(mlua::Error::RuntimeError(format!(
-                "script exceeded the budget of {LUA_INSTRUCTION_BUDGET} instructions"
-            )));
-        }
-        Ok(())
-    }
-
-    fn is_over(&self) -> bool {
-        self.over.load(Ordering::Relaxed)
-    }
-
-    fn reset(&self) {
-        self.spent.store(0, Ordering::Relaxed);
-        self.over.store(false, Ordering::Relaxed);
-    }
-}
 
 /// Deepest reply nesting converted between Lua and RESP.
 const MAX_DEPTH: usize = 64;
@@ -136,52 +102,46 @@ pub fn sha1hex(data: &[u8]) -> String {
 }
 
 /// Check that `src` compiles (for `SCRIPT LOAD`).
-pub(crate) fn compile_check(src: &str) -> Result<(), String> {
+pub(crate) fn compile_check(src: &str) -> Result<(), KvError> {
     let lua = Lua::new_with(StdLib::NONE, LuaOptions::default())
-        .map_err(|e| format!("ERR cannot start Lua: {e}"))?;
+        .map_err(|e| KvError::invalid(format!("cannot start Lua: {e}")))?;
     lua.set_memory_limit(LUA_MEMORY_LIMIT)
-        .map_err(|e| format!("ERR cannot start Lua: {e}"))?;
+        .map_err(|e| KvError::invalid(format!("cannot start Lua: {e}")))?;
     lua.load(src)
         .set_name("@user_script")
         .set_mode(ChunkMode::Text)
         .into_function()
         .map(|_| ())
         .map_err(|e| {
-            format!(
-                "ERR Error compiling script (new function): {}",
+            KvError::invalid(format!(
+                "Error compiling script (new function): {}",
                 clean(&e.to_string())
-            )
+            ))
         })
 }
 
-/// Run a script; any failure becomes an error reply (earlier writes stay).
+/// Run script `src` (SHA1 `sha`) as the command of `revision`, in `vm` if the cache had one
+/// for it (else in a new interpreter). `call` runs one `redis.call`/`redis.pcall` command.
+/// Any failure becomes an error reply (earlier writes stay). The interpreter comes back if it
+/// may be kept for the next run.
 pub(crate) fn run(
-    ctx: &mut Ctx<'_>,
+    vm: Option<Vm>,
     sha: &str,
     src: &str,
+    revision: u64,
     keys: &[Bytes],
     args: &[Bytes],
-) -> Reply {
-    let was = ctx.in_script;
-    ctx.in_script = true;
-    let vm = match ctx.ks.lua.take(sha, src) {
-        Some(vm) => Ok(vm),
-        None => Vm::build(src),
+    call: impl FnMut(&[Bytes]) -> Reply,
+) -> (Reply, Option<Vm>) {
+    let vm = match vm {
+        Some(vm) => vm,
+        None => match Vm::build(src) {
+            Ok(vm) => vm,
+            Err(e) => return (Reply::Error(e.to_string()), None),
+        },
     };
-    let reply = match vm {
-        Ok(vm) => {
-            let revision = ctx.revision;
-            let (reply, reusable) =
-                vm.run(&vm.func, sha, revision, keys, args, |cmd| ctx.exec(cmd));
-            if reusable {
-                ctx.ks.lua.put(sha, vm);
-            }
-            reply
-        }
-        Err(e) => Reply::Error(e),
-    };
-    ctx.in_script = was;
-    reply
+    let (reply, reusable) = vm.run(&vm.func, sha, revision, keys, args, call);
+    (reply, reusable.then_some(vm))
 }
 
 fn clean(msg: &str) -> String {
@@ -212,7 +172,7 @@ impl LuaCache {
 
     /// Take the VM of `sha` out of the cache, if it is one of `src` (a SHA1 collision gets a
     /// VM of its own source).
-    fn take(&mut self, sha: &str, src: &str) -> Option<Vm> {
+    pub(crate) fn take(&mut self, sha: &str, src: &str) -> Option<Vm> {
         let vms = self.vms();
         if vms.map.get(sha).is_none_or(|(_, vm)| vm.src != src) {
             return None;
@@ -223,7 +183,7 @@ impl LuaCache {
     }
 
     /// Put a VM (back), evicting the least recently run ones past the bounds.
-    fn put(&mut self, sha: &str, vm: Vm) {
+    pub(crate) fn put(&mut self, sha: &str, vm: Vm) {
         if vm.baseline > LUA_CACHE_BYTES {
             return;
         }
@@ -291,7 +251,7 @@ impl fmt::Debug for LuaCache {
 }
 
 /// One script's interpreter.
-struct Vm {
+pub(crate) struct Vm {
     lua: Lua,
     /// The source, to tell a SHA1 collision apart.
     src: String,
@@ -308,15 +268,17 @@ struct Vm {
     string_mt: Table,
     budget: Arc<Budget>,
     rng: Arc<AtomicU64>,
-    cjson: super::cjson::Settings,
+    cjson: cjson::Settings,
     /// `used_memory` of the idle VM.
     baseline: usize,
 }
 
 impl Vm {
     /// Build the VM of `src`: compile it, set up the sandbox, settle the heap.
-    fn build(src: &str) -> Result<Vm, String> {
-        let start = |e: mlua::Error| format!("ERR cannot start Lua: {}", clean(&e.to_string()));
+    fn build(src: &str) -> Result<Vm, KvError> {
+        let start = |e: mlua::Error| {
+            KvError::invalid(format!("cannot start Lua: {}", clean(&e.to_string())))
+        };
         let lua = Lua::new_with(
             StdLib::TABLE | StdLib::STRING | StdLib::MATH,
             LuaOptions::default(),
@@ -329,10 +291,10 @@ impl Vm {
             .set_mode(ChunkMode::Text)
             .into_function()
             .map_err(|e| {
-                format!(
-                    "ERR Error compiling script (new function): {}",
+                KvError::invalid(format!(
+                    "Error compiling script (new function): {}",
                     clean(&e.to_string())
-                )
+                ))
             })?;
         let mut vm = setup(lua, src, func).map_err(start)?;
         vm.baseline = vm.settle().map_err(start)?;
@@ -617,13 +579,13 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
         lua.set_type_metatable::<LuaString>(Some(mt));
         Ok(())
     })?;
-    let (cjson_raw, cjson) = super::cjson::install(&lua, budget.clone())?;
+    let (cjson_raw, cjson) = cjson::install(&lua, budget.clone())?;
 
     let (driver, normalize): (Function, Function) = lua
         .load(PRELUDE)
         .set_name("=fenced_prelude")
         .set_mode(ChunkMode::Text)
-        .call((g, over, set_string_mt, cjson_raw, super::cjson::null()))?;
+        .call((g, over, set_string_mt, cjson_raw, cjson::null()))?;
     let neutral = lua.create_table()?;
     driver.set_environment(neutral.clone())?;
     func.set_environment(neutral.clone())?;

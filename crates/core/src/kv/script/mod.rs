@@ -1,0 +1,9 @@
+//! The Lua sandbox scripts run in (`lua`), its JSON library (`cjson`) and the instruction and
+//! memory budget both count against (`budget`). Knows nothing of the command table: a
+//! script's `redis.call` is a closure the `EVAL` command passes in.
+
+mod budget;
+mod cjson;
+mod lua;
+
+pub(crate) use lua::{compile_check, run, sha1hex, LuaCache};
