@@ -126,6 +126,14 @@ pub enum Command {
     Tick,
     /// A keyspace command (RESP front end).
     Kv(KvCommand),
+    /// Write `value` under keyspace key `key` if `token` is at least the key's fence mark
+    /// (what `FENCE.SET key value token` does, with a typed answer): [`Response::Fenced`].
+    /// Appended last, so entries written before it existed still decode.
+    FencedPut {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        token: Token,
+    },
 }
 
 impl Command {
@@ -143,6 +151,7 @@ impl Command {
             Command::CloseSession { .. } => "close_session",
             Command::Tick => "tick",
             Command::Kv(_) => "kv",
+            Command::FencedPut { .. } => "fenced_put",
         }
     }
 }
@@ -213,6 +222,12 @@ pub enum Response {
     Ticked,
     Kv(KvResponse),
     Rejected(CoreError),
+    /// The answer to [`Command::FencedPut`]: whether the write was accepted, and the key's
+    /// fence mark it was checked against (the token itself when accepted). Appended last.
+    Fenced {
+        accepted: bool,
+        highest: Token,
+    },
 }
 
 /// Why a grant ended.

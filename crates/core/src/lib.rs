@@ -70,6 +70,9 @@ pub enum CoreError {
     UpgradeNotSupported { name: String, owner: String },
     #[error("{owner} already holds part of this multi-lock with another grant")]
     PartiallyHeld { owner: String },
+    /// Appended last (the enum is part of the dedup table's encoding).
+    #[error("value must be at most {max} bytes, got {len}")]
+    ValueTooLarge { len: usize, max: usize },
 }
 
 /// Errors decoding a snapshot of the state machine.

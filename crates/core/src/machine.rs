@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::*;
 use crate::cow::{CowMap, CowSet};
-use crate::kv::Keyspace;
+use crate::kv::{FenceError, Keyspace, Stale, MAX_VALUE_LEN};
 use crate::limits::*;
 use crate::small_map::SmallMap;
 use crate::{CoreError, SnapshotError};
@@ -539,6 +539,22 @@ impl StateMachine {
                 events.extend(kv_events.into_iter().map(Event::Kv));
                 self.revision = rev;
                 Ok(Response::Kv(reply))
+            }
+            Command::FencedPut { key, value, token } => {
+                match self.kv.fence_set(revision, key, value, *token) {
+                    Ok(()) => Ok(Response::Fenced {
+                        accepted: true,
+                        highest: *token,
+                    }),
+                    Err(FenceError::Stale(Stale { highest, .. })) => Ok(Response::Fenced {
+                        accepted: false,
+                        highest,
+                    }),
+                    Err(FenceError::TooLarge) => Err(CoreError::ValueTooLarge {
+                        len: value.len(),
+                        max: MAX_VALUE_LEN,
+                    }),
+                }
             }
         };
         result.unwrap_or_else(Response::Rejected)

@@ -678,3 +678,83 @@ fn a_snapshot_from_before_revisions_starts_the_revision_at_its_index() {
     assert_eq!(restored.revision(), 7);
     assert_eq!(restored, sm);
 }
+
+/// `FencedPut` and `FENCE.SET` share one check (`Keyspace::fence_set`): the same marks, the
+/// typed answer carries the mark a stale write was checked against, and a retry is answered
+/// from the dedup table.
+#[test]
+fn fenced_put_is_fence_set_with_a_typed_answer() {
+    let mut h = Harness::new();
+    let put = |token| Command::FencedPut {
+        key: b"file".to_vec(),
+        value: format!("v{token}").into_bytes(),
+        token,
+    };
+    let out = h.run(1, put(7));
+    assert_eq!(
+        out.response,
+        Response::Fenced {
+            accepted: true,
+            highest: 7
+        }
+    );
+    let stale = h.run(1, put(5));
+    assert_eq!(
+        stale.response,
+        Response::Fenced {
+            accepted: false,
+            highest: 7
+        }
+    );
+    assert_eq!(
+        h.sm.kv().get(b"file", h.time).map(|e| &e.value),
+        Some(&kv::Value::Str(b"v7".to_vec()))
+    );
+    // FENCE.SET sees the mark FencedPut left, and the other way round.
+    let fence_set = |token: &str| {
+        Command::Kv(kv::KvCommand::Batch(vec![kv(&[
+            "FENCE.SET",
+            "file",
+            "x",
+            token,
+        ])]))
+    };
+    let Response::Kv(r) = h.run(1, fence_set("6")).response else {
+        panic!("not a kv response")
+    };
+    assert_eq!(
+        r.replies[0],
+        kv::Reply::err("STALE token 6 is older than 7")
+    );
+    let Response::Kv(r) = h.run(1, fence_set("9")).response else {
+        panic!("not a kv response")
+    };
+    assert_eq!(r.replies[0], kv::Reply::ok());
+    assert_eq!(
+        h.run(1, put(8)).response,
+        Response::Fenced {
+            accepted: false,
+            highest: 9
+        }
+    );
+    // Too large: refused, nothing written, the mark unchanged.
+    let big = Command::FencedPut {
+        key: b"file".to_vec(),
+        value: vec![0; kv::MAX_VALUE_LEN + 1],
+        token: 10,
+    };
+    assert!(matches!(
+        h.run(1, big).response,
+        Response::Rejected(CoreError::ValueTooLarge { .. })
+    ));
+    assert_eq!(h.sm.kv().fence(b"file"), 9);
+    // A retried request gets its first answer, even after the mark moved on.
+    let rid = RequestId {
+        client_id: 2,
+        seq: 1,
+    };
+    let first = h.run_as(Some(rid), put(20)).response;
+    h.run(1, put(30));
+    assert_eq!(h.run_as(Some(rid), put(20)).response, first);
+    assert_eq!(h.sm.kv().fence(b"file"), 30, "the retry did not act again");
+}

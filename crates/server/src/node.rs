@@ -828,6 +828,7 @@ fn proposal_size(cmd: &Command) -> usize {
     match cmd {
         Command::Kv(kv) => BASE + kv_size(kv),
         Command::AcquireWith(spec) => BASE + spec.names.iter().map(|n| n.len() + 8).sum::<usize>(),
+        Command::FencedPut { key, value, .. } => BASE + key.len() + value.len(),
         _ => BASE,
     }
 }

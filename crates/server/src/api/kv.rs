@@ -1,6 +1,6 @@
 //! `fenced.v1.Kv`: fenced writes (`FencedPut`, the typed face of `FENCE.SET`) and reads.
 
-use fenced_core::kv::{KvCommand, Reply as KvReply};
+use fenced_core::kv::Reply as KvReply;
 use fenced_core::{Command, Response};
 use fenced_proto::v1 as pb;
 use tonic::{Request, Status};
@@ -14,29 +14,14 @@ impl Kv for Api {
     async fn fenced_put(&self, req: Request<pb::FencedPutRequest>) -> Reply<pb::FencedPutResponse> {
         let r = req.into_inner();
         let rid = request_id(r.request)?;
-        let argv = vec![
-            b"FENCE.SET".to_vec(),
-            r.key.clone().into_bytes(),
-            r.value,
-            r.token.to_string().into_bytes(),
-        ];
-        let replies = match self
-            .node
-            .propose(Some(rid), Command::Kv(KvCommand::Batch(vec![argv])))
-            .await?
-        {
-            Response::Kv(k) => k.replies,
-            other => return Err(unexpected(other)),
+        let cmd = Command::FencedPut {
+            key: r.key.into_bytes(),
+            value: r.value,
+            token: r.token,
         };
-        let (accepted, highest) = match replies.first() {
-            Some(KvReply::Status(_)) => (true, r.token),
-            // "STALE token N is older than M": M is the mark the entry was checked against.
-            Some(KvReply::Error(e)) if e.starts_with("STALE") => {
-                let highest = e.rsplit(' ').next().and_then(|m| m.parse().ok());
-                (false, highest.unwrap_or(r.token))
-            }
-            Some(KvReply::Error(e)) => return Err(Status::invalid_argument(e.clone())),
-            other => return Err(Status::internal(format!("unexpected reply {other:?}"))),
+        let (accepted, highest) = match self.node.propose(Some(rid), cmd).await? {
+            Response::Fenced { accepted, highest } => (accepted, highest),
+            other => return Err(unexpected(other)),
         };
         Ok(self.reply(pb::FencedPutResponse { accepted, highest }))
     }
