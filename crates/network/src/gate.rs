@@ -23,8 +23,8 @@
 use std::sync::Arc;
 
 use fenced_proto::raft::PeerIdentity;
+use fenced_raft_types::NodeId;
 use fenced_storage::identity::{IdentityStore, MemberState, Pin};
-use fenced_storage::NodeId;
 use openraft::{BasicNode, Membership};
 use tonic::Status;
 

@@ -12,8 +12,9 @@ use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE}
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
 use fenced_proto::raft::{PeerIdentity, RaftReply, RaftRequest};
+use fenced_raft_types::{NodeId, Raft};
 use fenced_storage::identity::{Identity, IdentityStore, MemberState};
-use fenced_storage::{NodeId, Raft, SharedState};
+use fenced_storage::SharedState;
 use openraft::error::RPCError;
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};

@@ -14,10 +14,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use fenced_raft_types::NodeId;
 use sha2::{Digest, Sha256};
 
 use crate::identity::{self, Identity, IdentityStore, MemberState};
-use crate::{hardstate, EventSink, LogStore, NodeId, StateMachineStore, StoreError};
+use crate::{hardstate, EventSink, LogStore, StateMachineStore, StoreError};
 
 /// What the operator asked for.
 #[derive(Clone, Debug)]

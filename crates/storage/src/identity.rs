@@ -15,10 +15,11 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+use fenced_raft_types::NodeId;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::{NodeId, StoreError};
+use crate::StoreError;
 
 pub const FILE_NAME: &str = "identity";
 const FORMAT: u32 = 1;
