@@ -12,8 +12,8 @@ use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE}
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
 use fenced_proto::raft::{PeerIdentity, RaftReply, RaftRequest};
+use fenced_raft_types::identity::{Identity, IdentityStore, MemberState};
 use fenced_raft_types::{NodeId, Raft};
-use fenced_storage::identity::{Identity, IdentityStore, MemberState};
 use fenced_storage::SharedState;
 use openraft::error::RPCError;
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
@@ -73,7 +73,7 @@ fn serve(
 /// The identity checks of member `id` of the test cluster, with its identity file in `dir`.
 fn gate(dir: &std::path::Path, id: NodeId, addr: &str) -> anyhow::Result<PeerGate> {
     let identity = Identity::new(TEST_CLUSTER, id, MemberState::Ready);
-    fenced_storage::identity::store(dir, &identity)?;
+    fenced_raft_types::identity::store(dir, &identity)?;
     Ok(PeerGate::new(
         Arc::new(IdentityStore::new(dir, identity)),
         addr,

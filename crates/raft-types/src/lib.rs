@@ -1,11 +1,13 @@
 //! What the Raft storage (`fenced-storage`), the transport (`fenced-network`) and the server of
 //! fenced share: openraft's type configuration ([`TypeConfig`]), [`NodeId`], the [`Raft`]
 //! handle and the snapshot file handle ([`SnapshotFile`], the configuration's
-//! `SnapshotData`).
+//! `SnapshotData`), and the member's [`identity`] (the `identity` file of a data dir, its
+//! incarnation and the peers' pins), which the transport's identity checks read and update.
 //!
 //! Nothing here knows how the log, the vote or the state machine are stored (no sled): a crate
 //! that needs these types does not need the storage crate for them.
 
+pub mod identity;
 mod snapshot;
 
 pub use snapshot::SnapshotFile;

@@ -1,6 +1,7 @@
 //! Raft storage of fenced: the log in a write-ahead log of its own ([`wal`]), the vote and
 //! the last durable log id in the [`hardstate`] file, snapshots and a few meta records in one
-//! sled `Db`, the member's identity in [`identity`].
+//! sled `Db`. The member's identity file (`fenced_raft_types::identity`) lives beside them;
+//! [`datadir`] applies its rules when a data dir is opened.
 //!
 //! * `wal/`: segment files of sealed bincode [`openraft::Entry`] records ([`wal`]);
 //! * sled tree `meta`: `format` ([`DATA_DIR_FORMAT`]) and `last_purged` (sealed bincode;
@@ -29,7 +30,6 @@
 pub mod datadir;
 pub mod frame;
 pub mod hardstate;
-pub mod identity;
 mod log;
 pub mod snapshot;
 pub mod wal;
@@ -148,6 +148,9 @@ pub enum StoreError {
     },
     #[error("state machine lock poisoned (a previous apply panicked)")]
     Poisoned,
+    /// Reading or writing the identity file.
+    #[error(transparent)]
+    Identity(#[from] fenced_raft_types::identity::IdentityError),
 }
 
 impl StoreError {
