@@ -1,5 +1,9 @@
 //! The Raft transport end to end: a 3-node cluster on 127.0.0.1, plus the error mapping of
 //! the client side against unreachable, silent, broken and stopped peers.
+//!
+//! In-process (no `fenced` binary). It lives with the server, the crate that puts
+//! `fenced-network` and `fenced-storage` together, so that the transport crate does not
+//! depend on the storage crate (and sled) even for its tests.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
