@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::RaftRequest;
-use fenced_storage::{NodeId, TypeConfig};
+use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::error::{
     Infallible, InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError,
     RemoteError, Timeout, Unreachable,

@@ -1,6 +1,6 @@
 //! Identity checks of node-to-node calls: the cluster id, the member ids and — what keeps a
 //! wiped member from voting — the incarnation of each member's data dir (see
-//! `fenced_storage::identity`).
+//! [`fenced_raft_types::identity`]).
 //!
 //! Every Raft and forwarding call carries a [`PeerIdentity`]; every Raft reply carries the
 //! responder's incarnation. A node pins each peer's incarnation the first time it hears of it
@@ -23,8 +23,8 @@
 use std::sync::Arc;
 
 use fenced_proto::raft::PeerIdentity;
-use fenced_storage::identity::{IdentityStore, MemberState, Pin};
-use fenced_storage::NodeId;
+use fenced_raft_types::identity::{IdentityStore, MemberState, Pin};
+use fenced_raft_types::NodeId;
 use openraft::{BasicNode, Membership};
 use tonic::Status;
 
@@ -264,12 +264,12 @@ impl PeerGate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fenced_storage::identity::{Identity, MemberState};
+    use fenced_raft_types::identity::{Identity, MemberState};
     use std::collections::BTreeSet;
 
     fn gate(dir: &std::path::Path, member: NodeId) -> PeerGate {
         let id = Identity::new(7, member, MemberState::Ready);
-        fenced_storage::identity::store(dir, &id).expect("store");
+        fenced_raft_types::identity::store(dir, &id).expect("store");
         PeerGate::new(Arc::new(IdentityStore::new(dir, id)), format!("n{member}"))
     }
 
@@ -345,7 +345,7 @@ mod tests {
         );
         let boot = |dir: &std::path::Path, member: NodeId| {
             let id = Identity::new(7, member, MemberState::Bootstrapping);
-            fenced_storage::identity::store(dir, &id).expect("store");
+            fenced_raft_types::identity::store(dir, &id).expect("store");
             PeerGate::new(Arc::new(IdentityStore::new(dir, id)), format!("n{member}"))
         };
         let (n1, n2, n3) = (boot(d1.path(), 1), boot(d2.path(), 2), boot(d3.path(), 3));
@@ -359,7 +359,7 @@ mod tests {
         // The third member shows up: from then on n2 votes, and says so on disk.
         assert!(n2.admit_raft(Some(&n3.envelope(2)), &m).is_ok());
         assert!(n2.admit_raft(Some(&n1.envelope(2)), &m).is_ok());
-        let on_disk = fenced_storage::identity::load(d2.path())
+        let on_disk = fenced_raft_types::identity::load(d2.path())
             .expect("load")
             .expect("present");
         assert_eq!(on_disk.state, MemberState::Ready);

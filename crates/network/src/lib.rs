@@ -5,7 +5,7 @@
 //!   [`Network`] per target node. Targets are addressed by [`openraft::BasicNode::addr`]
 //!   (`"host:port"` of the node's gRPC listener). Channels are connected lazily and shared by
 //!   all clients of a factory (and its clones) that talk to the same node.
-//! * Server side: [`raft_server`] wraps a [`fenced_storage::Raft`] handle into a tonic service
+//! * Server side: [`raft_server`] wraps a [`fenced_raft_types::Raft`] handle into a tonic service
 //!   to add to the node's gRPC router next to the client API.
 //!
 //! Payloads are openraft's own request, response and error types encoded with bincode (see
@@ -51,7 +51,7 @@ pub enum TransportError {
     /// The node's address cannot be turned into a gRPC endpoint.
     #[error("invalid address {addr:?} of node {node}: {reason}")]
     InvalidAddress {
-        node: fenced_storage::NodeId,
+        node: fenced_raft_types::NodeId,
         addr: String,
         reason: String,
     },

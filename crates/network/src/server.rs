@@ -4,7 +4,7 @@ use std::error::Error;
 
 use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
 use fenced_proto::raft::{RaftReply, RaftRequest};
-use fenced_storage::Raft;
+use fenced_raft_types::Raft;
 use fenced_tls::PeerCertCheck;
 use serde::de::DeserializeOwned;
 use serde::Serialize;

@@ -60,6 +60,8 @@ impl From<NodeError> for Status {
 pub enum StartError {
     #[error(transparent)]
     Storage(#[from] fenced_storage::StoreError),
+    #[error(transparent)]
+    Identity(#[from] fenced_raft_types::identity::IdentityError),
     #[error("configuration: {0}")]
     Config(String),
     #[error("cannot listen on {addr}: {source}")]

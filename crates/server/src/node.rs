@@ -10,7 +10,8 @@ use fenced_core::{Batch, Command, Event, Request, RequestId, Response, StateMach
 use fenced_network::PeerGate;
 use fenced_proto::raft::forward_client::ForwardClient;
 use fenced_proto::raft::{PeerIdentity, ProposeBatchRequest, ProposeRequest, ReadIndexRequest};
-use fenced_storage::{NodeId, Raft, SharedState};
+use fenced_raft_types::{NodeId, Raft};
+use fenced_storage::SharedState;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::ServerState;
 use tokio::sync::watch;

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE};
-use fenced_storage::identity::MemberState;
-use fenced_storage::{datadir, NodeId, Raft};
+use fenced_raft_types::identity::MemberState;
+use fenced_raft_types::{NodeId, Raft};
+use fenced_storage::datadir;
 use openraft::error::RaftError;
 use openraft::{BasicNode, Config, SnapshotPolicy};
 use tokio::net::TcpListener;

@@ -14,10 +14,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use fenced_raft_types::identity::{self, Identity, IdentityStore, MemberState};
+use fenced_raft_types::NodeId;
 use sha2::{Digest, Sha256};
 
-use crate::identity::{self, Identity, IdentityStore, MemberState};
-use crate::{hardstate, EventSink, LogStore, NodeId, StateMachineStore, StoreError};
+use crate::{hardstate, EventSink, LogStore, StateMachineStore, StoreError};
 
 /// What the operator asked for.
 #[derive(Clone, Debug)]
@@ -77,7 +78,7 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
         return bootstrap_empty(dir, plan, events);
     }
 
-    let loaded = identity::load(dir).map_err(|e| unusable(dir, e))?;
+    let loaded = identity::load(dir).map_err(|e| unusable(dir, e.into()))?;
     let had_hard_state = hardstate::HardState::path_in(dir).exists();
     let has_sled = dir.join("db").exists() || dir.join("conf").exists();
     if loaded.is_none() && !had_hard_state && !has_sled {

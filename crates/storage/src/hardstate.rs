@@ -17,10 +17,11 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use fenced_raft_types::NodeId;
 use openraft::{LogId, Vote};
 use serde::{Deserialize, Serialize};
 
-use crate::{NodeId, StoreError};
+use crate::StoreError;
 
 /// File name inside the data dir.
 pub const FILE_NAME: &str = "hardstate";

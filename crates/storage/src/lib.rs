@@ -1,6 +1,7 @@
 //! Raft storage of fenced: the log in a write-ahead log of its own ([`wal`]), the vote and
 //! the last durable log id in the [`hardstate`] file, snapshots and a few meta records in one
-//! sled `Db`, the member's identity in [`identity`].
+//! sled `Db`. The member's identity file (`fenced_raft_types::identity`) lives beside them;
+//! [`datadir`] applies its rules when a data dir is opened.
 //!
 //! * `wal/`: segment files of sealed bincode [`openraft::Entry`] records ([`wal`]);
 //! * sled tree `meta`: `format` ([`DATA_DIR_FORMAT`]) and `last_purged` (sealed bincode;
@@ -29,7 +30,6 @@
 pub mod datadir;
 pub mod frame;
 pub mod hardstate;
-pub mod identity;
 mod log;
 pub mod snapshot;
 pub mod wal;
@@ -41,6 +41,7 @@ use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
+use fenced_raft_types::{NodeId, SnapshotFile, TypeConfig};
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
     AnyError, BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftSnapshotBuilder,
@@ -49,19 +50,6 @@ use openraft::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sled::transaction::{ConflictableTransactionError, TransactionError};
-
-openraft::declare_raft_types!(
-    /// openraft type configuration of fenced: an entry carries a batch of commands and
-    /// answers with one response per command.
-    pub TypeConfig:
-        D = fenced_core::Batch,
-        R = Vec<fenced_core::Response>,
-        NodeId = u64,
-        Node = openraft::BasicNode,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = snapshot::SnapshotFile,
-        AsyncRuntime = openraft::TokioRuntime,
-);
 
 openraft::declare_raft_types!(
     /// The log entry layout of format 1 (one request per entry, token = log index): only
@@ -76,9 +64,6 @@ openraft::declare_raft_types!(
         SnapshotData = Cursor<Vec<u8>>,
         AsyncRuntime = openraft::TokioRuntime,
 );
-
-pub type NodeId = u64;
-pub type Raft = openraft::Raft<TypeConfig>;
 
 /// Called after each applied normal entry with the events it produced (never with an empty
 /// slice). It runs on openraft's state machine task: keep it short and non-blocking (e.g. send
@@ -163,6 +148,9 @@ pub enum StoreError {
     },
     #[error("state machine lock poisoned (a previous apply panicked)")]
     Poisoned,
+    /// Reading or writing the identity file.
+    #[error(transparent)]
+    Identity(#[from] fenced_raft_types::identity::IdentityError),
 }
 
 impl StoreError {
@@ -756,7 +744,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<snapshot::SnapshotFile>> {
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<SnapshotFile>> {
         let file = self
             .snapshots
             .receiving()
@@ -767,10 +755,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn install_snapshot(
         &mut self,
         meta: &Meta,
-        mut snapshot: Box<snapshot::SnapshotFile>,
+        mut snapshot: Box<SnapshotFile>,
     ) -> StorageResult<()> {
         let err = |e: StoreError| StorageIOError::read_snapshot(Some(meta.signature()), &e);
-        snapshot.sync().await.map_err(err)?;
+        snapshot
+            .sync()
+            .await
+            .map_err(|e| err(StoreError::file(snapshot.path(), e)))?;
         let mut path = snapshot.path().to_owned();
         drop(snapshot);
         if path.parent() != Some(self.snapshots.dir()) {
@@ -828,7 +819,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let Some((meta, path)) = self.snapshots.current().map_err(err)? else {
             return Ok(None);
         };
-        let file = snapshot::SnapshotFile::open(&path).map_err(err)?;
+        let file = SnapshotFile::open(&path).map_err(|e| err(StoreError::file(&path, e)))?;
         Ok(Some(Snapshot {
             meta,
             snapshot: Box::new(file),
@@ -869,7 +860,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         })
         .await
         .map_err(err)?;
-        let file = snapshot::SnapshotFile::open(&path).map_err(err)?;
+        let file = SnapshotFile::open(&path).map_err(|e| err(StoreError::file(&path, e)))?;
         tracing::info!(
             id = %meta.snapshot_id,
             bytes = std::fs::metadata(&path).map_or(0, |m| m.len()),

@@ -8,6 +8,7 @@ use std::ops::{Bound, RangeBounds};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{
     BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, StorageError,
@@ -18,7 +19,7 @@ use serde::Serialize;
 
 use crate::hardstate::{HardState, HardStateValue};
 use crate::wal::{Flusher, Wal};
-use crate::{decode, encode, flush_db, NodeId, StoreError, TypeConfig, KEY_LAST_PURGED};
+use crate::{decode, encode, flush_db, StoreError, KEY_LAST_PURGED};
 
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 

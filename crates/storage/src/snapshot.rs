@@ -14,21 +14,20 @@
 //! The state is serialized straight into the file (no copy of it in memory), and a file is
 //! read twice: once to check its checksum, then to decode — a damaged length inside can then
 //! never make the decoder allocate more than the file holds. The same bytes are what
-//! openraft streams to a follower that needs the snapshot ([`SnapshotFile`] is the
-//! `SnapshotData` of the type configuration).
+//! openraft streams to a follower that needs the snapshot (through
+//! [`fenced_raft_types::SnapshotFile`], the `SnapshotData` of the type configuration).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::task::{Context, Poll};
 
 use bincode::Options;
+use fenced_raft_types::{NodeId, SnapshotFile};
 use openraft::{BasicNode, SnapshotMeta};
 
-use crate::{frame, NodeId, StoreError};
+use crate::{frame, StoreError};
 
 type Meta = SnapshotMeta<NodeId, BasicNode>;
 
@@ -296,89 +295,4 @@ pub fn load(path: &Path) -> Result<(Meta, fenced_core::StateMachine), StoreError
         return Err(damaged(path, "bytes after the state machine"));
     }
     Ok((meta, machine))
-}
-
-/// A snapshot file as openraft's `SnapshotData`: the bytes openraft streams to a follower,
-/// or receives from the leader.
-pub struct SnapshotFile {
-    file: tokio::fs::File,
-    path: PathBuf,
-}
-
-impl SnapshotFile {
-    fn new(file: File, path: PathBuf) -> SnapshotFile {
-        SnapshotFile {
-            file: tokio::fs::File::from_std(file),
-            path,
-        }
-    }
-
-    /// Open the snapshot file at `path` for reading.
-    pub fn open(path: &Path) -> Result<SnapshotFile, StoreError> {
-        let file = File::open(path).map_err(|e| StoreError::file(path, e))?;
-        Ok(SnapshotFile::new(file, path.to_owned()))
-    }
-
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Flush and fsync what was written into it.
-    pub async fn sync(&mut self) -> Result<(), StoreError> {
-        use tokio::io::AsyncWriteExt;
-        self.file
-            .flush()
-            .await
-            .map_err(|e| StoreError::file(&self.path, e))?;
-        self.file
-            .sync_all()
-            .await
-            .map_err(|e| StoreError::file(&self.path, e))
-    }
-}
-
-impl std::fmt::Debug for SnapshotFile {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SnapshotFile")
-            .field("path", &self.path)
-            .finish()
-    }
-}
-
-impl tokio::io::AsyncRead for SnapshotFile {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.file).poll_read(cx, buf)
-    }
-}
-
-impl tokio::io::AsyncWrite for SnapshotFile {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.file).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.file).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.file).poll_shutdown(cx)
-    }
-}
-
-impl tokio::io::AsyncSeek for SnapshotFile {
-    fn start_seek(mut self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
-        Pin::new(&mut self.file).start_seek(position)
-    }
-
-    fn poll_complete(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
-        Pin::new(&mut self.file).poll_complete(cx)
-    }
 }

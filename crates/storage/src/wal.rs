@@ -39,11 +39,12 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::storage::LogFlushed;
 use openraft::{Entry, LogId};
 
 use crate::hardstate::HardState;
-use crate::{NodeId, StoreError, TypeConfig};
+use crate::StoreError;
 
 /// Directory of the segments inside the data dir.
 pub const DIR: &str = "wal";

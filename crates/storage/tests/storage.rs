@@ -3,9 +3,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use fenced_core::{Batch, Command, Event, Request, RequestId, Response};
-use fenced_storage::{
-    open, EventSink, LegacyTypeConfig, LogStore, NodeId, StateMachineStore, StoreError, TypeConfig,
-};
+use fenced_raft_types::{NodeId, TypeConfig};
+use fenced_storage::{open, EventSink, LegacyTypeConfig, LogStore, StateMachineStore, StoreError};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{

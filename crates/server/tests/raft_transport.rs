@@ -1,5 +1,9 @@
 //! The Raft transport end to end: a 3-node cluster on 127.0.0.1, plus the error mapping of
 //! the client side against unreachable, silent, broken and stopped peers.
+//!
+//! In-process (no `fenced` binary). It lives with the server, the crate that puts
+//! `fenced-network` and `fenced-storage` together, so that the transport crate does not
+//! depend on the storage crate (and sled) even for its tests.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -12,8 +16,9 @@ use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE}
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
 use fenced_proto::raft::{PeerIdentity, RaftReply, RaftRequest};
-use fenced_storage::identity::{Identity, IdentityStore, MemberState};
-use fenced_storage::{NodeId, Raft, SharedState};
+use fenced_raft_types::identity::{Identity, IdentityStore, MemberState};
+use fenced_raft_types::{NodeId, Raft};
+use fenced_storage::SharedState;
 use openraft::error::RPCError;
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{AppendEntriesRequest, VoteRequest};
@@ -72,7 +77,7 @@ fn serve(
 /// The identity checks of member `id` of the test cluster, with its identity file in `dir`.
 fn gate(dir: &std::path::Path, id: NodeId, addr: &str) -> anyhow::Result<PeerGate> {
     let identity = Identity::new(TEST_CLUSTER, id, MemberState::Ready);
-    fenced_storage::identity::store(dir, &identity)?;
+    fenced_raft_types::identity::store(dir, &identity)?;
     Ok(PeerGate::new(
         Arc::new(IdentityStore::new(dir, identity)),
         addr,

@@ -4,10 +4,13 @@
 //! the dir was created, plus the incarnations this member has seen of its peers ("pins").
 //! Peers refuse Raft and forwarding calls from a member that reappears with another
 //! incarnation: a member whose disk was wiped (or replaced) comes back with a new one, and
-//! must never vote from its empty log. See `fenced_network::PeerGate` for the checks.
+//! must never vote from its empty log. See `fenced_network::PeerGate` for the checks, and
+//! `fenced_storage::datadir` for the rules that create, check and refuse a data dir by it.
 //!
 //! The file is JSON with a CRC over its content, written atomically (temp file, fsync,
-//! rename, fsync of the dir), so it is either the old or the new version, never half.
+//! rename, fsync of the dir), so it is either the old or the new version, never half. Plain
+//! file I/O: it lives here, beside the types the transport uses, so that the transport's
+//! identity checks need nothing of the storage crate.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -18,10 +21,38 @@ use std::sync::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::{NodeId, StoreError};
+use crate::NodeId;
 
 pub const FILE_NAME: &str = "identity";
 const FORMAT: u32 = 1;
+
+/// Errors reading or writing the identity file (the messages are those the storage crate's
+/// `StoreError` gives for the same problems in its own files).
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    #[error("{}: {error}", path.display())]
+    File { path: PathBuf, error: io::Error },
+    #[error("{} is damaged: {detail}", path.display())]
+    Damaged { path: PathBuf, detail: String },
+    #[error(
+        "{what} has format version {found}, this build reads version {supported}: it was \
+         written by another version of fenced (not corrupt; run that version, or a newer one)"
+    )]
+    UnknownFormat {
+        what: &'static str,
+        found: u32,
+        supported: u32,
+    },
+}
+
+impl IdentityError {
+    fn file(path: &Path, error: io::Error) -> IdentityError {
+        IdentityError::File {
+            path: path.to_owned(),
+            error,
+        }
+    }
+}
 
 /// Where a member stands.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -91,8 +122,8 @@ fn crc_of(identity: &Identity) -> Result<u32, serde_json::Error> {
     Ok(crc32fast::hash(&serde_json::to_vec(identity)?))
 }
 
-fn damaged(path: &Path, detail: impl Into<String>) -> StoreError {
-    StoreError::Damaged {
+fn damaged(path: &Path, detail: impl Into<String>) -> IdentityError {
+    IdentityError::Damaged {
         path: path.to_owned(),
         detail: detail.into(),
     }
@@ -103,12 +134,12 @@ pub fn path_in(dir: &Path) -> PathBuf {
 }
 
 /// Read the identity file of `dir`; `Ok(None)` if there is none.
-pub fn load(dir: &Path) -> Result<Option<Identity>, StoreError> {
+pub fn load(dir: &Path) -> Result<Option<Identity>, IdentityError> {
     let path = path_in(dir);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(StoreError::file(&path, e)),
+        Err(e) => return Err(IdentityError::file(&path, e)),
     };
     let on_disk: OnDisk = serde_json::from_slice(&bytes)
         .map_err(|e| damaged(&path, format!("not a valid identity file ({e})")))?;
@@ -123,7 +154,7 @@ pub fn load(dir: &Path) -> Result<Option<Identity>, StoreError> {
         ));
     }
     if on_disk.identity.format != FORMAT {
-        return Err(StoreError::UnknownFormat {
+        return Err(IdentityError::UnknownFormat {
             what: "identity file",
             found: on_disk.identity.format,
             supported: FORMAT,
@@ -133,7 +164,7 @@ pub fn load(dir: &Path) -> Result<Option<Identity>, StoreError> {
 }
 
 /// Write `identity` into `dir` atomically and durably.
-pub fn store(dir: &Path, identity: &Identity) -> Result<(), StoreError> {
+pub fn store(dir: &Path, identity: &Identity) -> Result<(), IdentityError> {
     let path = path_in(dir);
     let crc32 = crc_of(identity).map_err(|e| damaged(&path, e.to_string()))?;
     let mut text = serde_json::to_vec_pretty(&OnDisk {
@@ -149,8 +180,10 @@ pub fn store(dir: &Path, identity: &Identity) -> Result<(), StoreError> {
         f.sync_all()?;
         std::fs::rename(&tmp, &path)
     };
-    write().map_err(|e| StoreError::file(&path, e))?;
-    crate::sync_dir(dir)
+    write().map_err(|e| IdentityError::file(&path, e))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| IdentityError::file(dir, e))
 }
 
 /// What [`IdentityStore::learn`] found.
@@ -217,7 +250,7 @@ impl IdentityStore {
 
     /// Pin `member` at `incarnation` unless it is pinned already; a new pin is on disk
     /// before this returns.
-    pub fn learn(&self, member: NodeId, incarnation: u64) -> Result<Pin, StoreError> {
+    pub fn learn(&self, member: NodeId, incarnation: u64) -> Result<Pin, IdentityError> {
         let mut id = self.lock();
         match id.pinned(member) {
             Some(p) if p == incarnation => Ok(Pin::Known),
@@ -233,7 +266,7 @@ impl IdentityStore {
     }
 
     /// Record a new state durably.
-    pub fn set_state(&self, state: MemberState) -> Result<(), StoreError> {
+    pub fn set_state(&self, state: MemberState) -> Result<(), IdentityError> {
         let mut id = self.lock();
         if id.state == state {
             return Ok(());
@@ -305,7 +338,10 @@ mod tests {
             .expect("utf8")
             .replace("\"member_id\": 2", "\"member_id\": 3");
         std::fs::write(&path, edited).expect("edit");
-        assert!(matches!(load(dir.path()), Err(StoreError::Damaged { .. })));
+        assert!(matches!(
+            load(dir.path()),
+            Err(IdentityError::Damaged { .. })
+        ));
     }
 
     #[test]
