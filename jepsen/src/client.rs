@@ -45,7 +45,7 @@ pub struct ClientSpec {
     pub lock_endpoints: Vec<String>,
     /// RESP addresses for the register workload.
     pub resp_endpoints: Vec<String>,
-    /// fenced-guard address (counter workloads).
+    /// fenced-fence-check address (counter workloads).
     pub guard: String,
     pub ttl_ms: u64,
     pub wait_ms: u64,
@@ -228,7 +228,7 @@ fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, Client
     })
 }
 
-/// A connection to fenced-guard's line protocol.
+/// A connection to fenced-fence-check's line protocol.
 struct Guard {
     addr: String,
     conn: Option<BufReader<TcpStream>>,
