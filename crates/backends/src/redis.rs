@@ -201,7 +201,7 @@ else
     return 0
 end"#;
 
-/// Extend only if the key still holds our value (compare-and-`PEXPIRE`). ARGV[2] = ttl in ms.
+/// Extend only if the key still holds our value (compare-and-`PEXPIRE`). `ARGV[2]` = ttl in ms.
 pub const EXTEND_SCRIPT: &str = r#"if redis.call("get", KEYS[1]) == ARGV[1] then
     return redis.call("pexpire", KEYS[1], ARGV[2])
 else
@@ -231,7 +231,6 @@ pub fn connect(
         .map_err(|e| LockError::Invalid(format!("{url}: {e}")))
 }
 
-/// Map a redis-rs error: transport problems are `Unavailable` (outcome unknown).
 /// A redis-rs error as a [`LockError`]: transport trouble, and fenced's `-TIMEOUT` (the entry
 /// may still commit) and `-TRYAGAIN` replies, are `Unavailable` (outcome unknown); any other
 /// server reply is a definite `Backend` answer.
