@@ -9,8 +9,9 @@
 # Only some rows: the product SYSTEMS × WORKLOADS × NEMESES (each a space-separated list), e.g.
 #   SYSTEMS="fenced-resp fenced-setnx" WORKLOADS="counter lock" \
 #     NEMESES="partition kill pause clock" OUT=/tmp/fj-resp bash jepsen/matrix.sh
-# BIN_DIR: take fenced and fenced-guard from there instead of this tree's target/debug (e.g. a
-# build of a clean checkout while the tree is being edited). SEED: the first seed (default 1).
+# BIN_DIR: take fenced and fenced-fence-check from there instead of this tree's target/debug
+# (e.g. a build of a clean checkout while the tree is being edited). SEED: the first seed
+# (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-jepsen/store/matrix}
@@ -21,12 +22,12 @@ SEED=${SEED:-1}
 if [ -n "${BIN_DIR:-}" ]; then
     cargo build -q -p fenced-jepsen
 else
-    cargo build -q -p fenced-server -p fenced-guard -p fenced-jepsen
+    cargo build -q -p fenced-server -p fenced-fence-check -p fenced-jepsen
     BIN_DIR=target/debug
 fi
 mkdir -p "$OUT/bin"
 # Private copies: rebuilding the tree during the matrix must not change what runs.
-cp "$BIN_DIR/fenced" "$BIN_DIR/fenced-guard" target/debug/fenced-jepsen "$OUT/bin/"
+cp "$BIN_DIR/fenced" "$BIN_DIR/fenced-fence-check" target/debug/fenced-jepsen "$OUT/bin/"
 BIN=$OUT/bin/fenced-jepsen
 cleanup() {
     for l in $(seq 0 $((LANES - 1))); do "$BIN" cleanup --prefix "fjm$l" >/dev/null 2>&1 || true; done

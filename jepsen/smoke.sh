@@ -26,7 +26,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-cargo build -q -p fenced-server -p fenced-guard -p fenced-jepsen
+cargo build -q -p fenced-server -p fenced-fence-check -p fenced-jepsen
 
 # Network namespaces when this machine allows them (root with CAP_SYS_ADMIN), else loopback.
 NET=loopback

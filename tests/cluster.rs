@@ -405,9 +405,9 @@ async fn acknowledged_grants_survive_full_crash() {
     }
     let down = Instant::now();
     let ran_before = down - up_before;
-    // The cluster stays down a while: log time must not count it (design §3: a new leader
-    // continues from the last committed log time on its monotonic clock, never the wall
-    // clock).
+    // The cluster stays down a while: log time must not count it (docs/architecture.md, "Rules
+    // of the core": a new leader continues from the last committed log time on its monotonic
+    // clock, never the wall clock).
     tokio::time::sleep(DOWNTIME).await;
     let up_again = Instant::now();
     for id in c.ids() {
@@ -603,9 +603,10 @@ async fn retried_acquire_never_grants_twice() {
 }
 
 /// 4b. After a full-cluster crash, log time continues from the last committed log time
-/// (design §3): the downtime is not counted against leases, and the wall clock is not used.
-/// The crash comes right after the first timed entry, before any later append flushed a
-/// commit index covering it, so the restarted leader's state machine starts at log time 0.
+/// (docs/architecture.md, "Rules of the core"): the downtime is not counted against leases,
+/// and the wall clock is not used. The crash comes right after the first timed entry, before
+/// any later append flushed a commit index covering it, so the restarted leader's state
+/// machine starts at log time 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_clock_skips_full_cluster_downtime() {
     const DOWNTIME: Duration = Duration::from_secs(3);

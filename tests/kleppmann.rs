@@ -2,7 +2,7 @@
 //! the lock and is paused past its lease; client B takes the lock and writes; A wakes up and
 //! writes with its old token. The storage rejects A's write as stale and B's data survives.
 //!
-//! Run twice: against a storage service that embeds `fenced_guard::FenceStore`, and against
+//! Run twice: against a storage service that embeds `fenced_fence_check::FenceStore`, and against
 //! the same write *without* token validation, to show what fencing prevents.
 
 #[path = "support/mod.rs"]
@@ -11,7 +11,7 @@ mod support;
 use std::time::Duration;
 
 use fenced_client::{Client, Grant};
-use fenced_guard::{FenceStore, GuardError};
+use fenced_fence_check::{FenceStore, GuardError};
 use support::Cluster;
 
 const LEASE: Duration = Duration::from_millis(800);

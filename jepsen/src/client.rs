@@ -12,8 +12,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fenced_dlock::{DistLock, LockError, RetryPolicy};
-use fenced_redlock::{RedisConfig, RedisLock, Redlock, RedlockConfig};
+use fenced_backends::{
+    DistLock, LockError, RedisConfig, RedisLock, Redlock, RedlockConfig, RetryPolicy,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -45,7 +46,7 @@ pub struct ClientSpec {
     pub lock_endpoints: Vec<String>,
     /// RESP addresses for the register workload.
     pub resp_endpoints: Vec<String>,
-    /// fenced-guard address (counter workloads).
+    /// fenced-fence-check address (counter workloads).
     pub guard: String,
     pub ttl_ms: u64,
     pub wait_ms: u64,
@@ -193,8 +194,8 @@ fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, Client
             .ok_or_else(|| ClientError::Other("no lock endpoints".into()))
     };
     Ok(match system_of(spec)? {
-        System::Fenced => Box::new(fenced_dlock::FencedGrpc::connect(&spec.lock_endpoints)?),
-        System::FencedResp => Box::new(fenced_redlock::FencedResp::new(node_addr()?, op_timeout)?),
+        System::Fenced => Box::new(fenced_backends::FencedGrpc::connect(&spec.lock_endpoints)?),
+        System::FencedResp => Box::new(fenced_backends::FencedResp::new(node_addr()?, op_timeout)?),
         System::FencedSetnx => Box::new(RedisLock::fenced_setnx(
             node_addr()?,
             RedisConfig {
@@ -228,7 +229,7 @@ fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, Client
     })
 }
 
-/// A connection to fenced-guard's line protocol.
+/// A connection to fenced-fence-check's line protocol.
 struct Guard {
     addr: String,
     conn: Option<BufReader<TcpStream>>,
@@ -356,7 +357,7 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
                         .ok_or_else(|| ClientError::Other("no RESP endpoints".into()))?;
                     resp = Some((
                         i,
-                        fenced_redlock::connect(addr, Some(op_timeout), op_timeout)?,
+                        fenced_backends::redis::connect(addr, Some(op_timeout), op_timeout)?,
                     ));
                 }
                 if let Some((_, c)) = resp.as_mut() {
@@ -485,7 +486,7 @@ async fn release(
     cx: &Cx<'_>,
     rec: &mut Recorder,
     lock: &dyn DistLock,
-    grant: &fenced_dlock::Grant,
+    grant: &fenced_backends::Grant,
 ) -> Result<(), ClientError> {
     let mut inv = rec.ev("release").key(LOCK);
     inv.token = grant.token;
@@ -625,7 +626,7 @@ pub async fn probe(spec: ClientSpec) -> Result<(), ClientError> {
 }
 
 async fn ping(addr: &str, t: Duration) -> Result<(), String> {
-    let mut c = fenced_redlock::connect(addr, Some(t), t).map_err(|e| e.to_string())?;
+    let mut c = fenced_backends::redis::connect(addr, Some(t), t).map_err(|e| e.to_string())?;
     tokio::time::timeout(t, redis::cmd("PING").query_async::<String>(&mut c))
         .await
         .map_err(|_| format!("{addr}: PING timed out"))?

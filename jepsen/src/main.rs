@@ -121,7 +121,7 @@ struct TestArgs {
     /// Prefix of the namespaces this run creates.
     #[arg(long, default_value = "fj")]
     prefix: String,
-    /// Where `fenced` and `fenced-guard` are (default: next to this binary).
+    /// Where `fenced` and `fenced-fence-check` are (default: next to this binary).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
 }
@@ -155,17 +155,17 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
             .to_owned(),
     };
     // Under `cargo run -p fenced-jepsen`, build the servers the harness starts if missing.
-    if !bin_dir.join("fenced").exists() || !bin_dir.join("fenced-guard").exists() {
+    if !bin_dir.join("fenced").exists() || !bin_dir.join("fenced-fence-check").exists() {
         if let Some(cargo) = std::env::var_os("CARGO") {
             let mut cmd = std::process::Command::new(cargo);
-            cmd.args(["build", "-p", "fenced-server", "-p", "fenced-guard"]);
+            cmd.args(["build", "-p", "fenced-server", "-p", "fenced-fence-check"]);
             if bin_dir.ends_with("release") {
                 cmd.arg("--release");
             }
-            eprintln!("fenced-jepsen: building fenced and fenced-guard");
+            eprintln!("fenced-jepsen: building fenced and fenced-fence-check");
             let st = cmd.status().context("running cargo build")?;
             if !st.success() {
-                bail!("cargo build -p fenced-server -p fenced-guard failed ({st})");
+                bail!("cargo build -p fenced-server -p fenced-fence-check failed ({st})");
             }
         }
     }

@@ -95,7 +95,7 @@ pub fn find_program(name: &str, bin_dir: &Path) -> anyhow::Result<PathBuf> {
         }
     }
     bail!(
-        "{name} not found in {} or PATH (build it: cargo build -p fenced-server -p fenced-guard)",
+        "{name} not found in {} or PATH (build it: cargo build -p fenced-server -p fenced-fence-check)",
         bin_dir.display()
     )
 }
@@ -412,7 +412,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     let bin = out.join("bin");
     std::fs::create_dir_all(&bin)?;
     let mut o = o.clone();
-    for name in ["fenced", "fenced-guard"] {
+    for name in ["fenced", "fenced-fence-check"] {
         if let Ok(src) = find_program(name, &o.bin_dir) {
             std::fs::copy(&src, bin.join(name))
                 .with_context(|| format!("copying {}", src.display()))?;
@@ -483,7 +483,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
             "guard",
             Spec {
                 host: "g".into(),
-                program: find_program("fenced-guard", &o.bin_dir)?,
+                program: find_program("fenced-fence-check", &o.bin_dir)?,
                 args: vec![
                     "--listen".into(),
                     format!("{guard_ip}:{GUARD_PORT}"),

@@ -5,11 +5,11 @@
 //! Three of them run against the *same* 3-node fenced cluster (same processes, nemeses and
 //! checkers) and differ only in the client:
 //!
-//! * `fenced`: gRPC (`fenced_dlock::FencedGrpc`), any node, the client goes to the leader;
-//! * `fenced-resp`: RESP `LOCK.ACQUIRE/RELEASE/RENEW` (`fenced_redlock::FencedResp`);
+//! * `fenced`: gRPC (`fenced_backends::FencedGrpc`), any node, the client goes to the leader;
+//! * `fenced-resp`: RESP `LOCK.ACQUIRE/RELEASE/RENEW` (`fenced_backends::FencedResp`);
 //! * `fenced-setnx`: the unchanged Redis lock pattern — `SET key value NX PX ttl`, Lua
 //!   compare-and-delete — pointed at fenced's RESP port, token from `FENCE.TOKEN key value`
-//!   (`fenced_redlock::RedisLock::fenced_setnx`).
+//!   (`fenced_backends::RedisLock::fenced_setnx`).
 //!
 //! A RESP client talks to one node at a time, as Redis clients do (see `client.rs`).
 

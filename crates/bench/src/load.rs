@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fenced_dlock::DistLock;
+use fenced_backends::DistLock;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 

@@ -16,10 +16,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use fenced_bench::etcd::EtcdLock;
+use fenced_backends::{
+    random_id, DistLock, EtcdLock, FencedGrpc, FencedResp, RedisConfig, RedisLock, Redlock,
+    RedlockConfig, RetryPolicy,
+};
 use fenced_bench::load::{run, Measured, Summary, Workload};
-use fenced_dlock::{random_id, DistLock, FencedGrpc, RetryPolicy};
-use fenced_redlock::{FencedResp, RedisConfig, RedisLock, Redlock, RedlockConfig};
 use serde::Serialize;
 
 const BACKENDS: [&str; 7] = [

@@ -15,12 +15,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use fenced_dlock::{DistLock, Grant, LockError};
 use tokio::sync::{mpsc, OnceCell};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::{DistLock, Grant, LockError};
 
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod pb {

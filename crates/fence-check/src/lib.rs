@@ -8,7 +8,7 @@
 //! [`FenceStore`] is that check for services that embed it: a persisted high-water mark per
 //! resource with an atomic check-and-advance, and a small fenced key-value store where the
 //! check and the write are one transaction. For SQL databases, the same rule is a condition in
-//! the write statement itself — see `docs/guard.md` and the SQLite test in `tests/sqlite.rs`.
+//! the write statement itself — see `docs/fence-check.md` and the SQLite test in `tests/sqlite.rs`.
 
 use std::path::Path;
 

@@ -18,10 +18,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use fenced_dlock::{random_id, DistLock, Grant, LockError};
 use redis::aio::ConnectionManager;
 
-use crate::{connect, map_redis, ttl_ms};
+use crate::redis::{connect, map_redis, ttl_ms};
+use crate::{random_id, DistLock, Grant, LockError};
 
 const NAME: &str = "fenced-resp";
 

@@ -1,4 +1,4 @@
-//! The SQL recipe (docs/guard.md): the token check is part of the write statement, in the
+//! The SQL recipe (docs/fence-check.md): the token check is part of the write statement, in the
 //! same transaction as the data change, so no check-then-write race exists.
 
 use rusqlite::{params, Connection};

@@ -1,14 +1,27 @@
-//! One Redis: `SET key value NX PX ttl`, Lua compare-and-delete, Lua compare-and-`PEXPIRE`.
+//! One Redis: `SET key value NX PX ttl` with a random value, release by a Lua
+//! compare-and-delete, extend by a Lua compare-and-`PEXPIRE` (the pattern from the Redis docs).
+//! Lost on failover of that one server; no fencing token — except as
+//! [`RedisLock::fenced_setnx`], the same pattern pointed at fenced's RESP front end, whose token
+//! is `FENCE.TOKEN key value`.
+//!
+//! Neither this nor [`Redlock`](crate::Redlock) waits server-side: a busy lock is retried with
+//! random jitter ([`RetryPolicy`]) until the caller's `wait` runs out, and every retry is
+//! counted in [`DistLock::failed_attempts`].
+//!
+//! Also the redis-rs plumbing shared with [`fenced_resp`](crate::fenced_resp) and
+//! [`redlock`](crate::redlock): [`connect`] runs the client with its own retries off (a
+//! connection manager with zero reconnect retries and explicit connect/response timeouts), so
+//! one call is one attempt on the wire; the compare-and-delete and compare-and-`PEXPIRE`
+//! scripts; the mapping of redis-rs errors to [`LockError`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use fenced_dlock::{random_id, DistLock, Grant, LockError, RetryPolicy};
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 
-use crate::{connect, map_redis, ttl_ms, EXTEND_SCRIPT, UNLOCK_SCRIPT};
+use crate::{random_id, DistLock, Grant, LockError, RetryPolicy};
 
 /// Options of [`RedisLock`].
 #[derive(Clone, Copy, Debug)]
@@ -179,4 +192,72 @@ impl DistLock for RedisLock {
     fn failed_attempts(&self) -> u64 {
         self.failed.load(Ordering::Relaxed)
     }
+}
+
+/// Release only if the key still holds our value (compare-and-delete).
+pub const UNLOCK_SCRIPT: &str = r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+    return redis.call("del", KEYS[1])
+else
+    return 0
+end"#;
+
+/// Extend only if the key still holds our value (compare-and-`PEXPIRE`). `ARGV[2]` = ttl in ms.
+pub const EXTEND_SCRIPT: &str = r#"if redis.call("get", KEYS[1]) == ARGV[1] then
+    return redis.call("pexpire", KEYS[1], ARGV[2])
+else
+    return 0
+end"#;
+
+/// A lazily connecting Redis connection for `addr` (`host:port` or a `redis://` URL) with
+/// redis-rs's own retries off: reconnects once per failed call, never resends a command.
+/// `response_timeout` `None`: replies may take arbitrarily long (blocking commands).
+pub fn connect(
+    addr: &str,
+    response_timeout: Option<Duration>,
+    connect_timeout: Duration,
+) -> Result<ConnectionManager, LockError> {
+    let url = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("redis://{addr}/")
+    };
+    let client =
+        redis::Client::open(url.as_str()).map_err(|e| LockError::Invalid(format!("{url}: {e}")))?;
+    let cfg = ConnectionManagerConfig::new()
+        .set_number_of_retries(0)
+        .set_connection_timeout(Some(connect_timeout))
+        .set_response_timeout(response_timeout);
+    ConnectionManager::new_lazy_with_config(client, cfg)
+        .map_err(|e| LockError::Invalid(format!("{url}: {e}")))
+}
+
+/// A redis-rs error as a [`LockError`]: transport trouble, and fenced's `-TIMEOUT` (the entry
+/// may still commit) and `-TRYAGAIN` replies, are `Unavailable` (outcome unknown); any other
+/// server reply is a definite `Backend` answer.
+pub(crate) fn map_redis(backend: &'static str, e: redis::RedisError) -> LockError {
+    if e.is_timeout()
+        || e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(e.code(), Some("TIMEOUT" | "TRYAGAIN"))
+    {
+        LockError::Unavailable {
+            backend,
+            message: e.to_string(),
+        }
+    } else {
+        LockError::Backend {
+            backend,
+            message: e.to_string(),
+        }
+    }
+}
+
+/// TTL in whole milliseconds, at least 1.
+pub(crate) fn ttl_ms(ttl: Duration) -> Result<u64, LockError> {
+    let ms = ttl.as_millis();
+    if ms == 0 || ms > i64::MAX as u128 {
+        return Err(LockError::Invalid(format!("ttl {ttl:?} out of range")));
+    }
+    Ok(ms as u64)
 }

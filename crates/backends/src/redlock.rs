@@ -17,12 +17,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use fenced_dlock::{random_id, DistLock, Grant, LockError, RetryPolicy};
 use futures::future::join_all;
 use redis::aio::ConnectionManager;
 use redis::Script;
 
-use crate::{connect, ttl_ms, EXTEND_SCRIPT, UNLOCK_SCRIPT};
+use crate::redis::{connect, ttl_ms, EXTEND_SCRIPT, UNLOCK_SCRIPT};
+use crate::{random_id, DistLock, Grant, LockError, RetryPolicy};
 
 /// Clock drift factor of the published algorithm.
 pub const CLOCK_DRIFT_FACTOR: f64 = 0.01;

@@ -1,6 +1,6 @@
 //! The fence store refuses older tokens, atomically, durably.
 
-use fenced_guard::{FenceStore, GuardError};
+use fenced_fence_check::{FenceStore, GuardError};
 
 #[test]
 fn older_tokens_are_refused_and_data_survives() {

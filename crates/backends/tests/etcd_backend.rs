@@ -7,8 +7,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fenced_bench::etcd::EtcdLock;
-use fenced_dlock::DistLock;
+use fenced_backends::{DistLock, EtcdLock};
 
 struct Etcd {
     child: Child,

@@ -1,4 +1,4 @@
-//! `fenced-guard`: a tiny storage service that validates fencing tokens with [`FenceStore`].
+//! `fenced-fence-check`: a tiny storage service that validates fencing tokens with [`FenceStore`].
 //! A stand-in for "the storage you protect" in demos, the Kleppmann test and the
 //! fault-injection harness.
 //!
@@ -15,16 +15,19 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use fenced_guard::{FenceStore, GuardError};
+use fenced_fence_check::{FenceStore, GuardError};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
 #[derive(Parser)]
-#[command(name = "fenced-guard", about = "A token-validating storage service")]
+#[command(
+    name = "fenced-fence-check",
+    about = "A token-validating storage service"
+)]
 struct Args {
     #[arg(long, default_value = "127.0.0.1:7390")]
     listen: String,
-    #[arg(long, default_value = "./fenced-guard-data")]
+    #[arg(long, default_value = "./fenced-fence-check-data")]
     data_dir: PathBuf,
 }
 
@@ -82,7 +85,7 @@ async fn main() -> anyhow::Result<()> {
     let listener = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    eprintln!("fenced-guard listening on {}", args.listen);
+    eprintln!("fenced-fence-check listening on {}", args.listen);
     loop {
         let (socket, _) = listener.accept().await?;
         let store = store.clone();

@@ -9,9 +9,8 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fenced_dlock::{DistLock, RetryPolicy};
-use fenced_redlock::redlock::Verdict;
-use fenced_redlock::{RedisConfig, RedisLock, Redlock, RedlockConfig};
+use fenced_backends::redlock::Verdict;
+use fenced_backends::{DistLock, RedisConfig, RedisLock, Redlock, RedlockConfig, RetryPolicy};
 
 struct RedisServer {
     child: Child,
@@ -198,7 +197,7 @@ async fn single_redis_down_is_unavailable() {
     let t = Instant::now();
     let r = a.acquire("L", Duration::from_secs(1), Duration::ZERO).await;
     assert!(
-        matches!(r, Err(fenced_dlock::LockError::Unavailable { .. })),
+        matches!(r, Err(fenced_backends::LockError::Unavailable { .. })),
         "{r:?}"
     );
     assert!(t.elapsed() < Duration::from_secs(2));
@@ -235,7 +234,7 @@ async fn redlock_majority_mutual_exclusion_and_unlock_everywhere() {
         .unwrap()
         .expect("free");
     assert_eq!(g.token(), None);
-    assert!(g.validity <= ttl - fenced_redlock::redlock::drift(ttl));
+    assert!(g.validity <= ttl - fenced_backends::redlock::drift(ttl));
     assert!(g.validity > Duration::from_secs(9));
     assert!(servers.iter().all(|s| exists(s, "R")));
 
@@ -295,7 +294,7 @@ async fn redlock_survives_a_minority_down_not_a_majority() {
     assert!(servers.iter().all(|s| !exists(s, "M")), "released on all");
     let r = rl.acquire("M", ttl, Duration::from_millis(30)).await;
     assert!(
-        matches!(r, Err(fenced_dlock::LockError::Unavailable { .. })),
+        matches!(r, Err(fenced_backends::LockError::Unavailable { .. })),
         "{r:?}"
     );
     assert!(servers.iter().all(|s| !exists(s, "M")));

@@ -1,6 +1,14 @@
-//! One lock interface for every backend the project compares: fenced over gRPC ([`fenced`]),
-//! fenced over RESP, a single Redis, Redlock over N Redis masters (those in `fenced-redlock`),
-//! and etcd (in `fenced-bench`).
+//! One lock interface ([`DistLock`]) and every backend the project compares behind it:
+//!
+//! * [`fenced_grpc`]: fenced over gRPC ([`FencedGrpc`], through `fenced-client`);
+//! * [`fenced_resp`]: fenced over RESP, with an unchanged Redis client ([`FencedResp`]:
+//!   `LOCK.ACQUIRE/RELEASE/RENEW`, token = the integer reply);
+//! * [`redis`]: one Redis ([`RedisLock`]: `SET NX PX` + Lua release), used for Redis with and
+//!   without AOF (only the server's configuration differs), and pointed at fenced's RESP front
+//!   end as [`RedisLock::fenced_setnx`] (token = `FENCE.TOKEN key value`); also the redis-rs
+//!   connection and scripts shared with [`fenced_resp`] and [`redlock`];
+//! * [`redlock`]: Redlock over N independent Redis masters ([`Redlock`]);
+//! * [`etcd`]: etcd's session lease and mutex protocol ([`EtcdLock`]).
 //!
 //! The trait is object-safe (`Box<dyn DistLock>`), so a load generator or a fault-injection
 //! harness can hold any backend behind one type. A backend is one *client*: it owns its
@@ -9,19 +17,23 @@
 //! [`Grant::token`] is `Some` only where the backend really issues fencing tokens (fenced,
 //! etcd). Redis and Redlock grants have no token: nothing they return lets protected storage
 //! reject a paused former holder.
-//!
-//! fenced over RESP comes in two shapes: `fenced_redlock::FencedResp` with `LOCK.ACQUIRE/RELEASE/
-//! RENEW` (token = the integer reply), and `RedisLock::fenced_setnx`, the unchanged Redis pattern
-//! (`SET NX PX` + Lua release), whose token is `FENCE.TOKEN key value`.
 
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rand::Rng;
 
-pub mod fenced;
+pub mod etcd;
+pub mod fenced_grpc;
+pub mod fenced_resp;
+pub mod redis;
+pub mod redlock;
 
-pub use fenced::FencedGrpc;
+pub use crate::redis::{RedisConfig, RedisLock};
+pub use etcd::EtcdLock;
+pub use fenced_grpc::FencedGrpc;
+pub use fenced_resp::FencedResp;
+pub use redlock::{Redlock, RedlockConfig, Verdict};
 
 /// Errors of a lock backend. `Ok(None)`/`Ok(false)` mean "definitely not"; an error means the
 /// outcome is unknown or the backend is unusable.
