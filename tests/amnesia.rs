@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{wait_for, within, Cluster, LEADER_TIMEOUT};
+use support::{wait_for, within, TestCluster, LEADER_TIMEOUT};
 
 const CALL: Duration = Duration::from_secs(30);
 const HOLD: Duration = Duration::from_secs(600);
@@ -37,7 +37,7 @@ async fn acquire(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wiped_follower_restarted_with_its_old_flags_never_votes() {
-    let c = Cluster::start("amnesia", &[]);
+    let c = TestCluster::start("amnesia", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let followers: Vec<u64> = c.ids().filter(|&i| i != leader).collect();
     let (slow, wiped) = (followers[0], followers[1]);
@@ -154,7 +154,7 @@ async fn wiped_follower_restarted_with_its_old_flags_never_votes() {
 /// leader and granted the lock again with a smaller token.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wiped_majority_waits_for_the_member_that_remembers() {
-    let c = Cluster::start("wiped-majority", &[]);
+    let c = TestCluster::start("wiped-majority", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let client = c.client();
     let mut last = 0;

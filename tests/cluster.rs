@@ -9,7 +9,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use fenced_proto::v1 as pb;
-use support::{wait_for, within, Cluster, CATCH_UP_TIMEOUT, LEADER_TIMEOUT};
+use support::{wait_for, within, TestCluster, CATCH_UP_TIMEOUT, LEADER_TIMEOUT};
 
 const LONG_TTL: Duration = Duration::from_secs(120);
 const NO_WAIT: Duration = Duration::ZERO;
@@ -17,7 +17,7 @@ const CALL: Duration = Duration::from_secs(30);
 
 /// `info` of `name` sent to node `id` alone (a linearizable read served from that node's
 /// own state machine after the read-index barrier).
-async fn info_on(c: &Cluster, id: u64, name: &str) -> Option<pb::InfoResponse> {
+async fn info_on(c: &TestCluster, id: u64, name: &str) -> Option<pb::InfoResponse> {
     within(
         &format!("info {name} on node {id}"),
         CALL,
@@ -29,7 +29,7 @@ async fn info_on(c: &Cluster, id: u64, name: &str) -> Option<pb::InfoResponse> {
 
 /// Assert that every node in `ids` reports `name` held by `owner` with `token` and `holds`.
 async fn assert_held_everywhere(
-    c: &Cluster,
+    c: &TestCluster,
     ids: &[u64],
     name: &str,
     owner: &str,
@@ -69,7 +69,7 @@ fn others(leader: u64) -> Vec<u64> {
 /// nodes; others are refused; release frees it everywhere; the next grant has a larger token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grant_is_seen_on_every_node() {
-    let c = Cluster::start("replication", &[]);
+    let c = TestCluster::start("replication", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let follower = others(leader)[0];
 
@@ -176,7 +176,7 @@ async fn grant_is_seen_on_every_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_survives_leader_crash() {
     const TTL: Duration = Duration::from_secs(5);
-    let c = Cluster::start("failover", &[]);
+    let c = TestCluster::start("failover", &[]);
     let old_leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let survivors = others(old_leader);
     let client = c.client();
@@ -271,7 +271,7 @@ async fn lease_survives_leader_crash() {
 /// 3b. A follower that missed more than the leader keeps in its log catches up by snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follower_catches_up_by_snapshot() {
-    let c = Cluster::start("snapshot", &["--snapshot-logs", "20", "--keep-logs", "0"]);
+    let c = TestCluster::start("snapshot", &["--snapshot-logs", "20", "--keep-logs", "0"]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let client = c.client();
     // Something to replicate before the follower goes away.
@@ -360,7 +360,7 @@ async fn follower_catches_up_by_snapshot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_grants_survive_full_crash() {
     const DOWNTIME: Duration = Duration::from_secs(2);
-    let c = Cluster::start("crash", &[]);
+    let c = TestCluster::start("crash", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let client = c.client();
 
@@ -473,7 +473,7 @@ async fn acknowledged_grants_survive_full_crash() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_acquire_never_grants_twice() {
     const AT_ONCE: u64 = 6;
-    let c = Cluster::start("retry", &[]);
+    let c = TestCluster::start("retry", &[]);
     // Different kill delays hit different points: before the append, between append and
     // commit, after the commit but before the answer.
     for (round, delay_ms) in [0u64, 5, 25].into_iter().enumerate() {
@@ -610,7 +610,7 @@ async fn retried_acquire_never_grants_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_clock_skips_full_cluster_downtime() {
     const DOWNTIME: Duration = Duration::from_secs(3);
-    let c = Cluster::start("downtime", &[]);
+    let c = TestCluster::start("downtime", &[]);
     c.wait_for_leader(LEADER_TIMEOUT).await;
     let client = c.client();
     let g = try_acquire(&client, "dt", "o", LONG_TTL)
@@ -675,7 +675,7 @@ async fn run_fenced(args: &[&str]) -> (Option<i32>, String, String) {
 /// `fenced status` prints the cluster as JSON.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_lock_and_status() {
-    let c = Cluster::start("cli", &[]);
+    let c = TestCluster::start("cli", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let eps = c.endpoints().join(",");
 

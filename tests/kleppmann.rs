@@ -12,13 +12,13 @@ use std::time::Duration;
 
 use fenced_client::{Client, Grant};
 use fenced_fence_check::{FenceStore, GuardError};
-use support::Cluster;
+use support::TestCluster;
 
 const LEASE: Duration = Duration::from_millis(800);
 
 /// Client A takes the lock and is paused (GC, SIGSTOP, a network stall) past its lease —
 /// it sends nothing meanwhile; client B then takes the lock. Returns both clients and grants.
-async fn a_paused_b_took_over(c: &Cluster) -> (Client, Client, Grant, Grant) {
+async fn a_paused_b_took_over(c: &TestCluster) -> (Client, Client, Grant, Grant) {
     c.wait_for_leader(Duration::from_secs(20)).await;
     let a = Client::connect(c.endpoints()).expect("client a");
     let b = Client::connect(c.endpoints()).expect("client b");
@@ -44,7 +44,7 @@ async fn a_paused_b_took_over(c: &Cluster) -> (Client, Client, Grant, Grant) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_holders_write_is_rejected_and_the_new_holders_data_survives() {
-    let c = Cluster::start("kleppmann", &[]);
+    let c = TestCluster::start("kleppmann", &[]);
     let storage_dir = tempfile::tempdir().expect("tempdir");
     let storage = FenceStore::open(storage_dir.path()).expect("storage");
     let (a, _b, ga, gb) = a_paused_b_took_over(&c).await;
@@ -87,7 +87,7 @@ async fn a_paused_holders_write_is_rejected_and_the_new_holders_data_survives() 
 /// gRPC twin of RESP's `FENCE.SET`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_keyspace_rejects_the_paused_holders_write() {
-    let c = Cluster::start("kleppmann_kv", &[]);
+    let c = TestCluster::start("kleppmann_kv", &[]);
     let (a, b, ga, gb) = a_paused_b_took_over(&c).await;
     b.fenced_put("file", b"written by B", gb.token)
         .await

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fenced_client::{Client, ClientOptions, LockOptions};
-use support::{within, Cluster};
+use support::{within, TestCluster};
 
 const T: Duration = Duration::from_secs(20);
 
-fn client(c: &Cluster, session_ttl: Duration) -> Client {
+fn client(c: &TestCluster, session_ttl: Duration) -> Client {
     Client::connect_with(
         c.endpoints(),
         ClientOptions {
@@ -26,7 +26,7 @@ fn client(c: &Cluster, session_ttl: Duration) -> Client {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_write_lock_shares_readers_and_queues_writers_fairly() {
-    let c = Cluster::start("rwlock", &[]);
+    let c = TestCluster::start("rwlock", &[]);
     c.wait_for_leader(T).await;
     let a = client(&c, Duration::from_secs(10));
     let b = client(&c, Duration::from_secs(10));
@@ -88,7 +88,7 @@ async fn read_write_lock_shares_readers_and_queues_writers_fairly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_never_exceeds_its_permits() {
-    let c = Cluster::start("semaphore", &[]);
+    let c = TestCluster::start("semaphore", &[]);
     c.wait_for_leader(T).await;
     let cl = client(&c, Duration::from_secs(10));
     let now = LockOptions::default();
@@ -135,7 +135,7 @@ async fn semaphore_never_exceeds_its_permits() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multi_lock_is_all_or_nothing() {
-    let c = Cluster::start("multilock", &[]);
+    let c = TestCluster::start("multilock", &[]);
     c.wait_for_leader(T).await;
     let a = client(&c, Duration::from_secs(10));
     let b = client(&c, Duration::from_secs(10));
@@ -193,7 +193,7 @@ async fn multi_lock_is_all_or_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_unlock_poisons_the_guard_and_runs_its_callback() {
-    let c = Cluster::start("lockloss", &[]);
+    let c = TestCluster::start("lockloss", &[]);
     c.wait_for_leader(T).await;
     let holder = client(&c, Duration::from_secs(10));
     let admin = client(&c, Duration::from_secs(10));
@@ -232,7 +232,7 @@ async fn force_unlock_poisons_the_guard_and_runs_its_callback() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_delay_holds_an_expired_lock_back_but_not_a_released_one() {
-    let c = Cluster::start("lockdelay", &[]);
+    let c = TestCluster::start("lockdelay", &[]);
     c.wait_for_leader(T).await;
     let cl = client(&c, Duration::from_secs(10));
     let other = client(&c, Duration::from_secs(10));
@@ -284,7 +284,7 @@ async fn lock_delay_holds_an_expired_lock_back_but_not_a_released_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn losing_the_session_poisons_every_guard_of_it() {
-    let c = Cluster::start("sessionloss", &[]);
+    let c = TestCluster::start("sessionloss", &[]);
     c.wait_for_leader(T).await;
     let holder = client(&c, Duration::from_secs(10));
     let admin = client(&c, Duration::from_secs(10));

@@ -16,7 +16,7 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
 use support::{
     follower_of, require, resp_cmd as cmd, resp_connect as connect, run_bounded, wait_for, within,
-    Cluster, LEADER_TIMEOUT,
+    TestCluster, LEADER_TIMEOUT,
 };
 
 const STEP: Duration = Duration::from_secs(20);
@@ -35,7 +35,7 @@ async fn cmd_err(con: &mut MultiplexedConnection, args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cli_scripted_session() {
     require("redis-cli", &["--version"]);
-    let c = Cluster::start("resp_cli", &[]);
+    let c = TestCluster::start("resp_cli", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let node = follower_of(leader);
     let ip = c.ip(node);
@@ -73,7 +73,7 @@ async fn redis_cli_scripted_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_py_lock_resp2_and_resp3() {
     require("python3", &["-c", "import redis"]);
-    let c = Cluster::start("resp_py", &[]);
+    let c = TestCluster::start("resp_py", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -91,7 +91,7 @@ async fn redis_py_lock_resp2_and_resp3() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_rs_rate_limiters_and_grpc_interop() {
-    let c = Cluster::start("resp_rs", &[]);
+    let c = TestCluster::start("resp_rs", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let mut con = connect(&c, follower_of(leader)).await;
 
@@ -296,7 +296,7 @@ async fn redis_rs_rate_limiters_and_grpc_interop() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pubsub_blpop_and_expiry_across_nodes() {
-    let c = Cluster::start("resp_events", &[]);
+    let c = TestCluster::start("resp_events", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let other = follower_of(leader);
 
@@ -393,7 +393,7 @@ async fn pubsub_blpop_and_expiry_across_nodes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resp_locks_survive_leader_sigkill_with_their_tokens() {
-    let c = Cluster::start("resp_failover", &[]);
+    let c = TestCluster::start("resp_failover", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let mut con = connect(&c, leader).await;
     let token: i64 = cmd(&mut con, &["LOCK.ACQUIRE", "batch", "worker-1", "60000"]).await;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
 use support::{
-    follower_of, require, resp_cmd as cmd, resp_connect_with, run_bounded, within, Cluster,
+    follower_of, require, resp_cmd as cmd, resp_connect_with, run_bounded, within, TestCluster,
     LEADER_TIMEOUT,
 };
 
@@ -129,7 +129,7 @@ impl Raw {
     }
 }
 
-async fn connect_as(c: &Cluster, id: u64, user: &str, pass: &str) -> MultiplexedConnection {
+async fn connect_as(c: &TestCluster, id: u64, user: &str, pass: &str) -> MultiplexedConnection {
     resp_connect_with(c, id, Some((user, pass))).await
 }
 
@@ -183,7 +183,7 @@ print("redis-py acl ok")
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_users_on_a_cluster() {
-    let c = Cluster::start_with("resp_acl", |dir, _| {
+    let c = TestCluster::start_with("resp_acl", |dir, _| {
         let path = dir.join("users.acl");
         std::fs::write(&path, ACL_FILE).expect("writing the ACL file");
         (vec!["--acl-file".into(), path.display().to_string()], None)

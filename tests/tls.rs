@@ -24,7 +24,7 @@ use fenced_client::{Client, ClientOptions, ClientTls};
 use fenced_proto::raft::forward_client::ForwardClient;
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::{ProposeRequest, RaftRequest};
-use support::{follower_of, require, run_bounded, Cluster, LEADER_TIMEOUT};
+use support::{follower_of, require, run_bounded, TestCluster, LEADER_TIMEOUT};
 
 const TTL: Duration = Duration::from_secs(30);
 
@@ -79,8 +79,8 @@ impl Pki {
 /// `clients-ca.pem` with its certificate `member.pem`, and an unrelated CA `rogue-ca.pem` with
 /// its certificate `rogue.pem`. `mtls`: clients must present a certificate, of the client CA
 /// (`--tls-require-client-cert --tls-client-ca`); the harness's clients present `member.pem`.
-fn start(test: &str, mtls: bool) -> Cluster {
-    Cluster::start_with(test, move |dir, ips| {
+fn start(test: &str, mtls: bool) -> TestCluster {
+    TestCluster::start_with(test, move |dir, ips| {
         let good = Pki::new(dir, "good");
         let (cert, key) = good.issue("node", ips);
         good.issue("client", &["client".to_string()]);
@@ -112,12 +112,12 @@ fn start(test: &str, mtls: bool) -> Cluster {
     })
 }
 
-fn file(c: &Cluster, name: &str) -> String {
+fn file(c: &TestCluster, name: &str) -> String {
     c.dir().join(name).display().to_string()
 }
 
 /// A client of node `id` with these TLS settings (None: plaintext), giving up after 2 s.
-fn client_with(c: &Cluster, id: u64, tls: Option<ClientTls>) -> Client {
+fn client_with(c: &TestCluster, id: u64, tls: Option<ClientTls>) -> Client {
     Client::connect_with(
         [c.grpc_addr(id)],
         ClientOptions {
@@ -142,7 +142,7 @@ async fn try_acquire(client: &Client, name: &str) -> Result<Option<u64>, String>
 
 /// A raw channel to node `id`'s gRPC port over TLS trusting `ca`, presenting `identity`.
 fn raw_channel(
-    c: &Cluster,
+    c: &TestCluster,
     id: u64,
     ca: &str,
     identity: Option<(&str, &str)>,

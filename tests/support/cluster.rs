@@ -90,7 +90,7 @@ struct Proc {
 }
 
 /// Three `fenced serve` processes. Dropping it SIGKILLs and reaps them all.
-pub struct Cluster {
+pub struct TestCluster {
     test: String,
     /// Addresses are `{net}.{id}`, e.g. `127.23.4`.
     net: String,
@@ -103,20 +103,20 @@ pub struct Cluster {
     dir: tempfile::TempDir,
 }
 
-impl Cluster {
+impl TestCluster {
     /// Start a 3-node cluster on a network of its own, with extra `fenced serve` flags.
-    pub fn start(test: &str, extra_args: &[&str]) -> Cluster {
+    pub fn start(test: &str, extra_args: &[&str]) -> TestCluster {
         let args = extra_args.iter().map(|s| s.to_string()).collect();
         Self::start_with(test, |_, _| (args, None))
     }
 
-    /// [`Cluster::start`] whose flags and client TLS are made once the addresses are known:
+    /// [`TestCluster::start`] whose flags and client TLS are made once the addresses are known:
     /// `setup(temp dir, node IPs)` returns the extra `fenced serve` flags and the TLS the
     /// harness's clients use (e.g. to issue certificates for the nodes' IPs).
     pub fn start_with(
         test: &str,
         setup: impl FnOnce(&Path, &[String]) -> (Vec<String>, Option<ClientTls>),
-    ) -> Cluster {
+    ) -> TestCluster {
         let net = free_net(test);
         let dir = tempfile::Builder::new()
             .prefix(&format!("fenced-{test}-"))
@@ -142,7 +142,7 @@ impl Cluster {
                 .timeout(Duration::from_secs(2));
             grpc.push(ep.connect_lazy());
         }
-        let cluster = Cluster {
+        let cluster = TestCluster {
             test: test.to_owned(),
             net,
             extra_args,
@@ -494,7 +494,7 @@ fn tail(path: &Path, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
-impl Drop for Cluster {
+impl Drop for TestCluster {
     fn drop(&mut self) {
         let panicking = std::thread::panicking();
         let mut procs = self.procs();

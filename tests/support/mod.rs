@@ -9,7 +9,7 @@
 //! routes all of it to `lo`).
 //!
 //! Every node's stdout and stderr go to `node-<i>.log` in the cluster's temp dir; when a test
-//! panics, the tail of each log is printed. The [`Cluster`] guard SIGKILLs and reaps every
+//! panics, the tail of each log is printed. The [`TestCluster`] guard SIGKILLs and reaps every
 //! child on drop, and the children get `PR_SET_PDEATHSIG` so that they die with the test even
 //! if the test process itself is killed.
 //!

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::cluster::Cluster;
+use super::cluster::TestCluster;
 use super::wait::{wait_for, within};
 
 /// Bound for one RESP connection attempt loop or one command in the RESP tests.
@@ -10,7 +10,7 @@ pub const RESP_STEP: Duration = Duration::from_secs(20);
 
 /// A redis-rs connection to node `id`'s RESP port, as `auth` = (user, password) if given.
 pub async fn resp_connect_with(
-    c: &Cluster,
+    c: &TestCluster,
     id: u64,
     auth: Option<(&str, &str)>,
 ) -> redis::aio::MultiplexedConnection {
@@ -36,7 +36,7 @@ pub async fn resp_connect_with(
 }
 
 /// [`resp_connect_with`] as the default user.
-pub async fn resp_connect(c: &Cluster, id: u64) -> redis::aio::MultiplexedConnection {
+pub async fn resp_connect(c: &TestCluster, id: u64) -> redis::aio::MultiplexedConnection {
     resp_connect_with(c, id, None).await
 }
 

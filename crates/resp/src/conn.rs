@@ -25,7 +25,7 @@ use tokio::sync::broadcast;
 
 use crate::acl::User;
 use crate::frame::{encode, encode_push, parse_request, Proto};
-use crate::{ClusterError, LockOp, LockOpReply, Shared};
+use crate::{BackendError, LockOp, LockOpReply, Shared};
 
 /// Most requests taken from the read buffer before replying.
 const MAX_PIPELINE: usize = 1024;
@@ -85,11 +85,11 @@ impl State {
     }
 }
 
-fn cluster_error(e: ClusterError) -> Reply {
+fn backend_error(e: BackendError) -> Reply {
     match e {
-        ClusterError::Unavailable(m) => Reply::err(format!("TRYAGAIN cluster unavailable: {m}")),
-        ClusterError::Unknown(m) => Reply::err(format!("TIMEOUT outcome unknown: {m}")),
-        ClusterError::Rejected(m) => Reply::err(format!("ERR {m}")),
+        BackendError::Unavailable(m) => Reply::err(format!("TRYAGAIN cluster unavailable: {m}")),
+        BackendError::Unknown(m) => Reply::err(format!("TIMEOUT outcome unknown: {m}")),
+        BackendError::Rejected(m) => Reply::err(format!("ERR {m}")),
     }
 }
 
@@ -160,11 +160,11 @@ fn lock_op_of(name: &str, a: &[Vec<u8>]) -> Option<Result<LockOp, Reply>> {
     parsed().transpose()
 }
 
-fn lock_reply(r: Result<LockOpReply, ClusterError>) -> Reply {
+fn lock_reply(r: Result<LockOpReply, BackendError>) -> Reply {
     match r {
         Ok(LockOpReply::Acquired(t)) => t.map_or(Reply::Nil, |t| Reply::Int(t as i64)),
         Ok(LockOpReply::Done(ok)) => Reply::Int(ok as i64),
-        Err(e) => cluster_error(e),
+        Err(e) => backend_error(e),
     }
 }
 
@@ -347,7 +347,7 @@ impl Connection {
                     }
                     if !ops.is_empty() {
                         let n = ops.len();
-                        let mut replies = self.shared.cluster.lock_batch(ops).await.into_iter();
+                        let mut replies = self.shared.backend.lock_batch(ops).await.into_iter();
                         for _ in 0..n {
                             let r = match replies.next() {
                                 Some(r) => lock_reply(r),
@@ -438,7 +438,7 @@ impl Connection {
         let limits = self.limits_for(&cmds);
         let cmd = restricted(limits, KvCommand::Batch(cmds));
         let rid = self.st.next_rid();
-        match self.shared.cluster.write(rid, cmd).await {
+        match self.shared.backend.write(rid, cmd).await {
             Ok(resp) if resp.replies.len() == n => resp
                 .replies
                 .into_iter()
@@ -455,7 +455,7 @@ impl Connection {
                 ));
                 n
             ],
-            Err(e) => vec![cluster_error(e); n],
+            Err(e) => vec![backend_error(e); n],
         }
     }
 
@@ -476,10 +476,10 @@ impl Connection {
                 })
                 .collect()
         });
-        match self.shared.cluster.read(f).await {
+        match self.shared.backend.read(f).await {
             Ok(r) if r.len() == n => r,
             Ok(_) => vec![Reply::err("ERR internal: reply count mismatch"); n],
-            Err(e) => vec![cluster_error(e); n],
+            Err(e) => vec![backend_error(e); n],
         }
     }
 
@@ -499,13 +499,13 @@ impl Connection {
     /// `LOCK.*` one at a time: a waiting `LOCK.ACQUIRE` and `LOCK.INFO` (the others come in
     /// runs through [`Connection::process`]).
     async fn lock_cmd(&mut self, name: &str, a: &[Vec<u8>]) -> Result<Reply, Reply> {
-        let cluster = self.shared.cluster.clone();
+        let backend = self.shared.backend.clone();
         let r = match name {
             "LOCK.ACQUIRE" => {
                 let (lock, owner, ttl) = (text(&a[0])?, text(&a[1])?, parse_u64(&a[2])?);
                 let wait = acquire_wait(&a[3..])?;
                 let rid = self.st.next_rid();
-                cluster
+                backend
                     .lock_acquire(rid, lock, owner, ttl, wait)
                     .await
                     .map(|t| t.map_or(Reply::Nil, |t| Reply::Int(t as i64)))
@@ -516,13 +516,13 @@ impl Connection {
                     None => return Err(Reply::err("ERR syntax error")),
                 };
                 let rid = self.st.next_rid();
-                let mut out = cluster.lock_batch(vec![(rid, op)]).await;
+                let mut out = backend.lock_batch(vec![(rid, op)]).await;
                 return Ok(match out.pop() {
                     Some(r) => lock_reply(r),
                     None => Reply::err("ERR internal: no reply"),
                 });
             }
-            _ => cluster.lock_info(text(&a[0])?).await.map(|v| match v {
+            _ => backend.lock_info(text(&a[0])?).await.map(|v| match v {
                 None => Reply::NilArray,
                 Some(v) => Reply::Array(vec![
                     Reply::bulk("owner"),
@@ -536,7 +536,7 @@ impl Connection {
                 ]),
             }),
         };
-        Ok(r.unwrap_or_else(cluster_error))
+        Ok(r.unwrap_or_else(backend_error))
     }
 
     /// `BLPOP`/`BRPOP`: try to pop through the log; if every list is empty, wait (on this
@@ -563,7 +563,7 @@ impl Connection {
         let mut shutdown = self.shared.shutdown.clone();
         loop {
             // Subscribe before trying, so a push right after the attempt is not missed.
-            let mut rx = self.shared.cluster.events();
+            let mut rx = self.shared.backend.events();
             let r = self.write_batch(vec![argv.clone()]).await;
             match r.into_iter().next() {
                 Some(Reply::NilArray) => {}
@@ -667,10 +667,10 @@ impl Connection {
                             },
                         );
                         let rid = self.st.next_rid();
-                        match self.shared.cluster.write(rid, cmd).await {
+                        match self.shared.backend.write(rid, cmd).await {
                             Ok(mut r) if r.replies.len() == 1 => r.replies.remove(0),
                             Ok(_) => Reply::err("ERR internal: bad EXEC reply"),
-                            Err(e) => cluster_error(e),
+                            Err(e) => backend_error(e),
                         }
                     }
                 }
@@ -688,7 +688,7 @@ impl Connection {
                             .collect()
                     })
                 };
-                match self.shared.cluster.read(f).await {
+                match self.shared.backend.read(f).await {
                     Ok(revs) => {
                         for (k, r) in keys.into_iter().zip(revs) {
                             if let Reply::Int(r) = r {
@@ -697,7 +697,7 @@ impl Connection {
                         }
                         Reply::ok()
                     }
-                    Err(e) => cluster_error(e),
+                    Err(e) => backend_error(e),
                 }
             }
             "UNWATCH" => {
@@ -707,7 +707,7 @@ impl Connection {
             "SUBSCRIBE" | "PSUBSCRIBE" => {
                 let pattern = name == "PSUBSCRIBE";
                 if st.events.is_none() {
-                    st.events = Some(self.shared.cluster.events());
+                    st.events = Some(self.shared.backend.events());
                 }
                 for ch in a {
                     let set = if pattern {
@@ -913,7 +913,7 @@ impl Connection {
         let mut s = String::from(
             "# Server\r\nredis_version:7.2.0\r\nredis_mode:standalone\r\nfenced:1\r\n",
         );
-        for (k, v) in self.shared.cluster.info() {
+        for (k, v) in self.shared.backend.info() {
             s.push_str(&format!("{k}:{v}\r\n"));
         }
         s.push_str("\r\n# Clients\r\n");

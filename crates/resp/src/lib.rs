@@ -5,7 +5,7 @@
 //! runs one connection (pipelining, MULTI/WATCH, pub/sub, blocking pops, auth), and
 //! [`serve`] accepts connections with a limit and shuts down gracefully; [`acl`] holds the
 //! users (`--acl-file`, `--requirepass`) and their permissions. The cluster is
-//! reached through the [`Cluster`] trait, which `fenced-server` implements for its node, so
+//! reached through the [`Backend`] trait, which `fenced-server` implements for its node, so
 //! this crate does not depend on Raft.
 
 pub mod acl;
@@ -26,7 +26,7 @@ pub use frame::{Limits, Proto};
 
 /// Why the cluster could not answer.
 #[derive(thiserror::Error, Debug, Clone)]
-pub enum ClusterError {
+pub enum BackendError {
     /// No leader reachable / no quorum: certainly or possibly not applied.
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
@@ -49,7 +49,7 @@ pub struct LockView {
 }
 
 /// A `LOCK.*` write that does not wait. Consecutive ones of a pipeline are proposed together
-/// ([`Cluster::lock_batch`]), in order, each with its own request id.
+/// ([`Backend::lock_batch`]), in order, each with its own request id.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockOp {
     /// `LOCK.ACQUIRE name owner ttl_ms` (no `WAIT`, or `WAIT 0`).
@@ -89,12 +89,12 @@ pub type ReadFn = Box<dyn FnOnce(&StateMachine, Millis) -> Vec<Reply> + Send>;
 /// What the RESP front end needs from the cluster. Implemented by `fenced-server` for its
 /// node; every method may be called on any node (writes are forwarded to the leader).
 #[async_trait]
-pub trait Cluster: Send + Sync + 'static {
+pub trait Backend: Send + Sync + 'static {
     /// Replicate a keyspace command through the log. `rid` makes internal retries safe.
-    async fn write(&self, rid: RequestId, cmd: KvCommand) -> Result<KvResponse, ClusterError>;
+    async fn write(&self, rid: RequestId, cmd: KvCommand) -> Result<KvResponse, BackendError>;
     /// Evaluate `f` linearizably: after a read-index barrier, with every expiry that was due
     /// on the leader's log clock already applied.
-    async fn read(&self, f: ReadFn) -> Result<Vec<Reply>, ClusterError>;
+    async fn read(&self, f: ReadFn) -> Result<Vec<Reply>, BackendError>;
     /// `LOCK.ACQUIRE … WAIT ms`: the token, or `None` if not granted within `wait_ms`.
     async fn lock_acquire(
         &self,
@@ -103,15 +103,15 @@ pub trait Cluster: Send + Sync + 'static {
         owner: String,
         ttl_ms: u64,
         wait_ms: u64,
-    ) -> Result<Option<u64>, ClusterError>;
+    ) -> Result<Option<u64>, BackendError>;
     /// Several `LOCK.*` writes that do not wait, proposed in order (a pipeline); one result
     /// each.
     async fn lock_batch(
         &self,
         ops: Vec<(RequestId, LockOp)>,
-    ) -> Vec<Result<LockOpReply, ClusterError>>;
+    ) -> Vec<Result<LockOpReply, BackendError>>;
     /// `LOCK.INFO`, linearizable.
-    async fn lock_info(&self, name: String) -> Result<Option<LockView>, ClusterError>;
+    async fn lock_info(&self, name: String) -> Result<Option<LockView>, BackendError>;
     /// Keyspace events applied on this node (pub/sub messages, list pushes).
     fn events(&self) -> broadcast::Receiver<KvEvent>;
     /// Lines for `INFO` (`key:value`), e.g. node id, role, leader.
@@ -209,7 +209,7 @@ impl Subscriptions {
 }
 
 pub(crate) struct Shared {
-    pub cluster: Arc<dyn Cluster>,
+    pub backend: Arc<dyn Backend>,
     pub config: Config,
     pub subs: Subscriptions,
     pub next_id: std::sync::atomic::AtomicU64,
@@ -232,13 +232,13 @@ pub async fn bind(config: &Config) -> Result<TcpListener, ServeError> {
 /// connection finish the requests it is running, and return.
 pub async fn serve(
     listener: TcpListener,
-    cluster: Arc<dyn Cluster>,
+    backend: Arc<dyn Backend>,
     config: Config,
     shutdown: watch::Receiver<bool>,
 ) {
     let limit = Arc::new(Semaphore::new(config.max_connections));
     let shared = Arc::new(Shared {
-        cluster,
+        backend,
         config,
         subs: Subscriptions::default(),
         next_id: std::sync::atomic::AtomicU64::new(1),

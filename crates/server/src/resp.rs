@@ -1,4 +1,4 @@
-//! The RESP front end of a node: `fenced-resp`'s [`Cluster`] implemented on [`Node`].
+//! The RESP front end of a node: `fenced-resp`'s [`Backend`] implemented on [`Node`].
 //!
 //! * Keyspace writes are `Command::Kv` proposals (forwarded to the leader, retried safely
 //!   under the connection's request id).
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use fenced_core::kv::{KvCommand, KvEvent, KvResponse, Reply};
 use fenced_core::{Command, RequestId, Response, StateMachine};
-use fenced_resp::{Cluster, ClusterError, LockOp, LockOpReply, LockView, ReadFn};
+use fenced_resp::{Backend, BackendError, LockOp, LockOpReply, LockView, ReadFn};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
@@ -42,60 +42,60 @@ pub async fn start(
         fenced_resp::ServeError::Bind { addr, source } => StartError::Bind { addr, source },
     })?;
     tracing::info!(addr = %cfg.resp_addr, "RESP front end listening");
-    let cluster: Arc<dyn Cluster> = Arc::new(RespCluster { node });
+    let cluster: Arc<dyn Backend> = Arc::new(RespBackend { node });
     Ok(tokio::spawn(fenced_resp::serve(
         listener, cluster, config, shutdown,
     )))
 }
 
-pub struct RespCluster {
+pub struct RespBackend {
     node: Node,
 }
 
-fn cluster_error(e: NodeError) -> ClusterError {
+fn backend_error(e: NodeError) -> BackendError {
     match e {
-        NodeError::NotLeader { .. } => ClusterError::Unavailable(e.to_string()),
-        NodeError::Unknown(m) => ClusterError::Unknown(m),
-        NodeError::Fatal(m) => ClusterError::Unavailable(m),
-        NodeError::Invalid(m) => ClusterError::Rejected(m),
-        NodeError::Rejected(c) => ClusterError::Rejected(c.to_string()),
+        NodeError::NotLeader { .. } => BackendError::Unavailable(e.to_string()),
+        NodeError::Unknown(m) => BackendError::Unknown(m),
+        NodeError::Fatal(m) => BackendError::Unavailable(m),
+        NodeError::Invalid(m) => BackendError::Rejected(m),
+        NodeError::Rejected(c) => BackendError::Rejected(c.to_string()),
     }
 }
 
-fn unexpected(r: Response) -> ClusterError {
+fn unexpected(r: Response) -> BackendError {
     match r {
-        Response::Rejected(e) => ClusterError::Rejected(e.to_string()),
-        other => ClusterError::Rejected(format!("unexpected response {other:?}")),
+        Response::Rejected(e) => BackendError::Rejected(e.to_string()),
+        other => BackendError::Rejected(format!("unexpected response {other:?}")),
     }
 }
 
-impl RespCluster {
+impl RespBackend {
     /// A linearizable view with every due expiry applied (see the module docs).
-    async fn fresh<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> Result<T, ClusterError> {
-        let leader_now = self.node.read_barrier_time().await.map_err(cluster_error)?;
+    async fn fresh<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> Result<T, BackendError> {
+        let leader_now = self.node.read_barrier_time().await.map_err(backend_error)?;
         let due = self.node.local(|sm| sm.next_deadline());
         if due.is_some_and(|d| d <= leader_now) {
             self.node
                 .propose(None, Command::Tick)
                 .await
-                .map_err(cluster_error)?;
-            self.node.read_barrier().await.map_err(cluster_error)?;
+                .map_err(backend_error)?;
+            self.node.read_barrier().await.map_err(backend_error)?;
         }
         Ok(self.node.local(f))
     }
 }
 
 #[async_trait]
-impl Cluster for RespCluster {
-    async fn write(&self, rid: RequestId, cmd: KvCommand) -> Result<KvResponse, ClusterError> {
+impl Backend for RespBackend {
+    async fn write(&self, rid: RequestId, cmd: KvCommand) -> Result<KvResponse, BackendError> {
         match self.node.propose(Some(rid), Command::Kv(cmd)).await {
             Ok(Response::Kv(r)) => Ok(r),
             Ok(other) => Err(unexpected(other)),
-            Err(e) => Err(cluster_error(e)),
+            Err(e) => Err(backend_error(e)),
         }
     }
 
-    async fn read(&self, f: ReadFn) -> Result<Vec<Reply>, ClusterError> {
+    async fn read(&self, f: ReadFn) -> Result<Vec<Reply>, BackendError> {
         self.fresh(|sm| f(sm, sm.now())).await
     }
 
@@ -106,7 +106,7 @@ impl Cluster for RespCluster {
         owner: String,
         ttl_ms: u64,
         wait_ms: u64,
-    ) -> Result<Option<u64>, ClusterError> {
+    ) -> Result<Option<u64>, BackendError> {
         let cmd = Command::Acquire {
             name,
             owner,
@@ -117,18 +117,18 @@ impl Cluster for RespCluster {
         match self.node.acquire(rid, cmd, wait_ms).await {
             Ok(Response::Granted { token, .. }) => Ok(Some(token)),
             Ok(Response::NotGranted) => Ok(None),
-            Ok(Response::Pending) => Err(ClusterError::Unknown(
+            Ok(Response::Pending) => Err(BackendError::Unknown(
                 "the wait's outcome could not be learnt in time".into(),
             )),
             Ok(other) => Err(unexpected(other)),
-            Err(e) => Err(cluster_error(e)),
+            Err(e) => Err(backend_error(e)),
         }
     }
 
     async fn lock_batch(
         &self,
         ops: Vec<(RequestId, LockOp)>,
-    ) -> Vec<Result<LockOpReply, ClusterError>> {
+    ) -> Vec<Result<LockOpReply, BackendError>> {
         let proposals = ops
             .into_iter()
             .map(|(rid, op)| {
@@ -174,12 +174,12 @@ impl Cluster for RespCluster {
                 }
                 Ok(Response::NotHeld) => Ok(LockOpReply::Done(false)),
                 Ok(other) => Err(unexpected(other)),
-                Err(e) => Err(cluster_error(e)),
+                Err(e) => Err(backend_error(e)),
             })
             .collect()
     }
 
-    async fn lock_info(&self, name: String) -> Result<Option<LockView>, ClusterError> {
+    async fn lock_info(&self, name: String) -> Result<Option<LockView>, BackendError> {
         self.fresh(|sm| {
             sm.lock_info(&name).map(|l| LockView {
                 owner: l.owner,
