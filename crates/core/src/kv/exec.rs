@@ -33,7 +33,8 @@ impl Ctx<'_> {
     /// Run `f` on the value of `key` as type `K`: `WRONGTYPE` before touching anything if the
     /// key holds another type (so a failed command changes no revision); `None` without
     /// calling `f` if the key is absent and not `create`d. Afterwards the key takes this
-    /// command's revision and is removed if `f` left it empty.
+    /// command's revision — unless `f` failed, which must then have changed nothing — and is
+    /// removed if it is empty (a container made for `f` that failed is not left behind).
     pub fn with<K: Kind, T>(
         &mut self,
         key: &[u8],
@@ -53,7 +54,7 @@ impl Ctx<'_> {
         let r = K::of_mut(&mut e.value)
             .ok_or(KvError::WrongType)
             .and_then(f);
-        self.ks.touched(key, self.revision);
+        self.ks.touched(key, r.is_ok().then_some(self.revision));
         r.map(Some)
     }
 

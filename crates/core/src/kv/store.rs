@@ -264,11 +264,14 @@ impl Keyspace {
         Some(e)
     }
 
-    /// After a container was modified: bump its revision, drop it if it became empty.
-    pub(super) fn touched(&mut self, key: &[u8], revision: Revision) {
+    /// After a container was modified: bump its revision (if `Some`), drop it if it is
+    /// empty.
+    pub(super) fn touched(&mut self, key: &[u8], revision: Option<Revision>) {
         let empty = match self.keys.get_mut(key) {
             Some(e) => {
-                e.mod_revision = revision;
+                if let Some(r) = revision {
+                    e.mod_revision = r;
+                }
                 e.value.is_empty_container()
             }
             None => return,

@@ -141,6 +141,31 @@ fn unknown_and_arity_errors_are_redis_exact() {
     );
 }
 
+/// A command that fails on a container changes nothing: not its value, not its revision
+/// (so it aborts no `WATCH`).
+#[test]
+fn a_failed_container_command_changes_nothing() {
+    let mut t = T::new();
+    t.run("HSET h word abc");
+    t.run("RPUSH l a");
+    t.run("ZADD z inf m");
+    let before = t.ks.clone();
+    assert_eq!(
+        t.run("HINCRBY h word 1"),
+        Reply::err("ERR hash value is not an integer")
+    );
+    assert_eq!(t.run("LSET l 5 x"), Reply::err("ERR index out of range"));
+    assert_eq!(
+        t.run("ZINCRBY z -inf m"),
+        Reply::err("ERR resulting score is not a number (NaN)")
+    );
+    assert_eq!(
+        t.run("ZADD z INCR -inf m"),
+        Reply::err("ERR resulting score is not a number (NaN)")
+    );
+    assert_eq!(t.ks, before, "failed commands changed the keyspace");
+}
+
 #[test]
 fn hashes_lists_zsets() {
     let mut t = T::new();
