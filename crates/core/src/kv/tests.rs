@@ -167,6 +167,48 @@ fn a_failed_container_command_changes_nothing() {
 }
 
 #[test]
+fn hincrbyfloat_as_redis_documents_it() {
+    let mut t = T::new();
+    // The examples of https://redis.io/commands/hincrbyfloat/.
+    assert_eq!(t.run("HSET mykey field 10.50"), Reply::Int(1));
+    assert_eq!(t.run("HINCRBYFLOAT mykey field 0.1"), bulk("10.6"));
+    assert_eq!(t.run("HINCRBYFLOAT mykey field -5"), bulk("5.6"));
+    assert_eq!(t.run("HSET mykey field 5.0e3"), Reply::Int(0));
+    assert_eq!(t.run("HINCRBYFLOAT mykey field 2.0e2"), bulk("5200"));
+    assert_eq!(t.read("HGET mykey field"), bulk("5200"));
+    // A new field starts at 0; a new key is created.
+    assert_eq!(t.run("HINCRBYFLOAT fresh f 1.5"), bulk("1.5"));
+    // Errors change nothing.
+    t.run("HSET mykey word abc");
+    let before = t.ks.clone();
+    assert_eq!(
+        t.run("HINCRBYFLOAT mykey word 1"),
+        Reply::err("ERR hash value is not a float")
+    );
+    assert_eq!(
+        t.run("HINCRBYFLOAT mykey field x"),
+        Reply::err("ERR value is not a valid float")
+    );
+    assert_eq!(
+        t.run("HINCRBYFLOAT mykey field inf"),
+        Reply::err("ERR increment would produce NaN or Infinity")
+    );
+    assert_eq!(t.ks, before);
+    // A hash made for a failed increment is not left behind.
+    assert_eq!(
+        t.run("HINCRBYFLOAT nokey f -inf"),
+        Reply::err("ERR increment would produce NaN or Infinity")
+    );
+    assert_eq!(t.read("EXISTS nokey"), Reply::Int(0));
+    t.run("SET s v");
+    assert_eq!(t.run("HINCRBYFLOAT s f 1"), Reply::err(WRONGTYPE));
+    assert_eq!(
+        t.run("HINCRBYFLOAT mykey field"),
+        Reply::err("ERR wrong number of arguments for 'hincrbyfloat' command")
+    );
+}
+
+#[test]
 fn hashes_lists_zsets() {
     let mut t = T::new();
     assert_eq!(t.run("HSET h a 1 b 2"), Reply::Int(2));

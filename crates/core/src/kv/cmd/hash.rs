@@ -1,4 +1,4 @@
-//! Hashes: `HSET`, `HGET`, `HINCRBY`, `HGETALL` and the rest.
+//! Hashes: `HSET`, `HGET`, `HINCRBY`, `HINCRBYFLOAT`, `HGETALL` and the rest.
 
 use super::prelude::*;
 
@@ -56,6 +56,27 @@ pub(super) const COMMANDS: &[CommandSpec] = &[
             Ok(n)
         })?;
         Ok(Reply::Int(n.unwrap_or(0)))
+    }),
+    // `HINCRBYFLOAT key field increment`: the new value as a string (what limiter scripts
+    // keep fractional tokens in).
+    CommandSpec::write("HINCRBYFLOAT", 4, WRITE | HASH, |ctx, a| {
+        let by = parse_f64(&a[2])?;
+        let n = ctx.with::<Hash, _>(&a[0], true, |h| {
+            let cur = match h.get(&a[1]) {
+                Some(v) => {
+                    parse_f64(v).map_err(|_| KvError::invalid("hash value is not a float"))?
+                }
+                None => 0.0,
+            };
+            let n = cur + by;
+            if !n.is_finite() {
+                return Err(KvError::invalid("increment would produce NaN or Infinity"));
+            }
+            let text = fmt_f64(n);
+            h.insert(a[1].clone(), text.clone().into_bytes());
+            Ok(text)
+        })?;
+        Ok(Reply::bulk(n.unwrap_or_default()))
     }),
     CommandSpec::read("HGETALL", 2, READ | HASH, |ks, now, a| {
         let h = ks.get_as::<Hash>(&a[0], now)?;
