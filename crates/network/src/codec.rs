@@ -17,12 +17,12 @@ fn options() -> impl Options {
 }
 
 /// Encodes `value` for a `data`/`error` field.
-pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, TransportError> {
+pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, TransportError> {
     options().serialize(value).map_err(TransportError::Encode)
 }
 
 /// Decodes a `data`/`error` field. Never panics on malformed input.
-pub(crate) fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, TransportError> {
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, TransportError> {
     options().deserialize(bytes).map_err(TransportError::Decode)
 }
 

@@ -18,7 +18,7 @@
 //! retries with fewer entries.
 
 mod client;
-mod codec;
+pub mod codec;
 pub mod gate;
 mod server;
 

@@ -1,7 +1,8 @@
 //! A fenced node, in layers: [`run`] assembles it (data dir, Raft, listeners, background
 //! tasks); [`api`] (public gRPC) and [`resp`] (the RESP adapter) translate requests into
-//! [`node`] calls; [`node`] proposes and reads through Raft (batching, forwarding, the
-//! leader's log clock); [`forward`] answers followers' forwarded calls on the leader.
+//! [`node`] calls; [`node`] proposes and reads through Raft (batching, the leader's log
+//! clock), passing what a follower cannot do to the leader through [`forward`] (both halves:
+//! the follower's calls and the leader's answers).
 
 pub mod api;
 pub mod batch;
@@ -11,6 +12,7 @@ pub mod error;
 pub mod forward;
 pub mod hub;
 pub mod node;
+mod proposal;
 pub mod resp;
 pub mod run;
 

@@ -1,26 +1,26 @@
-//! Node assembly: storage, Raft, the gRPC server, the expiry ticker, and the two paths every
-//! front end uses — [`Node::propose`] (writes) and [`Node::read`] (linearizable reads).
+//! A running node as the front ends see it: the two paths every front end uses —
+//! [`Node::propose`] (writes, batched into entries on the leader, forwarded by a follower) and
+//! [`Node::read`] (linearizable reads) — and the leader's clock and expiry ticker.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use fenced_core::{Batch, Command, Event, Request, RequestId, Response, StateMachine};
 use fenced_network::PeerGate;
-use fenced_proto::raft::forward_client::ForwardClient;
-use fenced_proto::raft::{PeerIdentity, ProposeBatchRequest, ProposeRequest, ReadIndexRequest};
+use fenced_proto::raft::PeerIdentity;
 use fenced_raft_types::{NodeId, Raft};
 use fenced_storage::SharedState;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::ServerState;
 use tokio::sync::watch;
-use tonic::transport::{Channel, ClientTlsConfig};
+use tonic::transport::ClientTlsConfig;
 
 use crate::batch::{Batcher, Limits};
 use crate::clock::LeaderClock;
-use crate::error::{NodeError, LEADER_HINT};
+use crate::error::NodeError;
+use crate::forward::client::Forwarder;
 use crate::hub::Hub;
+use crate::proposal::{self, stopped, Proposal, Proposed};
 
 /// How long a proposal keeps trying (following leader changes) before giving up as unknown.
 pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -29,13 +29,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the ticker looks for due deadlines at most.
 const TICK_MAX_SLEEP: Duration = Duration::from_millis(50);
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
-/// Response metadata of a forwarded proposal: the leader's state machine log time (ms) after
-/// it applied the entry. Lets the follower that forwarded it count leases from a log time no
-/// older than that entry, although it may not have applied the entry itself yet.
-pub const LOG_TIME_HEADER: &str = "x-fenced-log-time";
 /// After a wait's deadline, how long to keep listening for the entry that ends it (the
 /// leader's tick and its commit) before asking the state machine directly.
-const WAIT_SLACK: Duration = Duration::from_secs(2);
+pub(crate) const WAIT_SLACK: Duration = Duration::from_secs(2);
 /// Proposal batching on the leader: entries in flight at once, and the bounds of one entry.
 /// Commands arriving while these are in flight ride in the next entry. One at a time: every
 /// entry costs each node a replication round and two fsyncs, and on a loaded machine fewer,
@@ -46,13 +42,6 @@ pub const PROPOSE_LIMITS: Limits = Limits {
     max_items: 1024,
     max_bytes: 1024 * 1024,
 };
-/// Forwarding from a follower to the leader: calls in flight at once per leader, and the
-/// bounds of one forwarded batch.
-const FORWARD_LIMITS: Limits = Limits {
-    in_flight: 2,
-    max_items: 1024,
-    max_bytes: 1024 * 1024,
-};
 /// Read-index rounds: one at a time, so every read waits for a round that starts after it
 /// arrived; all reads that arrive during a round share the next.
 const READ_LIMITS: Limits = Limits {
@@ -60,10 +49,6 @@ const READ_LIMITS: Limits = Limits {
     max_items: usize::MAX,
     max_bytes: usize::MAX,
 };
-
-/// One proposal: the request id (if any) and the command.
-type Proposal = (Option<RequestId>, Command);
-type Proposed = Result<Response, NodeError>;
 
 /// A running node. Cheap to clone.
 #[derive(Clone)]
@@ -77,17 +62,12 @@ struct Inner {
     state: SharedState,
     hub: Hub,
     clock: LeaderClock,
-    peers: Mutex<HashMap<String, ForwardClient<Channel>>>,
     /// Identity checks of node-to-node calls, both directions.
     gate: PeerGate,
-    /// TLS for forwarding calls to the leader (the node's identity and the cluster CA).
-    peer_tls: Option<ClientTlsConfig>,
-    /// The largest log time a leader reported with a forwarded answer ([`LOG_TIME_HEADER`]).
-    leader_log_time: AtomicU64,
     /// Proposals on this node while it leads, batched into entries.
     proposer: Batcher<Proposal, Proposed>,
-    /// Proposals forwarded to the leader, batched per leader address.
-    forwarders: Mutex<HashMap<String, Batcher<Proposal, Proposed>>>,
+    /// The follower's half of forwarding: proposals and read rounds passed to the leader.
+    forwarder: Arc<Forwarder>,
     /// Read-index rounds, shared by the reads that arrived while the previous one ran:
     /// `(read index, leader log time)`.
     reader: Batcher<(), Result<(u64, u64), NodeError>>,
@@ -106,14 +86,12 @@ impl Node {
         Node {
             inner: Arc::new_cyclic(|me: &Weak<Inner>| Inner {
                 id,
-                raft,
                 state,
                 hub,
                 clock: LeaderClock::new(),
-                peers: Mutex::new(HashMap::new()),
+                forwarder: Forwarder::new(raft.clone(), gate.clone(), peer_tls),
+                raft,
                 gate,
-                peer_tls,
-                leader_log_time: AtomicU64::new(0),
                 proposer: Batcher::spawn(PROPOSE_LIMITS, {
                     let me = me.clone();
                     move |batch: Vec<Proposal>| {
@@ -126,7 +104,6 @@ impl Node {
                         }
                     }
                 }),
-                forwarders: Mutex::new(HashMap::new()),
                 reader: Batcher::spawn(READ_LIMITS, {
                     let me = me.clone();
                     move |batch: Vec<()>| {
@@ -202,7 +179,7 @@ impl Node {
             if let Some(Err(NodeError::NotLeader { leader: Some(addr) })) = attempt.first() {
                 // Not the leader (for all of them: leadership is checked once per call).
                 let addr = addr.clone();
-                attempt = self.forward_all(&addr, batch).await;
+                attempt = self.inner.forwarder.forward_all(&addr, batch).await;
             }
             let retry = Instant::now() < give_up;
             for (i, result) in open.into_iter().zip(attempt) {
@@ -230,7 +207,12 @@ impl Node {
         // fails (the leader changed mid-wait), wait here; the request id makes it safe.
         if wait_ms > 0 {
             if let Err(NodeError::NotLeader { leader: Some(addr) }) = self.leader_term() {
-                match self.forward(&addr, Some(rid), &cmd, wait_ms).await {
+                match self
+                    .inner
+                    .forwarder
+                    .forward(&addr, Some(rid), &cmd, wait_ms)
+                    .await
+                {
                     Ok(resp) if resp != Response::Pending => return Ok(resp),
                     Ok(_) => {}
                     Err(e) => tracing::debug!("forwarded wait: {e}; waiting here"),
@@ -288,7 +270,7 @@ impl Node {
             return vec![Err(e); proposals.len()];
         }
         let sized = proposals.into_iter().map(|p| {
-            let size = proposal_size(&p.1);
+            let size = proposal::size(&p.1);
             (p, size)
         });
         self.inner
@@ -373,184 +355,6 @@ impl Node {
         Err(NodeError::NotLeader { leader })
     }
 
-    async fn peer(&self, addr: &str) -> Result<ForwardClient<Channel>, NodeError> {
-        if let Some(c) = self.lock_peers().get(addr) {
-            return Ok(c.clone());
-        }
-        let endpoint = fenced_tls::endpoint(addr, self.inner.peer_tls.as_ref())
-            .map_err(|e| NodeError::Invalid(format!("leader address {addr}: {e}")))?
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true);
-        let client = ForwardClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(fenced_network::MAX_MESSAGE_SIZE);
-        self.lock_peers().insert(addr.to_owned(), client.clone());
-        Ok(client)
-    }
-
-    fn lock_peers(&self) -> std::sync::MutexGuard<'_, HashMap<String, ForwardClient<Channel>>> {
-        self.inner.peers.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Have the leader at `addr` propose `cmd` (and, with `wait_ms`, wait for a queued
-    /// acquire's resolution). Without a wait the command joins this node's next forwarded
-    /// batch to that leader ([`FORWARD_LIMITS`]).
-    async fn forward(
-        &self,
-        addr: &str,
-        rid: Option<RequestId>,
-        cmd: &Command,
-        wait_ms: u64,
-    ) -> Result<Response, NodeError> {
-        if wait_ms == 0 {
-            let mut out = self.forward_all(addr, vec![(rid, cmd.clone())]).await;
-            return out.pop().unwrap_or_else(|| {
-                Err(NodeError::Unknown("the forwarding batcher stopped".into()))
-            });
-        }
-        self.forward_one(addr, rid, cmd, wait_ms).await
-    }
-
-    /// Have the leader at `addr` propose `proposals`, in order, in this node's next
-    /// forwarded batches to it ([`FORWARD_LIMITS`]); one result each.
-    async fn forward_all(&self, addr: &str, proposals: Vec<Proposal>) -> Vec<Proposed> {
-        let sized = proposals.into_iter().map(|p| {
-            let size = proposal_size(&p.1);
-            (p, size)
-        });
-        self.forwarder(addr)
-            .call_all(sized, || {
-                Err(NodeError::Unknown("the forwarding batcher stopped".into()))
-            })
-            .await
-    }
-
-    /// The batcher of forwarded proposals to the leader at `addr`.
-    fn forwarder(&self, addr: &str) -> Batcher<Proposal, Proposed> {
-        let mut all = self
-            .inner
-            .forwarders
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if let Some(b) = all.get(addr) {
-            return b.clone();
-        }
-        // A leader that moved leaves its batcher behind; forget them all now and then.
-        if all.len() > 16 {
-            all.clear();
-        }
-        let me = Arc::downgrade(&self.inner);
-        let to = addr.to_owned();
-        let b = Batcher::spawn(FORWARD_LIMITS, move |batch: Vec<Proposal>| {
-            let node = Node::upgrade(&me);
-            let to = to.clone();
-            async move {
-                match node {
-                    Some(node) => node.forward_batch(&to, batch).await,
-                    None => stopped(batch.len()),
-                }
-            }
-        });
-        all.insert(addr.to_owned(), b.clone());
-        b
-    }
-
-    /// One forwarding call carrying several proposals; one result each.
-    async fn forward_batch(&self, addr: &str, proposals: Vec<Proposal>) -> Vec<Proposed> {
-        let n = proposals.len();
-        let err = |e: NodeError| vec![Err(e); n];
-        let data = match bincode::serialize(&proposals) {
-            Ok(d) => d,
-            Err(e) => return err(NodeError::Invalid(format!("encoding: {e}"))),
-        };
-        let mut client = match self.peer(addr).await {
-            Ok(c) => c,
-            Err(e) => return err(e),
-        };
-        let mut req = tonic::Request::new(ProposeBatchRequest {
-            data,
-            from: Some(self.envelope_for(addr)),
-        });
-        req.set_timeout(PROPOSE_TIMEOUT);
-        let reply = match tokio::time::timeout(PROPOSE_TIMEOUT, client.propose_batch(req)).await {
-            Err(_) => {
-                return err(NodeError::Unknown(
-                    "the leader did not answer in time".into(),
-                ))
-            }
-            Ok(Err(status)) => {
-                self.peer_refused(&status);
-                return err(status_to_error(&status));
-            }
-            Ok(Ok(reply)) => reply,
-        };
-        self.note_leader_log_time(reply.metadata());
-        match bincode::deserialize::<Vec<Proposed>>(&reply.into_inner().data) {
-            Ok(out) if out.len() == n => out
-                .into_iter()
-                .map(|r| match r {
-                    // The leader's node stopped: for this node, the outcome is unknown.
-                    Err(NodeError::Fatal(m)) => Err(NodeError::Unknown(m)),
-                    other => other,
-                })
-                .collect(),
-            Ok(out) => err(NodeError::Unknown(format!(
-                "the leader answered {} of {n} proposals",
-                out.len()
-            ))),
-            Err(e) => err(NodeError::Unknown(format!("bad reply from leader: {e}"))),
-        }
-    }
-
-    /// Remember the log time a leader reported with a forwarded answer.
-    fn note_leader_log_time(&self, meta: &tonic::metadata::MetadataMap) {
-        let log_time = meta
-            .get(LOG_TIME_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if let Some(t) = log_time {
-            self.inner.leader_log_time.fetch_max(t, Ordering::Relaxed);
-        }
-    }
-
-    /// One forwarding call for one proposal (a waiting acquire: the leader waits for it).
-    async fn forward_one(
-        &self,
-        addr: &str,
-        rid: Option<RequestId>,
-        cmd: &Command,
-        wait_ms: u64,
-    ) -> Result<Response, NodeError> {
-        let data = bincode::serialize(&(rid, cmd))
-            .map_err(|e| NodeError::Invalid(format!("encoding: {e}")))?;
-        let mut client = self.peer(addr).await?;
-        let mut req = tonic::Request::new(ProposeRequest {
-            data,
-            wait_ms,
-            from: Some(self.envelope_for(addr)),
-        });
-        let waiting = if wait_ms > 0 {
-            Duration::from_millis(wait_ms) + WAIT_SLACK
-        } else {
-            Duration::ZERO
-        };
-        let deadline = PROPOSE_TIMEOUT + waiting;
-        req.set_timeout(deadline);
-        let reply = tokio::time::timeout(deadline, client.propose(req))
-            .await
-            .map_err(|_| NodeError::Unknown("the leader did not answer in time".into()))?;
-        match reply {
-            Ok(reply) => {
-                self.note_leader_log_time(reply.metadata());
-                bincode::deserialize(&reply.into_inner().data)
-                    .map_err(|e| NodeError::Unknown(format!("bad reply from leader: {e}")))
-            }
-            Err(status) => {
-                self.peer_refused(&status);
-                Err(status_to_error(&status))
-            }
-        }
-    }
-
     /// Wait until a read on this node's state machine is linearizable: the leader confirms
     /// its leadership with a quorum (read-index) and this node has applied up to that index.
     pub async fn read_barrier(&self) -> Result<(), NodeError> {
@@ -607,7 +411,7 @@ impl Node {
         match self.read_index_local().await {
             Ok(index) => Ok((index, self.leader_time_now())),
             Err(NodeError::NotLeader { leader: Some(addr) }) => {
-                self.forward_read_index(&addr).await
+                self.inner.forwarder.read_index(&addr).await
             }
             Err(e) => Err(e),
         }
@@ -634,27 +438,6 @@ impl Node {
         match self.leader_term() {
             Ok(term) => self.inner.clock.peek(term, || applied).max(applied),
             Err(_) => applied,
-        }
-    }
-
-    async fn forward_read_index(&self, addr: &str) -> Result<(u64, u64), NodeError> {
-        let mut client = self.peer(addr).await?;
-        let mut req = tonic::Request::new(ReadIndexRequest {
-            from: Some(self.envelope_for(addr)),
-        });
-        req.set_timeout(PROPOSE_TIMEOUT);
-        let reply = tokio::time::timeout(PROPOSE_TIMEOUT, client.read_index(req))
-            .await
-            .map_err(|_| NodeError::Unknown("the leader did not answer in time".into()))?;
-        match reply {
-            Ok(r) => {
-                let r = r.into_inner();
-                Ok((r.index, r.time_ms))
-            }
-            Err(status) => {
-                self.peer_refused(&status);
-                Err(status_to_error(&status))
-            }
         }
     }
 
@@ -696,27 +479,6 @@ impl Node {
             .admit(from, metrics.membership_config.membership())
     }
 
-    /// The identity to send with a forwarding call to the member serving at `addr`.
-    fn envelope_for(&self, addr: &str) -> PeerIdentity {
-        let to = {
-            let metrics = self.inner.raft.metrics();
-            let metrics = metrics.borrow();
-            let found = metrics
-                .membership_config
-                .membership()
-                .nodes()
-                .find(|(_, n)| n.addr == addr)
-                .map_or(0, |(id, _)| *id);
-            found
-        };
-        self.inner.gate.envelope(to)
-    }
-
-    /// A forwarding call was refused: retire if the peer said this node is stale.
-    fn peer_refused(&self, status: &tonic::Status) {
-        self.inner.gate.on_refusal(status);
-    }
-
     /// Local, possibly stale view of the state machine (no read barrier).
     pub fn local<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> T {
         self.inner.state.read(f)
@@ -729,7 +491,7 @@ impl Node {
     /// which would overstate the lease left.
     pub fn log_time(&self) -> u64 {
         let local = self.local(StateMachine::now);
-        local.max(self.inner.leader_log_time.load(Ordering::Relaxed))
+        local.max(self.inner.forwarder.leader_log_time())
     }
 
     /// While this node leads, propose a `Tick` whenever the earliest deadline of the state
@@ -766,26 +528,6 @@ impl Node {
     }
 }
 
-/// Turn a status from a peer back into a node error, keeping the leader hint.
-pub fn status_to_error(status: &tonic::Status) -> NodeError {
-    match status.code() {
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-            let hint = status
-                .metadata()
-                .get(LEADER_HINT)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned);
-            if status.message().starts_with("not the leader") {
-                NodeError::NotLeader { leader: hint }
-            } else {
-                NodeError::Unknown(status.message().to_owned())
-            }
-        }
-        tonic::Code::InvalidArgument => NodeError::Invalid(status.message().to_owned()),
-        _ => NodeError::Unknown(format!("{}: {}", status.code(), status.message())),
-    }
-}
-
 /// One attempt of [`Node::propose`]: `None` to try again, or the answer. `unknown` remembers
 /// that an earlier attempt may have taken effect: once it is set, giving up on "not the
 /// leader" must still say "outcome unknown" — "not the leader" alone tells clients (RESP
@@ -807,30 +549,6 @@ fn settle(
             None => NodeError::NotLeader { leader },
         })),
         other => Some(other),
-    }
-}
-
-/// Every proposal of a batch fails: the node is gone.
-fn stopped(n: usize) -> Vec<Proposed> {
-    vec![Err(NodeError::Fatal("node stopped".into())); n]
-}
-
-/// About how many bytes `cmd` adds to an entry (for the batch bounds; no serialization).
-fn proposal_size(cmd: &Command) -> usize {
-    const BASE: usize = 64;
-    fn kv_size(cmd: &fenced_core::kv::KvCommand) -> usize {
-        use fenced_core::kv::KvCommand;
-        let argv = |a: &Vec<Vec<u8>>| a.iter().map(|x| x.len() + 8).sum::<usize>();
-        match cmd {
-            KvCommand::Batch(cmds) | KvCommand::Multi { cmds, .. } => cmds.iter().map(argv).sum(),
-            KvCommand::Restricted { cmd, .. } => 256 + kv_size(cmd),
-        }
-    }
-    match cmd {
-        Command::Kv(kv) => BASE + kv_size(kv),
-        Command::AcquireWith(spec) => BASE + spec.names.iter().map(|n| n.len() + 8).sum::<usize>(),
-        Command::FencedPut { key, value, .. } => BASE + key.len() + value.len(),
-        _ => BASE,
     }
 }
 

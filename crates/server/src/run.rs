@@ -139,7 +139,7 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
         }
         let router = builder
             .add_service(raft_server(raft.clone(), gate.clone(), check.clone()))
-            .add_service(crate::forward::forward_server(node.clone(), check))
+            .add_service(crate::forward::server::forward_server(node.clone(), check))
             .add_service(crate::api::lock_server(node.clone()))
             .add_service(crate::api::session_server(node.clone()))
             .add_service(crate::api::kv_server(node.clone()))

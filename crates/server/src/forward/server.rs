@@ -1,8 +1,8 @@
-//! The leader's side of forwarding (`fenced.raft.v1.Forward`): proposals and read-index
-//! rounds that followers pass on. The follower's side (batching per leader, retries, the
-//! leader's log time from the answers) is in [`crate::node`].
+//! The leader's half of forwarding (`fenced.raft.v1.Forward`): proposals and read-index
+//! rounds that followers pass on.
 
 use fenced_core::{Command, RequestId};
+use fenced_network::codec;
 use fenced_proto::raft::forward_server::{Forward, ForwardServer};
 use fenced_proto::raft::{
     ProposeBatchReply, ProposeBatchRequest, ProposeReply, ProposeRequest, ReadIndexReply,
@@ -12,6 +12,7 @@ use fenced_tls::PeerCertCheck;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Status};
 
+use super::LOG_TIME_HEADER;
 use crate::node::Node;
 
 type Reply<T> = Result<tonic::Response<T>, Status>;
@@ -35,13 +36,13 @@ pub struct Leader {
 
 impl Leader {
     /// A forwarded proposal's answer. Its entry is applied here: tell the follower the log
-    /// time this node reached ([`crate::node::LOG_TIME_HEADER`]).
+    /// time this node reached ([`LOG_TIME_HEADER`]).
     fn with_log_time<T>(&self, body: T) -> tonic::Response<T> {
         let log_time = self.node.local(|sm| sm.now());
         let mut reply = tonic::Response::new(body);
         reply
             .metadata_mut()
-            .insert(crate::node::LOG_TIME_HEADER, log_time.into());
+            .insert(LOG_TIME_HEADER, log_time.into());
         reply
     }
 }
@@ -51,7 +52,7 @@ impl Forward for Leader {
     async fn propose(&self, req: Request<ProposeRequest>) -> Reply<ProposeReply> {
         let req = req.into_inner();
         self.node.admit_peer(req.from.as_ref())?;
-        let (rid, cmd): (Option<RequestId>, Command) = bincode::deserialize(&req.data)
+        let (rid, cmd): (Option<RequestId>, Command) = codec::decode(&req.data)
             .map_err(|e| Status::invalid_argument(format!("malformed proposal: {e}")))?;
         let queues = matches!(cmd, Command::Acquire { .. } | Command::AcquireWith(_));
         let resp = match rid {
@@ -61,19 +62,19 @@ impl Forward for Leader {
             }
             _ => self.node.propose_local(rid, cmd).await?,
         };
-        let data = bincode::serialize(&resp).map_err(|e| Status::internal(e.to_string()))?;
+        let data = codec::encode(&resp).map_err(|e| Status::internal(e.to_string()))?;
         Ok(self.with_log_time(ProposeReply { data }))
     }
 
     async fn propose_batch(&self, req: Request<ProposeBatchRequest>) -> Reply<ProposeBatchReply> {
         let req = req.into_inner();
         self.node.admit_peer(req.from.as_ref())?;
-        let proposals: Vec<(Option<RequestId>, Command)> = bincode::deserialize(&req.data)
+        let proposals: Vec<(Option<RequestId>, Command)> = codec::decode(&req.data)
             .map_err(|e| Status::invalid_argument(format!("malformed proposals: {e}")))?;
         // Not the leader: one answer for all, with the hint.
         self.node.check_leader()?;
         let results = self.node.propose_local_all(proposals).await;
-        let data = bincode::serialize(&results).map_err(|e| Status::internal(e.to_string()))?;
+        let data = codec::encode(&results).map_err(|e| Status::internal(e.to_string()))?;
         Ok(self.with_log_time(ProposeBatchReply { data }))
     }
 

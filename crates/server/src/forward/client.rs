@@ -1,0 +1,298 @@
+//! The follower's half of forwarding: proposals batched per leader address
+//! ([`FORWARD_LIMITS`]), a waiting acquire in a call of its own, read-index rounds, and the
+//! leader's log time from the answers.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use fenced_core::{Command, RequestId, Response};
+use fenced_network::{codec, PeerGate};
+use fenced_proto::raft::forward_client::ForwardClient;
+use fenced_proto::raft::{PeerIdentity, ProposeBatchRequest, ProposeRequest, ReadIndexRequest};
+use fenced_raft_types::Raft;
+use tonic::transport::{Channel, ClientTlsConfig};
+
+use super::LOG_TIME_HEADER;
+use crate::batch::{Batcher, Limits};
+use crate::error::{NodeError, LEADER_HINT};
+use crate::node::{PROPOSE_TIMEOUT, WAIT_SLACK};
+use crate::proposal::{self, stopped, Proposal, Proposed};
+
+/// Forwarding from a follower to the leader: calls in flight at once per leader, and the
+/// bounds of one forwarded batch.
+const FORWARD_LIMITS: Limits = Limits {
+    in_flight: 2,
+    max_items: 1024,
+    max_bytes: 1024 * 1024,
+};
+
+/// A node's calls to the leader.
+pub(crate) struct Forwarder {
+    /// Who the members are (the identity sent with a call names the member called).
+    raft: Raft,
+    /// Identity checks of node-to-node calls, both directions.
+    gate: PeerGate,
+    /// TLS for forwarding calls to the leader (the node's identity and the cluster CA).
+    peer_tls: Option<ClientTlsConfig>,
+    peers: Mutex<HashMap<String, ForwardClient<Channel>>>,
+    /// Proposals forwarded to the leader, batched per leader address.
+    batchers: Mutex<HashMap<String, Batcher<Proposal, Proposed>>>,
+    /// The largest log time a leader reported with a forwarded answer ([`LOG_TIME_HEADER`]).
+    leader_log_time: AtomicU64,
+    me: Weak<Forwarder>,
+}
+
+impl Forwarder {
+    pub(crate) fn new(
+        raft: Raft,
+        gate: PeerGate,
+        peer_tls: Option<ClientTlsConfig>,
+    ) -> Arc<Forwarder> {
+        Arc::new_cyclic(|me| Forwarder {
+            raft,
+            gate,
+            peer_tls,
+            peers: Mutex::new(HashMap::new()),
+            batchers: Mutex::new(HashMap::new()),
+            leader_log_time: AtomicU64::new(0),
+            me: me.clone(),
+        })
+    }
+
+    /// The largest log time a leader reported with a forwarded answer (0 before any).
+    pub(crate) fn leader_log_time(&self) -> u64 {
+        self.leader_log_time.load(Ordering::Relaxed)
+    }
+
+    /// Have the leader at `addr` propose `cmd` (and, with `wait_ms`, wait for a queued
+    /// acquire's resolution). Without a wait the command joins this node's next forwarded
+    /// batch to that leader ([`FORWARD_LIMITS`]).
+    pub(crate) async fn forward(
+        &self,
+        addr: &str,
+        rid: Option<RequestId>,
+        cmd: &Command,
+        wait_ms: u64,
+    ) -> Result<Response, NodeError> {
+        if wait_ms == 0 {
+            let mut out = self.forward_all(addr, vec![(rid, cmd.clone())]).await;
+            return out.pop().unwrap_or_else(|| {
+                Err(NodeError::Unknown("the forwarding batcher stopped".into()))
+            });
+        }
+        self.forward_one(addr, rid, cmd, wait_ms).await
+    }
+
+    /// Have the leader at `addr` propose `proposals`, in order, in this node's next
+    /// forwarded batches to it ([`FORWARD_LIMITS`]); one result each.
+    pub(crate) async fn forward_all(&self, addr: &str, proposals: Vec<Proposal>) -> Vec<Proposed> {
+        let sized = proposals.into_iter().map(|p| {
+            let size = proposal::size(&p.1);
+            (p, size)
+        });
+        self.batcher(addr)
+            .call_all(sized, || {
+                Err(NodeError::Unknown("the forwarding batcher stopped".into()))
+            })
+            .await
+    }
+
+    /// One read-index round on the leader at `addr`: `(read index, leader log time)`.
+    pub(crate) async fn read_index(&self, addr: &str) -> Result<(u64, u64), NodeError> {
+        let mut client = self.peer(addr)?;
+        let mut req = tonic::Request::new(ReadIndexRequest {
+            from: Some(self.envelope_for(addr)),
+        });
+        req.set_timeout(PROPOSE_TIMEOUT);
+        let reply = tokio::time::timeout(PROPOSE_TIMEOUT, client.read_index(req))
+            .await
+            .map_err(|_| NodeError::Unknown("the leader did not answer in time".into()))?;
+        match reply {
+            Ok(r) => {
+                let r = r.into_inner();
+                Ok((r.index, r.time_ms))
+            }
+            Err(status) => Err(self.refused(&status)),
+        }
+    }
+
+    fn peer(&self, addr: &str) -> Result<ForwardClient<Channel>, NodeError> {
+        if let Some(c) = self.lock_peers().get(addr) {
+            return Ok(c.clone());
+        }
+        let endpoint = fenced_tls::endpoint(addr, self.peer_tls.as_ref())
+            .map_err(|e| NodeError::Invalid(format!("leader address {addr}: {e}")))?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true);
+        let client = ForwardClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(fenced_network::MAX_MESSAGE_SIZE);
+        self.lock_peers().insert(addr.to_owned(), client.clone());
+        Ok(client)
+    }
+
+    fn lock_peers(&self) -> MutexGuard<'_, HashMap<String, ForwardClient<Channel>>> {
+        self.peers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The batcher of forwarded proposals to the leader at `addr`.
+    fn batcher(&self, addr: &str) -> Batcher<Proposal, Proposed> {
+        let mut all = self.batchers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = all.get(addr) {
+            return b.clone();
+        }
+        // A leader that moved leaves its batcher behind; forget them all now and then.
+        if all.len() > 16 {
+            all.clear();
+        }
+        let me = self.me.clone();
+        let to = addr.to_owned();
+        let b = Batcher::spawn(FORWARD_LIMITS, move |batch: Vec<Proposal>| {
+            let me = me.upgrade();
+            let to = to.clone();
+            async move {
+                match me {
+                    Some(me) => me.forward_batch(&to, batch).await,
+                    None => stopped(batch.len()),
+                }
+            }
+        });
+        all.insert(addr.to_owned(), b.clone());
+        b
+    }
+
+    /// One forwarding call carrying several proposals; one result each.
+    async fn forward_batch(&self, addr: &str, proposals: Vec<Proposal>) -> Vec<Proposed> {
+        let n = proposals.len();
+        let err = |e: NodeError| vec![Err(e); n];
+        let data = match codec::encode(&proposals) {
+            Ok(d) => d,
+            Err(e) => return err(NodeError::Invalid(format!("encoding: {e}"))),
+        };
+        let mut client = match self.peer(addr) {
+            Ok(c) => c,
+            Err(e) => return err(e),
+        };
+        let mut req = tonic::Request::new(ProposeBatchRequest {
+            data,
+            from: Some(self.envelope_for(addr)),
+        });
+        req.set_timeout(PROPOSE_TIMEOUT);
+        let reply = match tokio::time::timeout(PROPOSE_TIMEOUT, client.propose_batch(req)).await {
+            Err(_) => {
+                return err(NodeError::Unknown(
+                    "the leader did not answer in time".into(),
+                ))
+            }
+            Ok(Err(status)) => return err(self.refused(&status)),
+            Ok(Ok(reply)) => reply,
+        };
+        self.note_leader_log_time(reply.metadata());
+        match codec::decode::<Vec<Proposed>>(&reply.into_inner().data) {
+            Ok(out) if out.len() == n => out
+                .into_iter()
+                .map(|r| match r {
+                    // The leader's node stopped: for this node, the outcome is unknown.
+                    Err(NodeError::Fatal(m)) => Err(NodeError::Unknown(m)),
+                    other => other,
+                })
+                .collect(),
+            Ok(out) => err(NodeError::Unknown(format!(
+                "the leader answered {} of {n} proposals",
+                out.len()
+            ))),
+            Err(e) => err(NodeError::Unknown(format!("bad reply from leader: {e}"))),
+        }
+    }
+
+    /// One forwarding call for one proposal (a waiting acquire: the leader waits for it).
+    async fn forward_one(
+        &self,
+        addr: &str,
+        rid: Option<RequestId>,
+        cmd: &Command,
+        wait_ms: u64,
+    ) -> Result<Response, NodeError> {
+        let data =
+            codec::encode(&(rid, cmd)).map_err(|e| NodeError::Invalid(format!("encoding: {e}")))?;
+        let mut client = self.peer(addr)?;
+        let mut req = tonic::Request::new(ProposeRequest {
+            data,
+            wait_ms,
+            from: Some(self.envelope_for(addr)),
+        });
+        let waiting = if wait_ms > 0 {
+            Duration::from_millis(wait_ms) + WAIT_SLACK
+        } else {
+            Duration::ZERO
+        };
+        let deadline = PROPOSE_TIMEOUT + waiting;
+        req.set_timeout(deadline);
+        let reply = tokio::time::timeout(deadline, client.propose(req))
+            .await
+            .map_err(|_| NodeError::Unknown("the leader did not answer in time".into()))?;
+        match reply {
+            Ok(reply) => {
+                self.note_leader_log_time(reply.metadata());
+                codec::decode(&reply.into_inner().data)
+                    .map_err(|e| NodeError::Unknown(format!("bad reply from leader: {e}")))
+            }
+            Err(status) => Err(self.refused(&status)),
+        }
+    }
+
+    /// Remember the log time a leader reported with a forwarded answer.
+    fn note_leader_log_time(&self, meta: &tonic::metadata::MetadataMap) {
+        let log_time = meta
+            .get(LOG_TIME_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if let Some(t) = log_time {
+            self.leader_log_time.fetch_max(t, Ordering::Relaxed);
+        }
+    }
+
+    /// The identity to send with a forwarding call to the member serving at `addr`.
+    fn envelope_for(&self, addr: &str) -> PeerIdentity {
+        let to = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            let found = metrics
+                .membership_config
+                .membership()
+                .nodes()
+                .find(|(_, n)| n.addr == addr)
+                .map_or(0, |(id, _)| *id);
+            found
+        };
+        self.gate.envelope(to)
+    }
+
+    /// A forwarding call was refused: retire if the peer said this node is stale; the
+    /// status as a node error.
+    fn refused(&self, status: &tonic::Status) -> NodeError {
+        self.gate.on_refusal(status);
+        status_to_error(status)
+    }
+}
+
+/// Turn a status from a peer back into a node error, keeping the leader hint.
+pub fn status_to_error(status: &tonic::Status) -> NodeError {
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+            let hint = status
+                .metadata()
+                .get(LEADER_HINT)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if status.message().starts_with("not the leader") {
+                NodeError::NotLeader { leader: hint }
+            } else {
+                NodeError::Unknown(status.message().to_owned())
+            }
+        }
+        tonic::Code::InvalidArgument => NodeError::Invalid(status.message().to_owned()),
+        _ => NodeError::Unknown(format!("{}: {}", status.code(), status.message())),
+    }
+}
