@@ -12,7 +12,7 @@ pub mod error;
 pub mod forward;
 pub mod hub;
 pub mod node;
-mod proposal;
+pub mod proposal;
 pub mod resp;
 pub mod run;
 

@@ -20,18 +20,13 @@ use crate::clock::LeaderClock;
 use crate::error::NodeError;
 use crate::forward::client::Forwarder;
 use crate::hub::Hub;
-use crate::proposal::{self, stopped, Proposal, Proposed};
+use crate::proposal::{self, stopped, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
 
-/// How long a proposal keeps trying (following leader changes) before giving up as unknown.
-pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one local `client_write` may take before it counts as unknown.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the ticker looks for due deadlines at most.
 const TICK_MAX_SLEEP: Duration = Duration::from_millis(50);
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
-/// After a wait's deadline, how long to keep listening for the entry that ends it (the
-/// leader's tick and its commit) before asking the state machine directly.
-pub(crate) const WAIT_SLACK: Duration = Duration::from_secs(2);
 /// Proposal batching on the leader: entries in flight at once, and the bounds of one entry.
 /// Commands arriving while these are in flight ride in the next entry. One at a time: every
 /// entry costs each node a replication round and two fsyncs, and on a loaded machine fewer,

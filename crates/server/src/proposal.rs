@@ -1,9 +1,17 @@
 //! One proposal as the node's batchers carry it — to the leader's next entry or in a forwarded
 //! batch — and what it costs in a batch.
 
+use std::time::Duration;
+
 use fenced_core::{Command, RequestId, Response};
 
 use crate::error::NodeError;
+
+/// How long a proposal keeps trying (following leader changes) before giving up as unknown.
+pub const PROPOSE_TIMEOUT: Duration = Duration::from_secs(5);
+/// After a wait's deadline, how long to keep listening for the entry that ends it (the
+/// leader's tick and its commit) before asking the state machine directly.
+pub const WAIT_SLACK: Duration = Duration::from_secs(2);
 
 /// One proposal: the request id (if any) and the command.
 pub(crate) type Proposal = (Option<RequestId>, Command);

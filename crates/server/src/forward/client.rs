@@ -17,8 +17,7 @@ use tonic::transport::{Channel, ClientTlsConfig};
 use super::LOG_TIME_HEADER;
 use crate::batch::{Batcher, Limits};
 use crate::error::{NodeError, LEADER_HINT};
-use crate::node::{PROPOSE_TIMEOUT, WAIT_SLACK};
-use crate::proposal::{self, stopped, Proposal, Proposed};
+use crate::proposal::{self, stopped, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
 
 /// Forwarding from a follower to the leader: calls in flight at once per leader, and the
 /// bounds of one forwarded batch.
@@ -78,9 +77,7 @@ impl Forwarder {
     ) -> Result<Response, NodeError> {
         if wait_ms == 0 {
             let mut out = self.forward_all(addr, vec![(rid, cmd.clone())]).await;
-            return out.pop().unwrap_or_else(|| {
-                Err(NodeError::Unknown("the forwarding batcher stopped".into()))
-            });
+            return out.pop().unwrap_or_else(|| Err(batcher_stopped()));
         }
         self.forward_one(addr, rid, cmd, wait_ms).await
     }
@@ -93,9 +90,7 @@ impl Forwarder {
             (p, size)
         });
         self.batcher(addr)
-            .call_all(sized, || {
-                Err(NodeError::Unknown("the forwarding batcher stopped".into()))
-            })
+            .call_all(sized, || Err(batcher_stopped()))
             .await
     }
 
@@ -108,7 +103,7 @@ impl Forwarder {
         req.set_timeout(PROPOSE_TIMEOUT);
         let reply = tokio::time::timeout(PROPOSE_TIMEOUT, client.read_index(req))
             .await
-            .map_err(|_| NodeError::Unknown("the leader did not answer in time".into()))?;
+            .map_err(|_| no_answer())?;
         match reply {
             Ok(r) => {
                 let r = r.into_inner();
@@ -180,11 +175,7 @@ impl Forwarder {
         });
         req.set_timeout(PROPOSE_TIMEOUT);
         let reply = match tokio::time::timeout(PROPOSE_TIMEOUT, client.propose_batch(req)).await {
-            Err(_) => {
-                return err(NodeError::Unknown(
-                    "the leader did not answer in time".into(),
-                ))
-            }
+            Err(_) => return err(no_answer()),
             Ok(Err(status)) => return err(self.refused(&status)),
             Ok(Ok(reply)) => reply,
         };
@@ -231,7 +222,7 @@ impl Forwarder {
         req.set_timeout(deadline);
         let reply = tokio::time::timeout(deadline, client.propose(req))
             .await
-            .map_err(|_| NodeError::Unknown("the leader did not answer in time".into()))?;
+            .map_err(|_| no_answer())?;
         match reply {
             Ok(reply) => {
                 self.note_leader_log_time(reply.metadata());
@@ -275,6 +266,14 @@ impl Forwarder {
         self.gate.on_refusal(status);
         status_to_error(status)
     }
+}
+
+fn batcher_stopped() -> NodeError {
+    NodeError::Unknown("the forwarding batcher stopped".into())
+}
+
+fn no_answer() -> NodeError {
+    NodeError::Unknown("the leader did not answer in time".into())
 }
 
 /// Turn a status from a peer back into a node error, keeping the leader hint.
