@@ -40,16 +40,18 @@ pub(super) const COMMANDS: &[CommandSpec] = &[
         expire(ctx, a, "PEXPIREAT")
     }),
     CommandSpec::read("TTL", 2, READ | KEYSPACE, |ks, now, a| {
-        Ok(ttl(ks, now, &a[0], |ms| (ms + 500) / 1000))
+        Ok(expiry(ks, now, &a[0], |t| {
+            (t.saturating_sub(now) + 500) / 1000
+        }))
     }),
     CommandSpec::read("PTTL", 2, READ | KEYSPACE, |ks, now, a| {
-        Ok(ttl(ks, now, &a[0], |ms| ms))
+        Ok(expiry(ks, now, &a[0], |t| t.saturating_sub(now)))
     }),
     CommandSpec::read("EXPIRETIME", 2, READ | KEYSPACE, |ks, now, a| {
-        Ok(expire_time(ks, now, &a[0], |t| t / 1000))
+        Ok(expiry(ks, now, &a[0], |t| t / 1000))
     }),
     CommandSpec::read("PEXPIRETIME", 2, READ | KEYSPACE, |ks, now, a| {
-        Ok(expire_time(ks, now, &a[0], |t| t))
+        Ok(expiry(ks, now, &a[0], |t| t))
     }),
     CommandSpec::write("PERSIST", 2, WRITE | KEYSPACE, |ctx, a| {
         match ctx.ks.get(&a[0], ctx.now) {
@@ -90,8 +92,9 @@ fn flush(ctx: &mut Ctx<'_>, a: &[Bytes]) -> KvResult<Reply> {
     Ok(Reply::ok())
 }
 
-/// `TTL`/`PTTL`: -2 if absent, -1 without expiry, else the time left in ms through `unit`.
-fn ttl(ks: &Keyspace, now: Millis, key: &[u8], unit: fn(i64) -> i64) -> Reply {
+/// `TTL`, `PTTL`, `EXPIRETIME`, `PEXPIRETIME`: -2 if the key is absent, -1 if it has no
+/// expiry, else `f(expire_at)`.
+fn expiry(ks: &Keyspace, now: Millis, key: &[u8], f: impl Fn(Millis) -> u64) -> Reply {
     match ks.get(key, now) {
         None => Reply::Int(-2),
         Some(Entry {
@@ -99,21 +102,7 @@ fn ttl(ks: &Keyspace, now: Millis, key: &[u8], unit: fn(i64) -> i64) -> Reply {
         }) => Reply::Int(-1),
         Some(Entry {
             expire_at: Some(t), ..
-        }) => Reply::Int(unit(t.saturating_sub(now) as i64)),
-    }
-}
-
-/// `EXPIRETIME`/`PEXPIRETIME`: -2 if absent, -1 without expiry, else the expiry through
-/// `unit`.
-fn expire_time(ks: &Keyspace, now: Millis, key: &[u8], unit: fn(u64) -> u64) -> Reply {
-    match ks.get(key, now) {
-        None => Reply::Int(-2),
-        Some(Entry {
-            expire_at: None, ..
-        }) => Reply::Int(-1),
-        Some(Entry {
-            expire_at: Some(t), ..
-        }) => Reply::Int(unit(*t) as i64),
+        }) => Reply::Int(f(*t) as i64),
     }
 }
 
