@@ -95,12 +95,7 @@ impl RedisLock {
     /// One `SET NX PX` attempt. `true` if the key was set.
     async fn try_set(&self, key: &str, value: &str, ttl_ms: u64) -> Result<bool, LockError> {
         let mut c = self.conn.clone();
-        let r: Option<String> = redis::cmd("SET")
-            .arg(key)
-            .arg(value)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl_ms)
+        let r: Option<String> = set_nx_px(key, value, ttl_ms)
             .query_async(&mut c)
             .await
             .map_err(|e| map_redis(self.name, e))?;
@@ -234,6 +229,13 @@ pub fn connect(
 /// A redis-rs error as a [`LockError`]: transport trouble, and fenced's `-TIMEOUT` (the entry
 /// may still commit) and `-TRYAGAIN` replies, are `Unavailable` (outcome unknown); any other
 /// server reply is a definite `Backend` answer.
+/// `SET key value NX PX ttl_ms`: take `key` if it is free (the lock of one Redis).
+pub(crate) fn set_nx_px(key: &str, value: &str, ttl_ms: u64) -> redis::Cmd {
+    let mut cmd = redis::cmd("SET");
+    cmd.arg(key).arg(value).arg("NX").arg("PX").arg(ttl_ms);
+    cmd
+}
+
 pub(crate) fn map_redis(backend: &'static str, e: redis::RedisError) -> LockError {
     if e.is_timeout()
         || e.is_io_error()

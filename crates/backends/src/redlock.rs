@@ -21,7 +21,7 @@ use futures::future::join_all;
 use redis::aio::ConnectionManager;
 use redis::Script;
 
-use crate::redis::{connect, ttl_ms, EXTEND_SCRIPT, UNLOCK_SCRIPT};
+use crate::redis::{connect, set_nx_px, ttl_ms, EXTEND_SCRIPT, UNLOCK_SCRIPT};
 use crate::{random_id, DistLock, Grant, LockError, RetryPolicy};
 
 /// Clock drift factor of the published algorithm.
@@ -178,14 +178,7 @@ impl Redlock {
 
     async fn set_all(&self, key: &str, value: &str, ttl_ms: u64) -> Vec<Answer> {
         self.on_all(|mut c| async move {
-            let r: Option<String> = redis::cmd("SET")
-                .arg(key)
-                .arg(value)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl_ms)
-                .query_async(&mut c)
-                .await?;
+            let r: Option<String> = set_nx_px(key, value, ttl_ms).query_async(&mut c).await?;
             Ok(r.is_some())
         })
         .await

@@ -2,8 +2,9 @@
 //! this test). Fails, with the install command, when `etcd` is not installed
 //! (`apt-get install -y etcd-server`; `scripts/test.sh` does).
 
+mod support;
+
 use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -61,13 +62,7 @@ fn start_etcd() -> Etcd {
         .arg(format!("t1={peer}"))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    // SAFETY: prctl is async-signal-safe; etcd dies with this test process.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    support::die_with_this_test(&mut cmd);
     let child = cmd.spawn().expect("spawn etcd");
     Etcd {
         child,

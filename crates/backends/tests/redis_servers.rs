@@ -4,8 +4,9 @@
 //! on panic (Drop) and if the test process dies (PR_SET_PDEATHSIG). Fails, with the install
 //! command, when `redis-server` is not installed (`scripts/test.sh` installs it).
 
+mod support;
+
 use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -80,13 +81,7 @@ fn start_redis() -> RedisServer {
         .arg(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-        // SAFETY: prctl is async-signal-safe; the server dies with this test process.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        support::die_with_this_test(&mut cmd);
         let child = cmd.spawn().expect("spawn redis-server");
         let mut srv = RedisServer {
             child,
