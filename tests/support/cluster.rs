@@ -87,7 +87,13 @@ struct Proc {
     data_dir: PathBuf,
     log: PathBuf,
     starts: u32,
+    /// Started with `--join` (a member added after the cluster was made), not
+    /// `--initial-cluster`.
+    joins: bool,
 }
+
+/// Ids a test may add with [`TestCluster::spawn_joiner`] (addresses `{net}.4`, `{net}.5`).
+pub const JOINER_IDS: [u64; 2] = [4, 5];
 
 /// Three `fenced serve` processes. Dropping it SIGKILLs and reaps them all.
 pub struct TestCluster {
@@ -127,7 +133,7 @@ impl TestCluster {
         let grpc_tls = tls.as_ref().map(ClientTls::grpc);
         let mut procs = Vec::new();
         let mut grpc = Vec::new();
-        for (id, ip) in IDS.into_iter().zip(&ips) {
+        for id in IDS {
             let data_dir = dir.path().join(format!("node-{id}"));
             procs.push(Proc {
                 id,
@@ -135,8 +141,11 @@ impl TestCluster {
                 data_dir,
                 log: dir.path().join(format!("node-{id}.log")),
                 starts: 0,
+                joins: false,
             });
-            let ep = fenced_tls::endpoint(&format!("{ip}:{GRPC_PORT}"), grpc_tls.as_ref())
+        }
+        for id in IDS.into_iter().chain(JOINER_IDS) {
+            let ep = fenced_tls::endpoint(&format!("{net}.{id}:{GRPC_PORT}"), grpc_tls.as_ref())
                 .expect("endpoint")
                 .connect_timeout(Duration::from_millis(500))
                 .timeout(Duration::from_secs(2));
@@ -251,14 +260,19 @@ impl TestCluster {
             .arg("--grpc-addr")
             .arg(self.grpc_addr(id))
             .arg("--resp-addr")
-            .arg(self.resp_addr(id))
-            .arg("--initial-cluster")
-            .arg(self.initial_cluster())
-            // Every start, as an operator who keeps one command line would: a data dir with
-            // state ignores it, and a wiped one must still not vote (see tests/amnesia.rs).
-            .arg("--initial-cluster-state")
-            .arg("new")
-            .args(&self.extra_args)
+            .arg(self.resp_addr(id));
+        if p.joins {
+            cmd.arg("--join").arg(self.endpoints().join(","));
+        } else {
+            cmd.arg("--initial-cluster")
+                .arg(self.initial_cluster())
+                // Every start, as an operator who keeps one command line would: a data dir
+                // with state ignores it, and a wiped one must still not vote (see
+                // tests/amnesia.rs).
+                .arg("--initial-cluster-state")
+                .arg("new");
+        }
+        cmd.args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log handle"))
             .stderr(log);
@@ -277,6 +291,28 @@ impl TestCluster {
             .spawn()
             .unwrap_or_else(|e| panic!("starting node {id} ({}): {e}", bin()));
         p.child = Some(child);
+    }
+
+    /// Start node `id` (one of [`JOINER_IDS`]) with `--join` the initial members: the learner
+    /// a `fenced member add` announced. Later calls of `kill`/`restart`/`status` take it like
+    /// the others.
+    pub fn spawn_joiner(&self, id: u64) {
+        assert!(JOINER_IDS.contains(&id), "joiners are {JOINER_IDS:?}");
+        {
+            let mut procs = self.procs();
+            while procs.len() < id as usize {
+                let n = procs.len() as u64 + 1;
+                procs.push(Proc {
+                    id: n,
+                    child: None,
+                    data_dir: self.dir.path().join(format!("node-{n}")),
+                    log: self.dir.path().join(format!("node-{n}.log")),
+                    starts: 0,
+                    joins: true,
+                });
+            }
+        }
+        self.spawn(id);
     }
 
     pub fn is_running(&self, id: u64) -> bool {

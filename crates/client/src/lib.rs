@@ -492,6 +492,51 @@ impl Client {
         .await
     }
 
+    /// Add member `id` serving at `addr` as a learner; without `learner`, also promote it
+    /// to voter once it has caught up (the server waits up to `wait` for that). Sent to the
+    /// leader (a follower's answer names it). Returns the membership after the change.
+    pub async fn member_add(
+        &self,
+        id: u64,
+        addr: &str,
+        learner: bool,
+        wait: Duration,
+    ) -> Result<Vec<pb::Member>, ClientError> {
+        let req = pb::MemberAddRequest {
+            id,
+            addr: addr.to_owned(),
+            learner,
+            wait_ms: wait.as_millis() as u64,
+        };
+        self.call(wait, |ch| {
+            let mut c = ClusterClient::new(ch);
+            let req = req.clone();
+            async move { c.member_add(req).await }
+        })
+        .await
+        .map(|r| r.members)
+    }
+
+    /// Promote learner `id` to voter (refused until it has caught up).
+    pub async fn member_promote(&self, id: u64) -> Result<Vec<pb::Member>, ClientError> {
+        self.call(Duration::ZERO, |ch| {
+            let mut c = ClusterClient::new(ch);
+            async move { c.member_promote(pb::MemberPromoteRequest { id }).await }
+        })
+        .await
+        .map(|r| r.members)
+    }
+
+    /// Remove member `id` (refused if that would leave no quorum).
+    pub async fn member_remove(&self, id: u64) -> Result<Vec<pb::Member>, ClientError> {
+        self.call(Duration::ZERO, |ch| {
+            let mut c = ClusterClient::new(ch);
+            async move { c.member_remove(pb::MemberRemoveRequest { id }).await }
+        })
+        .await
+        .map(|r| r.members)
+    }
+
     /// Status of every endpoint, in order (`Err` for the ones that did not answer).
     pub async fn status_all(&self) -> Vec<Result<Status, ClientError>> {
         let mut out = Vec::new();

@@ -92,6 +92,9 @@ pub struct NodeConfig {
     pub keep_logs: u64,
     pub heartbeat_ms: u64,
     pub election_timeout: ElectionTimeout,
+    /// `--join`: the cluster id of the running cluster that lists this member as a learner
+    /// (looked up by the binary before the node starts).
+    pub join: Option<u64>,
 }
 
 impl NodeConfig {
@@ -109,6 +112,7 @@ impl NodeConfig {
             snapshot_logs: 5_000,
             keep_logs: 1_000,
             heartbeat_ms: DEFAULT_HEARTBEAT_MS,
+            join: None,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
         }
     }

@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 pub mod forward;
 pub mod hub;
+pub mod membership;
 pub mod node;
 pub mod proposal;
 pub mod resp;

@@ -26,11 +26,53 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a node. With no flags: a single-node cluster in ./fenced-data.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Run CMD while holding lock NAME, with FENCED_TOKEN and FENCED_LOCK in its environment.
     Lock(LockArgs),
-    /// Print the cluster's status as one JSON object.
+    /// Print the cluster's status as one JSON object (the leader's view when it is among the
+    /// endpoints: learners with their lag).
     Status(StatusArgs),
+    /// List, add, promote or remove members (on the leader; one change at a time).
+    Member(MemberArgs),
+}
+
+#[derive(Args)]
+struct MemberArgs {
+    #[arg(
+        long,
+        default_value = "127.0.0.1:7380",
+        value_delimiter = ',',
+        global = true
+    )]
+    endpoints: Vec<String>,
+    #[command(flatten)]
+    tls: ClientTlsArgs,
+    #[command(subcommand)]
+    op: MemberOp,
+}
+
+#[derive(Subcommand)]
+enum MemberOp {
+    /// Print the members as JSON (id, addr, voter, and on the leader how far each has caught up).
+    List,
+    /// Add member ID serving its gRPC at ADDR. It starts as a learner that receives the log;
+    /// without --learner it is promoted to voter once it has caught up (start it with
+    /// `fenced serve --id ID --grpc-addr ADDR --join ENDPOINTS` meanwhile).
+    Add {
+        id: u64,
+        addr: String,
+        /// Stay a learner (promote later with `fenced member promote`).
+        #[arg(long)]
+        learner: bool,
+        /// How long to wait for the new member to catch up before promoting it (ms).
+        #[arg(long, default_value_t = 60_000)]
+        wait_ms: u64,
+    },
+    /// Make learner ID a voter (refused until it has caught up).
+    Promote { id: u64 },
+    /// Remove member ID (refused if that would leave the voters without a quorum). Its id is
+    /// never used again.
+    Remove { id: u64 },
 }
 
 #[derive(Args)]
@@ -88,6 +130,25 @@ struct ServeArgs {
     /// Worker threads of the node's runtime (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Join a running cluster through these gRPC endpoints, as the learner that `fenced
+    /// member add ID ADDR` announced: an empty data dir takes the cluster's id and receives
+    /// the log from the leader (no bootstrap). Ignored once the data dir holds state, unless
+    /// the cluster still lists this member as a learner.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["initial_cluster", "initial_cluster_state"])]
+    join: Option<Vec<String>>,
+    #[command(flatten)]
+    join_tls: JoinTlsArgs,
+}
+
+/// How `--join` reaches the cluster over TLS (defaults: the node's own --tls-ca, and no client
+/// certificate).
+#[derive(Args)]
+struct JoinTlsArgs {
+    /// Present this client certificate to the cluster when joining (PEM).
+    #[arg(long, requires = "join_tls_key")]
+    join_tls_cert: Option<PathBuf>,
+    #[arg(long, requires = "join_tls_cert")]
+    join_tls_key: Option<PathBuf>,
 }
 
 /// TLS for a node: with these, gRPC and RESP accept TLS only, and calls between nodes use
@@ -187,11 +248,10 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Cmd::Serve(ServeArgs {
-        threads: Some(n), ..
-    }) = &cli.command
-    {
-        builder.worker_threads((*n).max(1));
+    if let Cmd::Serve(a) = &cli.command {
+        if let Some(n) = a.threads {
+            builder.worker_threads(n.max(1));
+        }
     }
     let rt = match builder.enable_all().build() {
         Ok(rt) => rt,
@@ -202,9 +262,10 @@ fn main() -> ExitCode {
     };
     let result = rt.block_on(async {
         match cli.command {
-            Cmd::Serve(a) => serve(a).await.map(|()| ExitCode::SUCCESS),
+            Cmd::Serve(a) => serve(*a).await.map(|()| ExitCode::SUCCESS),
             Cmd::Lock(a) => lock(a).await,
             Cmd::Status(a) => status(a).await.map(|()| ExitCode::SUCCESS),
+            Cmd::Member(a) => member(a).await.map(|()| ExitCode::SUCCESS),
         }
     });
     match result {
@@ -250,6 +311,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
         cfg.tls = Some(tls);
     }
+    if let Some(endpoints) = &a.join {
+        cfg.join = join_lookup(&cfg, endpoints, &a.tls, &a.join_tls).await?;
+    }
     let running = fenced_server::start(cfg.clone())
         .await
         .context("starting the node")?;
@@ -274,6 +338,160 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     running.shutdown().await;
     Ok(())
+}
+
+/// `--join`: ask the running cluster whether it lists this member (as a learner at this
+/// address) and for its id. `None` when the data dir holds state and the cluster cannot say
+/// (the node then starts from its data dir as usual).
+async fn join_lookup(
+    cfg: &NodeConfig,
+    endpoints: &[String],
+    tls: &ServeTlsArgs,
+    join_tls: &JoinTlsArgs,
+) -> anyhow::Result<Option<u64>> {
+    let fresh = std::fs::read_dir(&cfg.data_dir).map_or(true, |mut d| d.next().is_none());
+    let client_tls = match &tls.tls_ca {
+        None => None,
+        Some(ca) => {
+            let mut t = fenced_client::ClientTls::load(ca)?;
+            if let (Some(cert), Some(key)) = (&join_tls.join_tls_cert, &join_tls.join_tls_key) {
+                t = t.with_identity(cert, key)?;
+            }
+            Some(t)
+        }
+    };
+    let client = Client::connect_with(
+        endpoints,
+        ClientOptions {
+            tls: client_tls,
+            ..ClientOptions::default()
+        },
+    )?;
+    let answers: Vec<_> = client.status_all().await.into_iter().flatten().collect();
+    let Some(s) = answers
+        .iter()
+        .find(|s| s.state == "leader")
+        .or_else(|| answers.first())
+    else {
+        if fresh {
+            bail!(
+                "--join: no endpoint of {} answered; an empty data dir needs the cluster to                  join it",
+                endpoints.join(",")
+            );
+        }
+        tracing::warn!("--join: the cluster did not answer; starting from the data dir");
+        return Ok(None);
+    };
+    let hint = format!(
+        "run `fenced member add {} {} --learner --endpoints {}` first",
+        cfg.id,
+        cfg.grpc_addr,
+        endpoints.join(",")
+    );
+    match s.members.iter().find(|m| m.id == cfg.id) {
+        None if fresh => bail!(
+            "--join: member {} is not in the membership of cluster {:x}; {hint}",
+            cfg.id,
+            s.cluster_id
+        ),
+        None => bail!(
+            "--join: member {} is not in the membership of cluster {:x} any more (removed?);              a removed member never comes back under its old id",
+            cfg.id,
+            s.cluster_id
+        ),
+        Some(m) if m.addr != cfg.grpc_addr => bail!(
+            "--join: cluster {:x} knows member {} at {}, but --grpc-addr is {}",
+            s.cluster_id,
+            cfg.id,
+            m.addr,
+            cfg.grpc_addr
+        ),
+        Some(m) if m.voter && fresh => bail!(
+            "--join: member {} is a voter of cluster {:x}: a voter that lost its data must not              rejoin under its id (it would vote without the entries it acknowledged); remove              it and add this node under a new id",
+            cfg.id,
+            s.cluster_id
+        ),
+        // A voter restarting from its data dir: the usual rules.
+        Some(m) if m.voter => Ok(None),
+        Some(_) => Ok(Some(s.cluster_id)),
+    }
+}
+
+async fn member(a: MemberArgs) -> anyhow::Result<()> {
+    let client = Client::connect_with(
+        &a.endpoints,
+        ClientOptions {
+            tls: a.tls.load()?,
+            ..ClientOptions::default()
+        },
+    )?;
+    let tls = a.tls.tls_ca.is_some();
+    let members = match a.op {
+        MemberOp::List => leader_status(&client, tls).await?.members,
+        MemberOp::Add {
+            id,
+            addr,
+            learner,
+            wait_ms,
+        } => client
+            .member_add(id, &addr, learner, Duration::from_millis(wait_ms))
+            .await
+            .map_err(|e| tls_hint(e, tls))?,
+        MemberOp::Promote { id } => client
+            .member_promote(id)
+            .await
+            .map_err(|e| tls_hint(e, tls))?,
+        MemberOp::Remove { id } => client
+            .member_remove(id)
+            .await
+            .map_err(|e| tls_hint(e, tls))?,
+    };
+    println!("{}", serde_json::Value::Array(members_json(&members, None)));
+    Ok(())
+}
+
+/// The leader's status if the leader is among the endpoints, else the first answer.
+async fn leader_status(client: &Client, tls: bool) -> anyhow::Result<fenced_client::Status> {
+    let answers = client.status_all().await;
+    let mut first_err = None;
+    let mut first_ok = None;
+    for a in answers {
+        match a {
+            Ok(s) if s.state == "leader" => return Ok(s),
+            Ok(s) => first_ok = first_ok.or(Some(s)),
+            Err(e) => first_err = first_err.or(Some(e)),
+        }
+    }
+    match (first_ok, first_err) {
+        (Some(s), _) => Ok(s),
+        (None, Some(e)) => Err(tls_hint(e, tls)),
+        (None, None) => bail!("no endpoints given"),
+    }
+}
+
+/// Members as JSON; with the leader's last log index, each one's lag behind it.
+fn members_json(
+    members: &[fenced_proto::v1::Member],
+    leader_last: Option<u64>,
+) -> Vec<serde_json::Value> {
+    members
+        .iter()
+        .map(|m| {
+            let mut v = serde_json::json!({
+                "id": m.id,
+                "addr": m.addr,
+                "voter": m.voter,
+                "role": if m.voter { "voter" } else { "learner" },
+            });
+            if m.matched_index > 0 {
+                v["matched_index"] = m.matched_index.into();
+                if let Some(last) = leader_last {
+                    v["lag"] = last.saturating_sub(m.matched_index).into();
+                }
+            }
+            v
+        })
+        .collect()
 }
 
 async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
@@ -344,15 +562,9 @@ async fn status(a: StatusArgs) -> anyhow::Result<()> {
             ..ClientOptions::default()
         },
     )?;
-    let s = client
-        .status()
-        .await
-        .map_err(|e| tls_hint(e, a.tls.tls_ca.is_some()))?;
-    let members: Vec<serde_json::Value> = s
-        .members
-        .iter()
-        .map(|m| serde_json::json!({"id": m.id, "addr": m.addr, "voter": m.voter}))
-        .collect();
+    let s = leader_status(&client, a.tls.tls_ca.is_some()).await?;
+    let leader_last = (s.state == "leader").then_some(s.last_log_index);
+    let members = members_json(&s.members, leader_last);
     let out = serde_json::json!({
         "leader": (s.leader != 0).then_some(s.leader),
         "term": s.term,
@@ -364,6 +576,8 @@ async fn status(a: StatusArgs) -> anyhow::Result<()> {
         "snapshot_index": s.snapshot_index,
         "purged_index": s.purged_index,
         "revision": s.revision,
+        "cluster_id": format!("{:x}", s.cluster_id),
+        "last_log_index": s.last_log_index,
     });
     println!("{out}");
     Ok(())

@@ -124,6 +124,11 @@ impl Node {
         self.inner.id
     }
 
+    /// The identity checks of node-to-node calls (and this member's identity).
+    pub fn gate(&self) -> &PeerGate {
+        &self.inner.gate
+    }
+
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
     }

@@ -52,7 +52,8 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
     let plan = datadir::Plan {
         member_id: cfg.id,
         cluster_id: datadir::cluster_id(&cfg.initial_cluster_token, &members),
-        may_bootstrap: cfg.may_bootstrap()?,
+        may_bootstrap: cfg.may_bootstrap()? && cfg.join.is_none(),
+        join: cfg.join,
     };
     let hub = Hub::new();
     let sink_hub = hub.clone();

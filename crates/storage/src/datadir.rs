@@ -28,6 +28,11 @@ pub struct Plan {
     pub cluster_id: u64,
     /// An empty data dir may bootstrap a new cluster.
     pub may_bootstrap: bool,
+    /// `fenced serve --join`: the running cluster lists this member as a *learner*, and this
+    /// is its cluster id. An empty data dir then becomes a learner of that cluster (no
+    /// bootstrap), and a learner's data dir that holds no Raft state yet may start again (a
+    /// learner's acknowledgements never counted towards a commit).
+    pub join: Option<u64>,
 }
 
 /// A data dir ready for Raft.
@@ -99,7 +104,7 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
                 id.member_id
             )));
         }
-        if id.state == MemberState::Ready && !has_sled {
+        if id.state == MemberState::Ready && !has_sled && plan.join.is_none() {
             return Err(no_state(dir, id));
         }
     }
@@ -108,7 +113,12 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
     let identity = match loaded {
         Some(id) => {
             if id.state == MemberState::Ready && !holds_state {
-                return Err(no_state(dir, &id));
+                match plan.join {
+                    Some(cluster) if cluster == id.cluster_id => {
+                        tracing::info!("a learner without Raft state yet: joining again")
+                    }
+                    _ => return Err(no_state(dir, &id)),
+                }
             }
             id
         }
@@ -150,6 +160,25 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
 
 /// An empty data dir: a new member of a new cluster, if the plan allows it.
 fn bootstrap_empty(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
+    if let Some(cluster_id) = plan.join {
+        std::fs::create_dir_all(dir).map_err(|error| StoreError::file(dir, error))?;
+        // Ready at once: a learner has no bootstrap to wait for; the leader sends it the log.
+        let id = Identity::new(cluster_id, plan.member_id, MemberState::Ready);
+        identity::store(dir, &id)?;
+        let (log, state_machine) = crate::open(dir, events)?;
+        tracing::info!(
+            member = id.member_id,
+            cluster = id.cluster_id,
+            incarnation = id.incarnation,
+            "new data dir of a joining learner"
+        );
+        return Ok(Opened {
+            identity: Arc::new(IdentityStore::new(dir, id)),
+            log,
+            state_machine,
+            bootstrap: false,
+        });
+    }
     if !plan.may_bootstrap {
         return Err(StoreError::Refused(format!(
             "data dir {} holds no Raft state, and this node is one of several in \

@@ -1,4 +1,7 @@
-//! `fenced.v1.Cluster`: status of this node and of the cluster.
+//! `fenced.v1.Cluster`: status of this node and of the cluster, and membership changes
+//! (`crate::membership`).
+
+use std::time::Duration;
 
 use fenced_proto::v1 as pb;
 use openraft::ServerState;
@@ -7,21 +10,28 @@ use tonic::Request;
 use fenced_proto::v1::cluster_server::Cluster;
 
 use super::{Api, Reply};
+use crate::membership::{members, MemberView};
+
+/// How long `MemberAdd` without `learner` waits for the new member to catch up, at most.
+const MAX_ADD_WAIT: Duration = Duration::from_secs(300);
+
+fn to_pb(views: Vec<MemberView>) -> Vec<pb::Member> {
+    views
+        .into_iter()
+        .map(|v| pb::Member {
+            id: v.id,
+            addr: v.addr,
+            voter: v.voter,
+            matched_index: v.matched.unwrap_or(0),
+        })
+        .collect()
+}
 
 #[tonic::async_trait]
 impl Cluster for Api {
     async fn status(&self, _req: Request<pb::StatusRequest>) -> Reply<pb::StatusResponse> {
         let m = self.node.raft().metrics().borrow().clone();
         let membership = m.membership_config.membership();
-        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
-        let members: Vec<pb::Member> = membership
-            .nodes()
-            .map(|(id, n)| pb::Member {
-                id: *id,
-                addr: n.addr.clone(),
-                voter: voters.contains(id),
-            })
-            .collect();
         let leader_addr = m
             .current_leader
             .and_then(|l| membership.get_node(&l).map(|n| n.addr.clone()))
@@ -37,7 +47,7 @@ impl Cluster for Api {
             leader: m.current_leader.unwrap_or(0),
             term: m.current_term,
             commit_index: m.last_applied.map_or(0, |l| l.index),
-            members,
+            members: to_pb(members(&m)),
             id: self.node.id(),
             last_applied: m.last_applied.map_or(0, |l| l.index),
             leader_addr,
@@ -45,6 +55,43 @@ impl Cluster for Api {
             snapshot_index: m.snapshot.map_or(0, |l| l.index),
             purged_index: m.purged.map_or(0, |l| l.index),
             revision: self.node.local(|sm| sm.revision()),
+            cluster_id: self.node.gate().identity().cluster_id(),
+            last_log_index: m.last_log_index.unwrap_or(0),
+        }))
+    }
+
+    async fn member_add(
+        &self,
+        req: Request<pb::MemberAddRequest>,
+    ) -> Reply<pb::MembershipResponse> {
+        let r = req.into_inner();
+        let mut views = self.node.member_add(r.id, &r.addr).await?;
+        if !r.learner {
+            let wait = Duration::from_millis(r.wait_ms).min(MAX_ADD_WAIT);
+            views = self.node.member_promote_when_caught_up(r.id, wait).await?;
+        }
+        Ok(self.reply(pb::MembershipResponse {
+            members: to_pb(views),
+        }))
+    }
+
+    async fn member_promote(
+        &self,
+        req: Request<pb::MemberPromoteRequest>,
+    ) -> Reply<pb::MembershipResponse> {
+        let views = self.node.member_promote(req.into_inner().id).await?;
+        Ok(self.reply(pb::MembershipResponse {
+            members: to_pb(views),
+        }))
+    }
+
+    async fn member_remove(
+        &self,
+        req: Request<pb::MemberRemoveRequest>,
+    ) -> Reply<pb::MembershipResponse> {
+        let views = self.node.member_remove(req.into_inner().id).await?;
+        Ok(self.reply(pb::MembershipResponse {
+            members: to_pb(views),
         }))
     }
 }

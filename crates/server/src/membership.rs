@@ -1,0 +1,257 @@
+//! Membership changes on the leader, one at a time: add a learner, promote it to voter once it
+//! has caught up, remove a member. Each change is checked first and refused with a clear
+//! message when it could not work or would leave the cluster without a quorum; a refused
+//! change changes nothing.
+//!
+//! Member ids are never reused: a removed member's id (and a member that lost its data) comes
+//! back only under a new id, so a data dir never votes from a log shorter than what its id
+//! acknowledged (README, "Losing a disk").
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use fenced_raft_types::{NodeId, Raft};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, RaftMetrics};
+
+use crate::error::NodeError;
+use crate::node::Node;
+
+/// A learner is promoted only when at most this many entries behind the leader.
+pub const MAX_PROMOTE_LAG: u64 = 100;
+/// A voter counts as reachable for the quorum check when its replication is at most this many
+/// entries behind the leader's commit index.
+const REACHABLE_LAG: u64 = 1_000;
+
+type Metrics = RaftMetrics<NodeId, BasicNode>;
+
+/// A member as the leader sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberView {
+    pub id: NodeId,
+    pub addr: String,
+    pub voter: bool,
+    /// The last log index known to be on the member (the leader's own last log index for
+    /// itself); `None` if it has not answered the leader yet, or on a non-leader.
+    pub matched: Option<u64>,
+}
+
+/// The members and, on the leader, how far each has caught up.
+pub fn members(m: &Metrics) -> Vec<MemberView> {
+    let membership = m.membership_config.membership();
+    let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+    let replication = m.replication.as_ref();
+    membership
+        .nodes()
+        .map(|(id, n)| MemberView {
+            id: *id,
+            addr: n.addr.clone(),
+            voter: voters.contains(id),
+            matched: if *id == m.id {
+                m.last_log_index
+            } else {
+                replication
+                    .and_then(|r| r.get(id))
+                    .and_then(|l| l.as_ref())
+                    .map(|l| l.index)
+            },
+        })
+        .collect()
+}
+
+fn refuse(msg: String) -> NodeError {
+    NodeError::Invalid(msg)
+}
+
+fn metrics(raft: &Raft) -> Metrics {
+    raft.metrics().borrow().clone()
+}
+
+fn change_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> NodeError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => NodeError::NotLeader {
+            leader: f.leader_node.map(|n| n.addr),
+        },
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            refuse(format!("membership change refused: {e}"))
+        }
+        RaftError::Fatal(e) => NodeError::Fatal(e.to_string()),
+    }
+}
+
+/// Whether the voters `voters` still have a reachable majority (the leader counts itself).
+fn quorum_reachable(m: &Metrics, voters: &BTreeSet<NodeId>) -> Result<(), String> {
+    let commit = m
+        .last_applied
+        .map_or(0, |l| l.index)
+        .max(m.last_log_index.unwrap_or(0).saturating_sub(REACHABLE_LAG));
+    let reachable: Vec<NodeId> = members(m)
+        .into_iter()
+        .filter(|v| voters.contains(&v.id))
+        .filter(|v| v.matched.is_some_and(|i| i + REACHABLE_LAG >= commit))
+        .map(|v| v.id)
+        .collect();
+    let need = voters.len() / 2 + 1;
+    if reachable.len() < need {
+        return Err(format!(
+            "the voters would be {voters:?}, which need {need} reachable to commit, but only \
+             {reachable:?} are keeping up with the leader"
+        ));
+    }
+    Ok(())
+}
+
+impl Node {
+    /// Add member `id` at `addr` as a learner. Refused when `id` or `addr` is already a
+    /// member, or `id` was a member before (ids are never reused).
+    pub async fn member_add(&self, id: NodeId, addr: &str) -> Result<Vec<MemberView>, NodeError> {
+        self.check_leader()?;
+        let m = metrics(self.raft());
+        if id == 0 {
+            return Err(refuse("member ids start at 1".into()));
+        }
+        if addr.is_empty() {
+            return Err(refuse("a member needs an address (HOST:PORT)".into()));
+        }
+        for v in members(&m) {
+            if v.id == id {
+                return Err(refuse(format!(
+                    "member {id} is already a {} at {}",
+                    if v.voter { "voter" } else { "learner" },
+                    v.addr
+                )));
+            }
+            if v.addr == addr {
+                return Err(refuse(format!(
+                    "{addr} is already member {}'s address",
+                    v.id
+                )));
+            }
+        }
+        if let Some(incarnation) = self.gate().identity().pinned(id) {
+            return Err(refuse(format!(
+                "member id {id} was used before (incarnation {incarnation}); ids are never \
+                 reused, so that a data dir can never vote from a log shorter than what its id \
+                 acknowledged: add the new node under a new id"
+            )));
+        }
+        self.raft()
+            .add_learner(
+                id,
+                BasicNode {
+                    addr: addr.to_owned(),
+                },
+                false,
+            )
+            .await
+            .map_err(change_error)?;
+        tracing::info!(member = id, addr, "added a learner");
+        Ok(members(&metrics(self.raft())))
+    }
+
+    /// Wait up to `wait` until learner `id` is at most [`MAX_PROMOTE_LAG`] entries behind,
+    /// then promote it.
+    pub async fn member_promote_when_caught_up(
+        &self,
+        id: NodeId,
+        wait: Duration,
+    ) -> Result<Vec<MemberView>, NodeError> {
+        let give_up = Instant::now() + wait;
+        loop {
+            match self.member_promote(id).await {
+                Err(NodeError::Invalid(m)) if m.contains("behind") && Instant::now() < give_up => {}
+                other => return other,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Make learner `id` a voter. Refused unless it has caught up to within
+    /// [`MAX_PROMOTE_LAG`] entries, and unless the new voter set has a reachable majority.
+    pub async fn member_promote(&self, id: NodeId) -> Result<Vec<MemberView>, NodeError> {
+        self.check_leader()?;
+        let m = metrics(self.raft());
+        let all = members(&m);
+        let Some(v) = all.iter().find(|v| v.id == id) else {
+            return Err(refuse(format!(
+                "member {id} is not in the cluster; add it first (fenced member add)"
+            )));
+        };
+        if v.voter {
+            return Err(refuse(format!("member {id} is already a voter")));
+        }
+        let last = m.last_log_index.unwrap_or(0);
+        match v.matched {
+            None => {
+                return Err(refuse(format!(
+                    "learner {id} has not caught up: it is behind and has not answered the \
+                     leader yet (is it running, started with --join?)"
+                )))
+            }
+            Some(i) if last.saturating_sub(i) > MAX_PROMOTE_LAG => {
+                return Err(refuse(format!(
+                    "learner {id} is {} entries behind the leader; promote it once it has \
+                     caught up",
+                    last - i
+                )))
+            }
+            Some(_) => {}
+        }
+        let mut voters: BTreeSet<NodeId> = all.iter().filter(|v| v.voter).map(|v| v.id).collect();
+        voters.insert(id);
+        quorum_reachable(&m, &voters).map_err(refuse)?;
+        self.raft()
+            .change_membership(ChangeMembers::AddVoterIds([id].into()), false)
+            .await
+            .map_err(change_error)?;
+        tracing::info!(member = id, "promoted a learner to voter");
+        Ok(members(&metrics(self.raft())))
+    }
+
+    /// Remove member `id` (voter or learner). Refused when it would leave no voter, or
+    /// voters without a reachable majority.
+    pub async fn member_remove(&self, id: NodeId) -> Result<Vec<MemberView>, NodeError> {
+        self.check_leader()?;
+        let m = metrics(self.raft());
+        let all = members(&m);
+        let Some(v) = all.iter().find(|v| v.id == id) else {
+            return Err(refuse(format!("member {id} is not in the cluster")));
+        };
+        let change = if v.voter {
+            let voters: BTreeSet<NodeId> = all
+                .iter()
+                .filter(|v| v.voter && v.id != id)
+                .map(|v| v.id)
+                .collect();
+            if voters.is_empty() {
+                return Err(refuse(format!(
+                    "member {id} is the last voter: removing it would leave the cluster \
+                     without a quorum"
+                )));
+            }
+            quorum_reachable(&m, &voters).map_err(refuse)?;
+            ChangeMembers::RemoveVoters([id].into())
+        } else {
+            ChangeMembers::RemoveNodes([id].into())
+        };
+        self.raft()
+            .change_membership(change, false)
+            .await
+            .map_err(change_error)?;
+        // A voter removed with `retain = false` is gone from the nodes too; make sure.
+        let after = metrics(self.raft());
+        if after.membership_config.membership().get_node(&id).is_some() {
+            self.raft()
+                .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
+                .await
+                .map_err(change_error)?;
+        }
+        tracing::info!(member = id, "removed a member");
+        Ok(members(&metrics(self.raft())))
+    }
+}
+
+/// The members as a map, for messages.
+pub fn addresses(views: &[MemberView]) -> BTreeMap<NodeId, String> {
+    views.iter().map(|v| (v.id, v.addr.clone())).collect()
+}
