@@ -128,6 +128,15 @@ async fn replace_a_dead_node_while_clients_take_locks() {
 
     // Node 3's disk dies for good.
     c.kill(3);
+    // With 3 gone, removing a live voter would leave {3, other}: no reachable majority.
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let other = [1, 2].into_iter().find(|id| *id != leader).unwrap_or(1);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    refused(
+        client.member_remove(other).await,
+        "removing a live voter while another is dead",
+        "answered the leader",
+    );
     let m = within(
         "member add 4",
         CALL,

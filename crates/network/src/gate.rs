@@ -20,7 +20,9 @@
 //! `--initial-cluster-state new` while the members that remember them are down waits for
 //! those, which then refuse them — instead of electing a leader among themselves.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use fenced_proto::raft::PeerIdentity;
 use fenced_raft_types::identity::{IdentityStore, MemberState, Pin};
@@ -37,6 +39,9 @@ const STALE: &str = "stale-incarnation";
 pub struct PeerGate {
     ids: Arc<IdentityStore>,
     addr: String,
+    /// When each member last answered a call of this node (for the leader's quorum checks
+    /// before a membership change).
+    heard: Arc<Mutex<HashMap<NodeId, Instant>>>,
 }
 
 fn refuse(msg: String) -> Status {
@@ -50,7 +55,17 @@ impl PeerGate {
         PeerGate {
             ids,
             addr: addr.into(),
+            heard: Arc::default(),
         }
+    }
+
+    /// Whether member `id` answered a call of this node within `window`.
+    pub fn heard_within(&self, id: NodeId, window: Duration) -> bool {
+        self.heard
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .is_some_and(|t| t.elapsed() <= window)
     }
 
     pub fn identity(&self) -> &Arc<IdentityStore> {
@@ -237,7 +252,13 @@ impl PeerGate {
             ));
         }
         match self.ids.learn(target, incarnation) {
-            Ok(Pin::Known | Pin::New) => Ok(()),
+            Ok(Pin::Known | Pin::New) => {
+                self.heard
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(target, Instant::now());
+                Ok(())
+            }
             Ok(Pin::Conflict { pinned }) => Err(format!(
                 "member {target} answered as incarnation {incarnation}, but this node \
                  knows it as {pinned}: its answer does not count"

@@ -7,7 +7,7 @@
 //! back only under a new id, so a data dir never votes from a log shorter than what its id
 //! acknowledged (README, "Losing a disk").
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use fenced_raft_types::{NodeId, Raft};
@@ -19,9 +19,9 @@ use crate::node::Node;
 
 /// A learner is promoted only when at most this many entries behind the leader.
 pub const MAX_PROMOTE_LAG: u64 = 100;
-/// A voter counts as reachable for the quorum check when its replication is at most this many
-/// entries behind the leader's commit index.
-const REACHABLE_LAG: u64 = 1_000;
+/// A voter counts as reachable for the quorum check when it answered the leader within this
+/// (heartbeats go out every `--heartbeat-ms`, 50 ms by default).
+const REACH_WINDOW: Duration = Duration::from_secs(2);
 
 type Metrics = RaftMetrics<NodeId, BasicNode>;
 
@@ -79,23 +79,19 @@ fn change_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> No
     }
 }
 
-/// Whether the voters `voters` still have a reachable majority (the leader counts itself).
-fn quorum_reachable(m: &Metrics, voters: &BTreeSet<NodeId>) -> Result<(), String> {
-    let commit = m
-        .last_applied
-        .map_or(0, |l| l.index)
-        .max(m.last_log_index.unwrap_or(0).saturating_sub(REACHABLE_LAG));
-    let reachable: Vec<NodeId> = members(m)
-        .into_iter()
-        .filter(|v| voters.contains(&v.id))
-        .filter(|v| v.matched.is_some_and(|i| i + REACHABLE_LAG >= commit))
-        .map(|v| v.id)
+/// Whether the voters `voters` still have a majority that answers the leader: members that
+/// answered one of its calls within [`REACH_WINDOW`] (the leader counts itself).
+fn quorum_reachable(node: &Node, voters: &BTreeSet<NodeId>) -> Result<(), String> {
+    let reachable: Vec<NodeId> = voters
+        .iter()
+        .copied()
+        .filter(|id| *id == node.id() || node.gate().heard_within(*id, REACH_WINDOW))
         .collect();
     let need = voters.len() / 2 + 1;
     if reachable.len() < need {
         return Err(format!(
             "the voters would be {voters:?}, which need {need} reachable to commit, but only \
-             {reachable:?} are keeping up with the leader"
+             {reachable:?} answered the leader in the last {REACH_WINDOW:?}"
         ));
     }
     Ok(())
@@ -199,7 +195,7 @@ impl Node {
         }
         let mut voters: BTreeSet<NodeId> = all.iter().filter(|v| v.voter).map(|v| v.id).collect();
         voters.insert(id);
-        quorum_reachable(&m, &voters).map_err(refuse)?;
+        quorum_reachable(self, &voters).map_err(refuse)?;
         self.raft()
             .change_membership(ChangeMembers::AddVoterIds([id].into()), false)
             .await
@@ -229,7 +225,7 @@ impl Node {
                      without a quorum"
                 )));
             }
-            quorum_reachable(&m, &voters).map_err(refuse)?;
+            quorum_reachable(self, &voters).map_err(refuse)?;
             ChangeMembers::RemoveVoters([id].into())
         } else {
             ChangeMembers::RemoveNodes([id].into())
@@ -249,9 +245,4 @@ impl Node {
         tracing::info!(member = id, "removed a member");
         Ok(members(&metrics(self.raft())))
     }
-}
-
-/// The members as a map, for messages.
-pub fn addresses(views: &[MemberView]) -> BTreeMap<NodeId, String> {
-    views.iter().map(|v| (v.id, v.addr.clone())).collect()
 }
