@@ -8,6 +8,7 @@ pub mod api;
 pub mod batch;
 pub mod clock;
 pub mod config;
+pub mod config_file;
 pub mod error;
 pub mod forward;
 pub mod hub;

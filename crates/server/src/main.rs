@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use fenced_client::{Client, ClientOptions, LockOptions};
 use fenced_resp::acl::Acl;
 use fenced_server::config::{parse_cluster, ClusterState, DEFAULT_CLUSTER_TOKEN};
@@ -77,6 +77,11 @@ enum MemberOp {
 
 #[derive(Args)]
 struct ServeArgs {
+    /// Read flags from this TOML file: every flag below as a key without its dashes
+    /// (`data-dir = "/var/lib/fenced"`, `heartbeat-ms = 50`); flags given here win. See
+    /// packaging/fenced.toml.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// This node's id (≥ 1).
     #[arg(long, default_value_t = 1)]
     id: u64,
@@ -246,7 +251,15 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let args =
+        match fenced_server::config_file::merge(std::env::args_os().collect(), Cli::command()) {
+            Ok(args) => args,
+            Err(e) => {
+                eprintln!("fenced: {e}");
+                return ExitCode::from(2);
+            }
+        };
+    let cli = Cli::parse_from(args);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Cmd::Serve(a) = &cli.command {
         if let Some(n) = a.threads {
