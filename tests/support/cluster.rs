@@ -226,6 +226,11 @@ impl TestCluster {
     }
 
     /// The raw generated Lock client of node `id` (per-call timeout `timeout`).
+    /// The harness's gRPC channel to node `id` (any service).
+    pub fn raw_channel(&self, id: u64) -> Channel {
+        self.grpc[(id - 1) as usize].clone()
+    }
+
     pub fn raw_lock_client(&self, id: u64, timeout: Duration) -> LockClient<Channel> {
         let tls = self.tls.as_ref().map(ClientTls::grpc);
         let ep = fenced_tls::endpoint(&self.grpc_addr(id), tls.as_ref())
@@ -272,7 +277,9 @@ impl TestCluster {
                 .arg("--initial-cluster-state")
                 .arg("new");
         }
-        cmd.args(&self.extra_args)
+        // `{ip}` in an extra flag is this node's address (per-node listeners).
+        let ip = self.ip(id);
+        cmd.args(self.extra_args.iter().map(|a| a.replace("{ip}", &ip)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log handle"))
             .stderr(log);

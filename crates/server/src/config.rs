@@ -92,6 +92,8 @@ pub struct NodeConfig {
     pub keep_logs: u64,
     pub heartbeat_ms: u64,
     pub election_timeout: ElectionTimeout,
+    /// `--metrics-addr`: serve `/metrics`, `/health` and `/ready` over HTTP here.
+    pub metrics_addr: Option<String>,
     /// `--join`: the cluster id of the running cluster that lists this member as a learner
     /// (looked up by the binary before the node starts).
     pub join: Option<u64>,
@@ -113,6 +115,7 @@ impl NodeConfig {
             keep_logs: 1_000,
             heartbeat_ms: DEFAULT_HEARTBEAT_MS,
             join: None,
+            metrics_addr: None,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
         }
     }

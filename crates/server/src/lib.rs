@@ -13,6 +13,7 @@ pub mod error;
 pub mod forward;
 pub mod hub;
 pub mod membership;
+pub mod metrics;
 pub mod node;
 pub mod proposal;
 pub mod resp;

@@ -132,6 +132,11 @@ struct ServeArgs {
     /// the network or the machine's load: needless elections. See the README, "Failover".
     #[arg(long, default_value_t = fenced_server::config::DEFAULT_ELECTION_TIMEOUT)]
     election_timeout_ms: fenced_server::config::ElectionTimeout,
+    /// Serve Prometheus metrics (`/metrics`) and health checks (`/health`: the node runs;
+    /// `/ready`: it has a leader and has caught up with it) over HTTP on this address.
+    /// Default: off.
+    #[arg(long)]
+    metrics_addr: Option<String>,
     /// Worker threads of the node's runtime (default: one per core).
     #[arg(long)]
     threads: Option<usize>,
@@ -299,6 +304,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.initial_cluster_state = a.initial_cluster_state;
     cfg.initial_cluster_token = a.initial_cluster_token;
     cfg.snapshot_logs = a.snapshot_logs;
+    cfg.metrics_addr = a.metrics_addr.clone();
     cfg.keep_logs = a.keep_logs;
     if a.heartbeat_ms == 0 || a.heartbeat_ms * 2 >= a.election_timeout_ms.min_ms {
         bail!(

@@ -20,6 +20,7 @@ use crate::clock::LeaderClock;
 use crate::error::NodeError;
 use crate::forward::client::Forwarder;
 use crate::hub::Hub;
+use crate::metrics::Metrics;
 use crate::proposal::{self, stopped, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
 
 /// How long one local `client_write` may take before it counts as unknown.
@@ -63,6 +64,7 @@ struct Inner {
     proposer: Batcher<Proposal, Proposed>,
     /// The follower's half of forwarding: proposals and read rounds passed to the leader.
     forwarder: Arc<Forwarder>,
+    metrics: Arc<Metrics>,
     /// Read-index rounds, shared by the reads that arrived while the previous one ran:
     /// `(read index, leader log time)`.
     reader: Batcher<(), Result<(u64, u64), NodeError>>,
@@ -85,6 +87,7 @@ impl Node {
                 hub,
                 clock: LeaderClock::new(),
                 forwarder: Forwarder::new(raft.clone(), gate.clone(), peer_tls),
+                metrics: Arc::new(Metrics::new()),
                 raft,
                 gate,
                 proposer: Batcher::spawn(PROPOSE_LIMITS, {
@@ -122,6 +125,22 @@ impl Node {
 
     pub fn id(&self) -> NodeId {
         self.inner.id
+    }
+
+    /// This node's Prometheus metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// `Ok` while Raft runs and this member is not retired; else why not.
+    pub fn health(&self) -> Result<(), String> {
+        if let Err(e) = &self.inner.raft.metrics().borrow().running_state {
+            return Err(format!("raft stopped: {e}"));
+        }
+        match self.inner.gate.identity().retired_reason() {
+            Some(reason) => Err(format!("this member is retired: {reason}")),
+            None => Ok(()),
+        }
     }
 
     /// The identity checks of node-to-node calls (and this member's identity).
@@ -304,8 +323,22 @@ impl Node {
                 .collect(),
             index_tokens: false,
         };
-        let err = |e: NodeError| vec![Err(e); n];
-        match tokio::time::timeout(WRITE_TIMEOUT, self.inner.raft.client_write(batch)).await {
+        let metrics = &self.inner.metrics;
+        metrics.batch_size.observe(n as f64);
+        let err = |e: NodeError| {
+            metrics.proposals_failed.inc_by(n as u64);
+            vec![Err(e); n]
+        };
+        let started = Instant::now();
+        let written =
+            tokio::time::timeout(WRITE_TIMEOUT, self.inner.raft.client_write(batch)).await;
+        if let Ok(Ok(_)) = &written {
+            metrics
+                .commit_seconds
+                .observe(started.elapsed().as_secs_f64());
+            metrics.proposals_committed.inc_by(n as u64);
+        }
+        match written {
             Err(_) => err(NodeError::Unknown("raft write timed out".into())),
             Ok(Ok(resp)) if resp.data.len() == n => resp.data.into_iter().map(Ok).collect(),
             Ok(Ok(resp)) => err(NodeError::Unknown(format!(

@@ -127,6 +127,27 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
+    // The standard gRPC health service: SERVING while a leader is known.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    tasks.push(tokio::spawn(crate::metrics::watch_leader(
+        node.clone(),
+        health,
+        shutdown_rx.clone(),
+    )));
+    if let Some(addr) = &cfg.metrics_addr {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: addr.clone(),
+                source,
+            })?;
+        tracing::info!(%addr, "metrics, /health and /ready listening");
+        tasks.push(tokio::spawn(crate::metrics::serve(
+            node.clone(),
+            listener,
+            shutdown_rx.clone(),
+        )));
+    }
     {
         let mut builder = tonic::transport::Server::builder();
         let mut check = fenced_tls::PeerCertCheck::open();
@@ -144,7 +165,8 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
             .add_service(crate::api::lock_server(node.clone()))
             .add_service(crate::api::session_server(node.clone()))
             .add_service(crate::api::kv_server(node.clone()))
-            .add_service(crate::api::cluster_server(node.clone()));
+            .add_service(crate::api::cluster_server(node.clone()))
+            .add_service(health_service);
         let mut rx = shutdown_rx.clone();
         // Nagle off on every accepted connection: a reply written as HEADERS, DATA and
         // trailers must not wait for the peer's delayed ACK (a 40 ms stall per call).

@@ -1,0 +1,256 @@
+//! Prometheus metrics (`/metrics` on `--metrics-addr`) and the health endpoints beside them
+//! (`/health`: the node runs; `/ready`: it has a leader and has applied everything the leader
+//! had committed when asked — a linearizable read would be served now).
+//!
+//! Counters are bumped where things happen (the proposer, the leader watcher); gauges are read
+//! from Raft's metrics and the state machine at each scrape.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::node::Node;
+
+/// How long `/ready` waits for the read barrier.
+const READY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The node's metrics. Cheap to share (`Arc`).
+pub struct Metrics {
+    registry: Registry,
+    /// Commands that reached the proposer on this node while it led, and how they ended.
+    pub proposals_committed: Counter,
+    pub proposals_failed: Counter,
+    /// Commands per entry this node proposed as leader.
+    pub batch_size: Histogram,
+    /// Seconds from handing an entry to Raft to its commit and apply (quorum fsync included).
+    pub commit_seconds: Histogram,
+    /// Times this node saw the leader change (including to "no leader").
+    pub leader_changes: Counter,
+    term: Gauge,
+    is_leader: Gauge,
+    last_log_index: Gauge,
+    applied_index: Gauge,
+    snapshot_index: Gauge,
+    purged_index: Gauge,
+    revision: Gauge,
+    locks_held: Gauge,
+    waiters: Gauge,
+    sessions: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("fenced");
+        let m = Metrics {
+            proposals_committed: Counter::default(),
+            proposals_failed: Counter::default(),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            commit_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
+            leader_changes: Counter::default(),
+            term: Gauge::default(),
+            is_leader: Gauge::default(),
+            last_log_index: Gauge::default(),
+            applied_index: Gauge::default(),
+            snapshot_index: Gauge::default(),
+            purged_index: Gauge::default(),
+            revision: Gauge::default(),
+            locks_held: Gauge::default(),
+            waiters: Gauge::default(),
+            sessions: Gauge::default(),
+            registry: Registry::default(),
+        };
+        let r = &mut registry;
+        r.register(
+            "proposals_committed",
+            "Commands this node proposed as leader that were committed and applied",
+            m.proposals_committed.clone(),
+        );
+        r.register(
+            "proposals_failed",
+            "Commands this node proposed as leader that failed (not the leader, timeout, stop)",
+            m.proposals_failed.clone(),
+        );
+        r.register(
+            "proposal_batch_size",
+            "Commands per log entry proposed by this node as leader",
+            m.batch_size.clone(),
+        );
+        r.register(
+            "commit_duration_seconds",
+            "From handing an entry to Raft to its commit and apply (fsync on a quorum included)",
+            m.commit_seconds.clone(),
+        );
+        r.register(
+            "leader_changes",
+            "Leader changes seen by this node",
+            m.leader_changes.clone(),
+        );
+        r.register("raft_term", "Current Raft term", m.term.clone());
+        r.register(
+            "is_leader",
+            "1 if this node is the leader",
+            m.is_leader.clone(),
+        );
+        r.register(
+            "raft_last_log_index",
+            "Index of the last entry in this node's log",
+            m.last_log_index.clone(),
+        );
+        r.register(
+            "raft_applied_index",
+            "Index of the last entry applied to this node's state machine",
+            m.applied_index.clone(),
+        );
+        r.register(
+            "raft_snapshot_index",
+            "Last index in this node's snapshot",
+            m.snapshot_index.clone(),
+        );
+        r.register(
+            "raft_purged_index",
+            "Last index purged from this node's log",
+            m.purged_index.clone(),
+        );
+        r.register(
+            "store_revision",
+            "Store revision applied on this node (every token issued is at most this)",
+            m.revision.clone(),
+        );
+        r.register("locks_held", "Locks held", m.locks_held.clone());
+        r.register(
+            "lock_waiters",
+            "Acquires queued on held locks",
+            m.waiters.clone(),
+        );
+        r.register("sessions", "Open sessions", m.sessions.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// The text exposition, with the gauges read from `node` now.
+    pub fn render(&self, node: &Node) -> String {
+        {
+            let m = node.raft().metrics().borrow().clone();
+            self.term.set(m.current_term as i64);
+            self.is_leader
+                .set(i64::from(m.state == openraft::ServerState::Leader));
+            self.last_log_index
+                .set(m.last_log_index.unwrap_or(0) as i64);
+            self.applied_index
+                .set(m.last_applied.map_or(0, |l| l.index) as i64);
+            self.snapshot_index
+                .set(m.snapshot.map_or(0, |l| l.index) as i64);
+            self.purged_index
+                .set(m.purged.map_or(0, |l| l.index) as i64);
+        }
+        let (revision, locks, waiters, sessions) = node.local(|sm| {
+            let waiters: usize = sm.locks().map(|l| sm.waiter_count(&l.name)).sum();
+            (sm.revision(), sm.lock_count(), waiters, sm.session_count())
+        });
+        self.revision.set(revision as i64);
+        self.locks_held.set(locks as i64);
+        self.waiters.set(waiters as i64);
+        self.sessions.set(sessions as i64);
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::warn!("encoding metrics: {e}");
+        }
+        out
+    }
+}
+
+/// Serve `/metrics`, `/health` and `/ready` on `listener` until `shutdown`.
+pub async fn serve(node: Node, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .with_state(node);
+    let stop = async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+    {
+        tracing::error!("metrics listener failed: {e}");
+    }
+}
+
+async fn metrics(
+    State(node): State<Node>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    (
+        StatusCode::OK,
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        node.metrics().render(&node),
+    )
+}
+
+async fn health(State(node): State<Node>) -> (StatusCode, String) {
+    match node.health() {
+        Ok(()) => (StatusCode::OK, "ok\n".into()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+    }
+}
+
+async fn ready(State(node): State<Node>) -> (StatusCode, String) {
+    match tokio::time::timeout(READY_TIMEOUT, node.read_barrier()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: no leader confirmed within {READY_TIMEOUT:?}\n"),
+        ),
+    }
+}
+
+/// Follow Raft's leader: count changes and keep the gRPC health status in step (SERVING while
+/// a leader is known).
+pub async fn watch_leader(
+    node: Node,
+    health: tonic_health::server::HealthReporter,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut server = node.raft().server_metrics();
+    let mut last: Option<Option<u64>> = None;
+    loop {
+        let leader = server.borrow().current_leader;
+        if last != Some(leader) {
+            if last.is_some() {
+                node.metrics().leader_changes.inc();
+            }
+            last = Some(leader);
+            let status = if leader.is_some() {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            for service in ["", "fenced.v1.Lock", "fenced.v1.Session", "fenced.v1.Kv"] {
+                health.set_service_status(service, status).await;
+            }
+        }
+        tokio::select! {
+            changed = server.changed() => if changed.is_err() { return },
+            _ = shutdown.wait_for(|s| *s) => return,
+        }
+    }
+}
