@@ -1,13 +1,14 @@
 //! `fenced`: run a node (`serve`), run a command under a lock (`lock`), show the cluster
 //! (`status`). Flags and ports: `fenced serve --help` and the README.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use fenced_client::{Client, ClientOptions, LockOptions};
 use fenced_resp::acl::Acl;
 use fenced_server::config::{parse_cluster, ClusterState, DEFAULT_CLUSTER_TOKEN};
@@ -148,6 +149,11 @@ struct ServeArgs {
     join: Option<Vec<String>>,
     #[command(flatten)]
     join_tls: JoinTlsArgs,
+    /// Log lines on stderr: `text` for people (coloured only on a terminal, and not with
+    /// NO_COLOR set), `json` for one JSON object per line. The filter is FENCED_LOG (default
+    /// `info,openraft=warn,sled=warn`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
 }
 
 /// How `--join` reaches the cluster over TLS (defaults: the node's own --tls-ca, and no client
@@ -159,6 +165,12 @@ struct JoinTlsArgs {
     join_tls_cert: Option<PathBuf>,
     #[arg(long, requires = "join_tls_cert")]
     join_tls_key: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 /// TLS for a node: with these, gRPC and RESP accept TLS only, and calls between nodes use
@@ -248,14 +260,26 @@ struct StatusArgs {
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+/// Log to stderr, filtered by FENCED_LOG. Text is coloured only when stderr is a terminal
+/// and NO_COLOR is unset (https://no-color.org), so a redirected log holds no escape codes.
+fn init_logs(format: LogFormat) {
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG")
                 .unwrap_or_else(|_| "info,openraft=warn,sled=warn".into()),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => {
+            let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+            logs.with_ansi(std::io::stderr().is_terminal() && !no_color)
+                .init()
+        }
+        LogFormat::Json => logs.with_ansi(false).json().init(),
+    }
+}
+
+fn main() -> ExitCode {
     let args =
         match fenced_server::config_file::merge(std::env::args_os().collect(), Cli::command()) {
             Ok(args) => args,
@@ -265,6 +289,10 @@ fn main() -> ExitCode {
             }
         };
     let cli = Cli::parse_from(args);
+    init_logs(match &cli.command {
+        Cmd::Serve(a) => a.log_format,
+        _ => LogFormat::Text,
+    });
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Cmd::Serve(a) = &cli.command {
         if let Some(n) = a.threads {
