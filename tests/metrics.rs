@@ -84,6 +84,13 @@ async fn metrics_from_a_loaded_cluster_and_health_that_follows_the_leader() {
             .expect("release");
         }
     }
+    // Two fenced writes, the second with an older token: one stale write rejected.
+    for (token, accepted) in [(9, true), (5, false)] {
+        let r = within("fenced put", CALL, client.fenced_put("file", b"v", token))
+            .await
+            .expect("fenced put");
+        assert_eq!(r.is_ok(), accepted, "token {token}: {r:?}");
+    }
     let ip = c.ip(leader);
     let m = wait_for("metrics after the load", CALL, || async {
         let m = scrape(&ip).await;
@@ -99,6 +106,14 @@ async fn metrics_from_a_loaded_cluster_and_health_that_follows_the_leader() {
     assert!(m["fenced_raft_term"] >= 1.0, "{m:?}");
     assert!(m["fenced_raft_applied_index"] >= 30.0, "{m:?}");
     assert!(m.contains_key("fenced_leader_changes_total"), "{m:?}");
+    // The lock service's own series (one leader throughout: it answered every call).
+    assert_eq!(m.get("fenced_lock_grants_total"), Some(&20.0), "{m:?}");
+    assert_eq!(m.get("fenced_lock_releases_total"), Some(&10.0), "{m:?}");
+    assert_eq!(
+        m.get("fenced_stale_writes_rejected_total"),
+        Some(&1.0),
+        "{m:?}"
+    );
     let follower = support::follower_of(leader);
     let fm = scrape(&c.ip(follower)).await;
     assert_eq!(fm.get("fenced_is_leader"), Some(&0.0));

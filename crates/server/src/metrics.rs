@@ -11,8 +11,11 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
+use fenced_core::{Event, ReleaseReason, Response};
 use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
@@ -36,6 +39,17 @@ pub struct Metrics {
     pub commit_seconds: Histogram,
     /// Times this node saw the leader change (including to "no leader").
     pub leader_changes: Counter,
+    /// Grants answered by this node as leader (immediate ones; queued ones count in
+    /// `waiter_grants`).
+    grants: Counter,
+    /// Applied on this node: queued acquires granted later, and ones whose wait ran out.
+    waiter_grants: Counter,
+    waiter_gave_up: Counter,
+    /// Applied on this node: grants that ended, by why (`released` is the holder's release;
+    /// the others are lock losses).
+    releases: Family<Reason, Counter>,
+    /// Fenced writes refused for a stale token, answered by this node as leader, by API.
+    stale_writes: Family<Via, Counter>,
     term: Gauge,
     is_leader: Gauge,
     last_log_index: Gauge,
@@ -63,6 +77,11 @@ impl Metrics {
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             commit_seconds: Histogram::new(exponential_buckets(0.000_1, 2.0, 16)),
             leader_changes: Counter::default(),
+            grants: Counter::default(),
+            waiter_grants: Counter::default(),
+            waiter_gave_up: Counter::default(),
+            releases: Family::default(),
+            stale_writes: Family::default(),
             term: Gauge::default(),
             is_leader: Gauge::default(),
             last_log_index: Gauge::default(),
@@ -100,6 +119,33 @@ impl Metrics {
             "leader_changes",
             "Leader changes seen by this node",
             m.leader_changes.clone(),
+        );
+        r.register(
+            "lock_grants",
+            "Acquires granted at once, answered by this node as leader",
+            m.grants.clone(),
+        );
+        r.register(
+            "lock_waiter_grants",
+            "Queued acquires granted when the lock passed to them (applied on this node)",
+            m.waiter_grants.clone(),
+        );
+        r.register(
+            "lock_waiter_timeouts",
+            "Queued acquires whose wait ran out or whose session ended (applied on this node)",
+            m.waiter_gave_up.clone(),
+        );
+        r.register(
+            "lock_releases",
+            "Grants that ended, by reason: released by the holder, or lost (expired, \
+             session_expired, session_closed, force_unlocked); applied on this node",
+            m.releases.clone(),
+        );
+        r.register(
+            "stale_writes_rejected",
+            "Fenced writes refused because their token was older than the key's mark, by API \
+             (grpc: Kv.FencedPut, resp: FENCE.SET), answered by this node as leader",
+            m.stale_writes.clone(),
         );
         r.register("raft_term", "Current Raft term", m.term.clone());
         r.register(
@@ -142,6 +188,66 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
+    /// Count what the state machine reports (every node applies every entry).
+    pub fn observe_events(&self, events: &[Event]) {
+        for e in events {
+            match e {
+                Event::WaiterGranted { .. } => {
+                    self.waiter_grants.inc();
+                }
+                Event::WaiterGaveUp { .. } => {
+                    self.waiter_gave_up.inc();
+                }
+                Event::LockReleased { reason, .. } => {
+                    let reason = match reason {
+                        ReleaseReason::Released => "released",
+                        ReleaseReason::Expired => "expired",
+                        ReleaseReason::SessionExpired => "session_expired",
+                        ReleaseReason::SessionClosed => "session_closed",
+                        ReleaseReason::ForceUnlocked => "force_unlocked",
+                    };
+                    self.releases
+                        .get_or_create(&Reason {
+                            reason: reason.into(),
+                        })
+                        .inc();
+                }
+                Event::Kv(_) => {}
+            }
+        }
+    }
+
+    /// Count the answers of an entry this node proposed as leader.
+    pub fn observe_responses(&self, responses: &[Response]) {
+        for r in responses {
+            match r {
+                Response::Granted { .. } => {
+                    self.grants.inc();
+                }
+                Response::Fenced {
+                    accepted: false, ..
+                } => {
+                    self.stale("grpc");
+                }
+                Response::Kv(k) => {
+                    for reply in &k.replies {
+                        if matches!(reply, fenced_core::kv::Reply::Error(e) if e.starts_with("STALE "))
+                        {
+                            self.stale("resp");
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn stale(&self, via: &str) {
+        self.stale_writes
+            .get_or_create(&Via { via: via.into() })
+            .inc();
+    }
+
     /// The text exposition, with the gauges read from `node` now.
     pub fn render(&self, node: &Node) -> String {
         {
@@ -172,6 +278,16 @@ impl Metrics {
         }
         out
     }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Via {
+    via: String,
 }
 
 /// Serve `/metrics`, `/health` and `/ready` on `listener` until `shutdown`.

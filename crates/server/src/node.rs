@@ -79,6 +79,7 @@ impl Node {
         hub: Hub,
         gate: PeerGate,
         peer_tls: Option<ClientTlsConfig>,
+        metrics: Arc<Metrics>,
     ) -> Node {
         Node {
             inner: Arc::new_cyclic(|me: &Weak<Inner>| Inner {
@@ -87,7 +88,7 @@ impl Node {
                 hub,
                 clock: LeaderClock::new(),
                 forwarder: Forwarder::new(raft.clone(), gate.clone(), peer_tls),
-                metrics: Arc::new(Metrics::new()),
+                metrics,
                 raft,
                 gate,
                 proposer: Batcher::spawn(PROPOSE_LIMITS, {
@@ -332,11 +333,12 @@ impl Node {
         let started = Instant::now();
         let written =
             tokio::time::timeout(WRITE_TIMEOUT, self.inner.raft.client_write(batch)).await;
-        if let Ok(Ok(_)) = &written {
+        if let Ok(Ok(resp)) = &written {
             metrics
                 .commit_seconds
                 .observe(started.elapsed().as_secs_f64());
             metrics.proposals_committed.inc_by(n as u64);
+            metrics.observe_responses(&resp.data);
         }
         match written {
             Err(_) => err(NodeError::Unknown("raft write timed out".into())),

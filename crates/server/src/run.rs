@@ -57,10 +57,15 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
     };
     let hub = Hub::new();
     let sink_hub = hub.clone();
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let sink_metrics = metrics.clone();
     let opened = datadir::open(
         &cfg.data_dir,
         &plan,
-        Arc::new(move |events: &[fenced_core::Event]| sink_hub.deliver(events)),
+        Arc::new(move |events: &[fenced_core::Event]| {
+            sink_metrics.observe_events(events);
+            sink_hub.deliver(events)
+        }),
     )?;
     let identity = opened.identity.clone();
     let gate = PeerGate::new(identity.clone(), cfg.grpc_addr.clone());
@@ -123,6 +128,7 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
         hub,
         gate.clone(),
         cfg.tls.as_ref().map(|t| t.peer_client()),
+        metrics,
     );
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
