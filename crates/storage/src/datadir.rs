@@ -161,23 +161,9 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
 /// An empty data dir: a new member of a new cluster, if the plan allows it.
 fn bootstrap_empty(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
     if let Some(cluster_id) = plan.join {
-        std::fs::create_dir_all(dir).map_err(|error| StoreError::file(dir, error))?;
         // Ready at once: a learner has no bootstrap to wait for; the leader sends it the log.
-        let id = Identity::new(cluster_id, plan.member_id, MemberState::Ready);
-        identity::store(dir, &id)?;
-        let (log, state_machine) = crate::open(dir, events)?;
-        tracing::info!(
-            member = id.member_id,
-            cluster = id.cluster_id,
-            incarnation = id.incarnation,
-            "new data dir of a joining learner"
-        );
-        return Ok(Opened {
-            identity: Arc::new(IdentityStore::new(dir, id)),
-            log,
-            state_machine,
-            bootstrap: false,
-        });
+        std::fs::create_dir_all(dir).map_err(|error| StoreError::file(dir, error))?;
+        return create(dir, cluster_id, plan.member_id, MemberState::Ready, events);
     }
     if !plan.may_bootstrap {
         return Err(StoreError::Refused(format!(
@@ -189,24 +175,40 @@ fn bootstrap_empty(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened,
         )));
     }
     std::fs::create_dir_all(dir).map_err(|error| StoreError::file(dir, error))?;
-    create(dir, plan, events)
+    create(
+        dir,
+        plan.cluster_id,
+        plan.member_id,
+        MemberState::Bootstrapping,
+        events,
+    )
 }
 
-fn create(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
-    let id = Identity::new(plan.cluster_id, plan.member_id, MemberState::Bootstrapping);
+/// A new identity in `dir` and an empty store; a `Bootstrapping` member then initializes
+/// Raft, a `Ready` one (a joining learner) waits for the leader's log.
+fn create(
+    dir: &Path,
+    cluster_id: u64,
+    member_id: NodeId,
+    state: MemberState,
+    events: EventSink,
+) -> Result<Opened, StoreError> {
+    let bootstrap = state == MemberState::Bootstrapping;
+    let id = Identity::new(cluster_id, member_id, state);
     identity::store(dir, &id)?;
     let (log, state_machine) = crate::open(dir, events)?;
     tracing::info!(
         member = id.member_id,
         cluster = id.cluster_id,
         incarnation = id.incarnation,
+        bootstrap,
         "new data dir"
     );
     Ok(Opened {
         identity: Arc::new(IdentityStore::new(dir, id)),
         log,
         state_machine,
-        bootstrap: true,
+        bootstrap,
     })
 }
 
