@@ -215,6 +215,17 @@ struct ClientTlsArgs {
 }
 
 impl ClientTlsArgs {
+    /// A client of `endpoints` with this TLS.
+    fn client(&self, endpoints: &[String]) -> anyhow::Result<Client> {
+        Ok(Client::connect_with(
+            endpoints,
+            ClientOptions {
+                tls: self.load()?,
+                ..ClientOptions::default()
+            },
+        )?)
+    }
+
     fn load(&self) -> anyhow::Result<Option<fenced_client::ClientTls>> {
         let Some(ca) = &self.tls_ca else {
             return Ok(None);
@@ -465,13 +476,7 @@ async fn join_lookup(
 }
 
 async fn member(a: MemberArgs) -> anyhow::Result<()> {
-    let client = Client::connect_with(
-        &a.endpoints,
-        ClientOptions {
-            tls: a.tls.load()?,
-            ..ClientOptions::default()
-        },
-    )?;
+    let client = a.tls.client(&a.endpoints)?;
     let tls = a.tls.tls_ca.is_some();
     let members = match a.op {
         MemberOp::List => leader_status(&client, tls).await?.members,
@@ -602,13 +607,7 @@ fn tls_hint(e: fenced_client::ClientError, tls: bool) -> anyhow::Error {
 }
 
 async fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let client = Client::connect_with(
-        &a.endpoints,
-        ClientOptions {
-            tls: a.tls.load()?,
-            ..ClientOptions::default()
-        },
-    )?;
+    let client = a.tls.client(&a.endpoints)?;
     let s = leader_status(&client, a.tls.tls_ca.is_some()).await?;
     let leader_last = (s.state == "leader").then_some(s.last_log_index);
     let members = members_json(&s.members, leader_last);
