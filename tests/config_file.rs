@@ -40,14 +40,14 @@ async fn a_node_runs_from_a_config_file_and_flags_win() {
     // heartbeat-ms 5000 in the file is invalid with the default election timeout; the flag
     // on the command line wins, so the node starts.
     let log = std::fs::File::create(dir.path().join("node.log")).expect("log");
-    let child = Command::new(bin())
-        .args(["serve", "--heartbeat-ms", "50", "--config"])
+    let mut cmd = Command::new(bin());
+    cmd.args(["serve", "--heartbeat-ms", "50", "--config"])
         .arg(&config)
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("start fenced");
+        .stdin(Stdio::null());
+    support::die_with_this_test(&mut cmd);
+    let child = cmd.spawn().expect("start fenced");
     let _node = Node(child);
     let client = Client::connect([grpc.as_str()]).expect("client");
     let status = wait_for(

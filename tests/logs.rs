@@ -6,7 +6,6 @@
 mod support;
 
 use std::fs::File;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -46,13 +45,7 @@ impl Node {
             .stdin(Stdio::null())
             .stdout(out.try_clone().expect("log handle"))
             .stderr(out);
-        // SAFETY: prctl(2) is async-signal-safe and touches no memory of the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        support::die_with_this_test(&mut cmd);
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", support::bin()));

@@ -30,6 +30,18 @@ pub const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Lines of each node's log printed when a test fails.
 const LOG_TAIL_LINES: usize = 60;
 
+/// The process `cmd` starts gets SIGKILL when the thread that started it (the test) ends, even
+/// if the test is killed before its clean-up runs.
+pub fn die_with_this_test(cmd: &mut Command) {
+    // SAFETY: prctl(2) is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+}
+
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_fenced")
 }
@@ -287,13 +299,7 @@ impl TestCluster {
         if std::env::var_os("FENCED_LOG").is_none() {
             cmd.env("FENCED_LOG", "info,openraft=warn,sled=warn");
         }
-        // SAFETY: prctl(2) is async-signal-safe and touches no memory of the parent.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        die_with_this_test(&mut cmd);
         let child = cmd
             .spawn()
             .unwrap_or_else(|e| panic!("starting node {id} ({}): {e}", bin()));
