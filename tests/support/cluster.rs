@@ -253,6 +253,11 @@ impl TestCluster {
     }
 
     fn spawn(&self, id: u64) {
+        self.spawn_with(id, &[]);
+    }
+
+    /// Start node `id` with `more` flags after the usual ones (this start only).
+    fn spawn_with(&self, id: u64, more: &[&str]) {
         let mut procs = self.procs();
         let p = &mut procs[(id - 1) as usize];
         assert!(p.child.is_none(), "node {id} is already running");
@@ -292,6 +297,7 @@ impl TestCluster {
         // `{ip}` in an extra flag is this node's address (per-node listeners).
         let ip = self.ip(id);
         cmd.args(self.extra_args.iter().map(|a| a.replace("{ip}", &ip)))
+            .args(more)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log handle"))
             .stderr(log);
@@ -363,6 +369,11 @@ impl TestCluster {
     /// Start node `id` again from its data dir.
     pub fn restart(&self, id: u64) {
         self.spawn(id);
+    }
+
+    /// Start node `id` again with `more` flags for this start only.
+    pub fn restart_with(&self, id: u64, more: &[&str]) {
+        self.spawn_with(id, more);
     }
 
     /// SIGSTOP (`true`) or SIGCONT (`false`) node `id`: a process pause.

@@ -527,6 +527,17 @@ impl Client {
         .map(|r| r.members)
     }
 
+    /// A consistent backup of the cluster's state, as the pieces of a snapshot file
+    /// (`fenced snapshot save`; `fenced_server::backup::save` writes and checks them). The
+    /// node called answers after a linearizable read barrier.
+    pub async fn snapshot_save(&self) -> Result<tonic::Streaming<pb::SnapshotChunk>, ClientError> {
+        self.call(Duration::ZERO, |ch| {
+            let mut c = ClusterClient::new(ch);
+            async move { c.snapshot_save(pb::SnapshotSaveRequest {}).await }
+        })
+        .await
+    }
+
     /// Remove member `id` (refused if that would leave no quorum).
     pub async fn member_remove(&self, id: u64) -> Result<Vec<pb::Member>, ClientError> {
         self.call(Duration::ZERO, |ch| {

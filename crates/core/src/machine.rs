@@ -12,6 +12,9 @@ use crate::limits::*;
 use crate::small_map::SmallMap;
 use crate::{CoreError, SnapshotError};
 
+mod restore;
+pub use restore::{RestoreError, Restored};
+
 /// What a lock is, fixed by the first acquire of its name until the lock is idle again.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockKind {

@@ -97,6 +97,11 @@ pub struct NodeConfig {
     /// `--join`: the cluster id of the running cluster that lists this member as a learner
     /// (looked up by the binary before the node starts).
     pub join: Option<u64>,
+    /// `--force-new-cluster`: make this member's data dir a one-node cluster of its own
+    /// before starting (`crate::backup::force_new_cluster`).
+    pub force_new_cluster: bool,
+    /// `--bump-revision`, for `--force-new-cluster`.
+    pub bump_revision: u64,
 }
 
 impl NodeConfig {
@@ -115,6 +120,8 @@ impl NodeConfig {
             keep_logs: 1_000,
             heartbeat_ms: DEFAULT_HEARTBEAT_MS,
             join: None,
+            force_new_cluster: false,
+            bump_revision: crate::backup::DEFAULT_BUMP_REVISION,
             metrics_addr: None,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
         }
@@ -131,9 +138,10 @@ impl NodeConfig {
         })
     }
 
-    /// The members this node bootstraps with on first start.
+    /// The members this node bootstraps with on first start (itself alone with
+    /// `--force-new-cluster`).
     pub fn members(&self) -> Result<BTreeMap<u64, String>, StartError> {
-        if self.initial_cluster.is_empty() {
+        if self.initial_cluster.is_empty() || self.force_new_cluster {
             return Ok(BTreeMap::from([(self.id, self.grpc_addr.clone())]));
         }
         if !self.initial_cluster.contains_key(&self.id) {

@@ -71,4 +71,6 @@ pub enum StartError {
     },
     #[error("raft: {0}")]
     Raft(String),
+    #[error("--force-new-cluster: {0}")]
+    Recovery(#[from] crate::backup::BackupError),
 }

@@ -5,6 +5,7 @@
 //! the follower's calls and the leader's answers).
 
 pub mod api;
+pub mod backup;
 pub mod batch;
 pub mod clock;
 pub mod config;

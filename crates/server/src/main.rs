@@ -35,6 +35,53 @@ enum Cmd {
     Status(StatusArgs),
     /// List, add, promote or remove members (on the leader; one change at a time).
     Member(MemberArgs),
+    /// Back up the cluster's state to a file, check a backup, or restore one into the data
+    /// dir of a member of a new cluster.
+    Snapshot(SnapshotArgs),
+}
+
+#[derive(Args)]
+struct SnapshotArgs {
+    #[command(subcommand)]
+    op: SnapshotOp,
+}
+
+#[derive(Subcommand)]
+enum SnapshotOp {
+    /// Stream a consistent backup (every write acknowledged before the call) into FILE,
+    /// checked before it is kept. FILE must not exist.
+    Save {
+        file: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:7380", value_delimiter = ',')]
+        endpoints: Vec<String>,
+        #[command(flatten)]
+        tls: ClientTlsArgs,
+    },
+    /// Check FILE (checksum, format version) and print what it holds as JSON.
+    Status { file: PathBuf },
+    /// Create the data dir of member --id of a NEW cluster from FILE (run it for every
+    /// member with the same file, --initial-cluster, token and bump; then `fenced serve` each
+    /// with the same --initial-cluster). The revision jumps by --bump-revision, and every
+    /// lock, waiter and session of the backup is dropped: tokens the old cluster issued after
+    /// the backup are never issued again. --data-dir must not exist or be empty.
+    Restore {
+        file: PathBuf,
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        id: u64,
+        /// Every member of the new cluster, `1=HOST:PORT,...` (default: --id alone at
+        /// 127.0.0.1:7380).
+        #[arg(long, value_parser = parse_cluster)]
+        initial_cluster: Option<std::collections::BTreeMap<u64, String>>,
+        #[arg(long, default_value = DEFAULT_CLUSTER_TOKEN)]
+        initial_cluster_token: String,
+        /// Added to the backup's revision: the new cluster's tokens start above every token
+        /// the old cluster issued, unless it applied more commands than this after the
+        /// backup. Use the same value for every member.
+        #[arg(long, default_value_t = fenced_server::backup::DEFAULT_BUMP_REVISION)]
+        bump_revision: u64,
+    },
 }
 
 #[derive(Args)]
@@ -149,6 +196,16 @@ struct ServeArgs {
     join: Option<Vec<String>>,
     #[command(flatten)]
     join_tls: JoinTlsArgs,
+    /// Recovery after a lost quorum: make this member's data dir (all of its log, committed
+    /// or not) a new cluster of this member alone, revision bumped by --bump-revision and
+    /// every lock dropped; the old data dir is kept beside it. Other members never rejoin:
+    /// add new ones with `fenced member add`. Remove the flag afterwards (a restart that
+    /// keeps it changes nothing).
+    #[arg(long, conflicts_with = "join")]
+    force_new_cluster: bool,
+    /// With --force-new-cluster: how far the revision jumps (see `fenced snapshot restore`).
+    #[arg(long, default_value_t = fenced_server::backup::DEFAULT_BUMP_REVISION)]
+    bump_revision: u64,
     /// Log lines on stderr: `text` for people (coloured only on a terminal, and not with
     /// NO_COLOR set), `json` for one JSON object per line. The filter is FENCED_LOG (default
     /// `info,openraft=warn,sled=warn`).
@@ -323,6 +380,7 @@ fn main() -> ExitCode {
             Cmd::Lock(a) => lock(a).await,
             Cmd::Status(a) => status(a).await.map(|()| ExitCode::SUCCESS),
             Cmd::Member(a) => member(a).await.map(|()| ExitCode::SUCCESS),
+            Cmd::Snapshot(a) => snapshot(a.op).await.map(|()| ExitCode::SUCCESS),
         }
     });
     match result {
@@ -345,6 +403,8 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.snapshot_logs = a.snapshot_logs;
     cfg.metrics_addr = a.metrics_addr.clone();
     cfg.keep_logs = a.keep_logs;
+    cfg.force_new_cluster = a.force_new_cluster;
+    cfg.bump_revision = a.bump_revision;
     if a.heartbeat_ms == 0 || a.heartbeat_ms * 2 >= a.election_timeout_ms.min_ms {
         bail!(
             "--heartbeat-ms {} must be more than 0 and less than half of the election \
@@ -395,6 +455,51 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         }
     }
     running.shutdown().await;
+    Ok(())
+}
+
+async fn snapshot(op: SnapshotOp) -> anyhow::Result<()> {
+    use fenced_server::backup;
+    let json = match op {
+        SnapshotOp::Save {
+            file,
+            endpoints,
+            tls,
+        } => {
+            let client = tls.client(&endpoints)?;
+            let info = backup::save(&client, &file).await?;
+            serde_json::to_string_pretty(&info)?
+        }
+        SnapshotOp::Status { file } => {
+            let (info, _, _) =
+                tokio::task::spawn_blocking(move || backup::inspect(&file)).await??;
+            serde_json::to_string_pretty(&info)?
+        }
+        SnapshotOp::Restore {
+            file,
+            data_dir,
+            id,
+            initial_cluster,
+            initial_cluster_token,
+            bump_revision,
+        } => {
+            if id == 0 {
+                bail!("--id must be at least 1");
+            }
+            let opts = backup::RestoreOptions {
+                snapshot: file,
+                data_dir,
+                member_id: id,
+                members: initial_cluster
+                    .unwrap_or_else(|| [(id, "127.0.0.1:7380".to_owned())].into()),
+                cluster_token: initial_cluster_token,
+                bump_revision,
+            };
+            let report = tokio::task::spawn_blocking(move || backup::restore(&opts)).await??;
+            serde_json::to_string_pretty(&report)?
+        }
+    };
+    println!("{json}");
     Ok(())
 }
 

@@ -429,6 +429,21 @@ impl Node {
         Ok(self.inner.state.read(f))
     }
 
+    /// A consistent copy of the state as of a linearizable read that started with this call,
+    /// with the meta of a snapshot of it (`fenced snapshot save`).
+    pub async fn backup(
+        &self,
+    ) -> Result<
+        (
+            openraft::SnapshotMeta<NodeId, openraft::BasicNode>,
+            StateMachine,
+        ),
+        NodeError,
+    > {
+        self.read_barrier().await?;
+        Ok(self.inner.state.backup())
+    }
+
     /// A read-index round that started after this call: `(read index, leader log time)`.
     /// Every caller that arrives while a round runs shares the next one ([`READ_LIMITS`]).
     pub async fn shared_read_round(&self) -> Result<(u64, u64), NodeError> {

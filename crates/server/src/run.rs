@@ -43,11 +43,48 @@ impl Running {
     }
 }
 
+/// `--force-new-cluster`: rewrite the data dir as a one-node cluster (once; a restart that
+/// keeps the flag changes nothing).
+async fn force_new_cluster(cfg: &NodeConfig) -> Result<(), StartError> {
+    if cfg.initial_cluster.len() > 1 {
+        tracing::warn!("--force-new-cluster: --initial-cluster is ignored; the new cluster is this member alone");
+    }
+    match crate::backup::force_new_cluster(
+        &cfg.data_dir,
+        cfg.id,
+        &cfg.grpc_addr,
+        &cfg.initial_cluster_token,
+        cfg.bump_revision,
+    )
+    .await?
+    {
+        Some((aside, r)) => tracing::warn!(
+            old_data_dir = %aside.display(),
+            cluster = r.cluster_id,
+            revision_before = r.revision_before,
+            revision_after = r.revision_after,
+            locks_dropped = r.locks_dropped,
+            sessions_dropped = r.sessions_dropped,
+            keys = r.keys,
+            "--force-new-cluster: this member is now a new one-node cluster; add members \
+             with `fenced member add`, and remove the flag"
+        ),
+        None => tracing::warn!(
+            "--force-new-cluster: the data dir is already of a cluster of this member alone; \
+             nothing to do (remove the flag)"
+        ),
+    }
+    Ok(())
+}
+
 /// Open the data dir (under the bootstrap and identity rules of
 /// [`fenced_storage::datadir`]), start Raft and the gRPC server (Raft transport, forwarding
 /// and client API on one port) and the RESP listener, bootstrap a new cluster, start the
 /// expiry ticker and the compactor.
 pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
+    if cfg.force_new_cluster {
+        force_new_cluster(&cfg).await?;
+    }
     let members = cfg.members()?;
     let plan = datadir::Plan {
         member_id: cfg.id,

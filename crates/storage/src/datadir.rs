@@ -49,6 +49,22 @@ pub struct Opened {
 /// members (as etcd derives its cluster id), so every member bootstrapped with the same flags
 /// agrees on it without talking first. Different clusters need different tokens or members.
 pub fn cluster_id(token: &str, members: &BTreeMap<NodeId, String>) -> u64 {
+    hash_cluster_id(token, members, None)
+}
+
+/// The cluster id of a cluster restored from a snapshot file whose SHA-256 is
+/// `snapshot_sha256` (`fenced snapshot restore`, `--force-new-cluster`): never the id of the
+/// cluster the snapshot came from, and the same on every member restored from the same file
+/// with the same flags.
+pub fn restored_cluster_id(
+    token: &str,
+    members: &BTreeMap<NodeId, String>,
+    snapshot_sha256: &[u8],
+) -> u64 {
+    hash_cluster_id(token, members, Some(snapshot_sha256))
+}
+
+fn hash_cluster_id(token: &str, members: &BTreeMap<NodeId, String>, salt: Option<&[u8]>) -> u64 {
     let mut h = Sha256::new();
     h.update(b"fenced-cluster\0");
     h.update(token.as_bytes());
@@ -57,6 +73,10 @@ pub fn cluster_id(token: &str, members: &BTreeMap<NodeId, String>) -> u64 {
         h.update(id.to_string().as_bytes());
         h.update(b"=");
         h.update(addr.as_bytes());
+    }
+    if let Some(salt) = salt {
+        h.update(b"\0restored\0");
+        h.update(salt);
     }
     let digest = h.finalize();
     let mut first = [0u8; 8];

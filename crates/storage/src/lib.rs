@@ -31,6 +31,7 @@ pub mod datadir;
 pub mod frame;
 pub mod hardstate;
 mod log;
+pub mod restore;
 pub mod snapshot;
 pub mod wal;
 
@@ -567,6 +568,23 @@ impl SharedState {
     /// The last membership applied to the state machine.
     pub fn membership(&self) -> StoredMembership<NodeId, BasicNode> {
         self.read_guard().membership.clone()
+    }
+
+    /// A consistent copy of the applied state (O(1): the tables are copy-on-write) and the
+    /// meta of a snapshot of it: what `fenced snapshot save` streams
+    /// ([`snapshot::write_to`]).
+    pub fn backup(&self) -> (Meta, fenced_core::StateMachine) {
+        let st = self.read_guard().clone();
+        let snapshot_id = match st.last_applied {
+            Some(l) => format!("backup-{}-{}", l.leader_id.term, l.index),
+            None => "backup-0-0".to_owned(),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: st.last_applied,
+            last_membership: st.membership,
+            snapshot_id,
+        };
+        (meta, st.machine)
     }
 }
 

@@ -131,47 +131,7 @@ impl SnapshotStore {
         machine: &fenced_core::StateMachine,
     ) -> Result<PathBuf, StoreError> {
         let path = self.tmp_path()?;
-        let result = (|| {
-            let file = File::create(&path).map_err(|e| StoreError::file(&path, e))?;
-            let mut w = Crc {
-                inner: BufWriter::with_capacity(1 << 20, file),
-                hasher: crc32fast::Hasher::new(),
-            };
-            let meta_bytes = bincode::serialize(meta).map_err(|source| StoreError::Encode {
-                what: "snapshot meta",
-                source,
-            })?;
-            let meta_len = u32::try_from(meta_bytes.len()).map_err(|_| StoreError::Encode {
-                what: "snapshot meta",
-                source: Box::new(bincode::ErrorKind::SizeLimit),
-            })?;
-            w.write_all(MAGIC)
-                .and_then(|()| w.write_all(&LAYOUT.to_le_bytes()))
-                .and_then(|()| w.write_all(&[frame::VERSION]))
-                .and_then(|()| w.write_all(&meta_len.to_le_bytes()))
-                .and_then(|()| w.write_all(&meta_bytes))
-                .map_err(|e| StoreError::file(&path, e))?;
-            codec(u64::MAX)
-                .serialize_into(&mut w, machine)
-                .map_err(|source| StoreError::Encode {
-                    what: "state machine",
-                    source,
-                })?;
-            let crc = w.hasher.clone().finalize();
-            let mut inner = w.inner;
-            inner
-                .write_all(&crc.to_le_bytes())
-                .and_then(|()| inner.flush())
-                .map_err(|e| StoreError::file(&path, e))?;
-            let file = inner
-                .into_inner()
-                .map_err(|e| StoreError::file(&path, e.into_error()))?;
-            file.sync_all().map_err(|e| StoreError::file(&path, e))
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&path);
-        }
-        result.map(|()| path)
+        write_file(&path, meta, machine).map(|()| path)
     }
 
     /// Make the complete snapshot file at `path` (written by [`SnapshotStore::write`] or
@@ -216,6 +176,75 @@ impl SnapshotStore {
             .map_err(|e| StoreError::file(&path, e))?;
         Ok(SnapshotFile::new(file, path))
     }
+}
+
+/// Write a snapshot file (layout in the module docs) of `meta` and `machine` into `w`,
+/// which should be buffered. Blocking. The state is serialized straight into `w`.
+pub fn write_to(
+    w: impl Write,
+    meta: &Meta,
+    machine: &fenced_core::StateMachine,
+) -> Result<(), StoreError> {
+    let io_err = |e: io::Error| StoreError::File {
+        path: PathBuf::from("(snapshot stream)"),
+        error: e,
+    };
+    let mut w = Crc {
+        inner: w,
+        hasher: crc32fast::Hasher::new(),
+    };
+    let meta_bytes = bincode::serialize(meta).map_err(|source| StoreError::Encode {
+        what: "snapshot meta",
+        source,
+    })?;
+    let meta_len = u32::try_from(meta_bytes.len()).map_err(|_| StoreError::Encode {
+        what: "snapshot meta",
+        source: Box::new(bincode::ErrorKind::SizeLimit),
+    })?;
+    w.write_all(MAGIC)
+        .and_then(|()| w.write_all(&LAYOUT.to_le_bytes()))
+        .and_then(|()| w.write_all(&[frame::VERSION]))
+        .and_then(|()| w.write_all(&meta_len.to_le_bytes()))
+        .and_then(|()| w.write_all(&meta_bytes))
+        .map_err(io_err)?;
+    codec(u64::MAX)
+        .serialize_into(&mut w, machine)
+        .map_err(|source| match *source {
+            bincode::ErrorKind::Io(e) => io_err(e),
+            _ => StoreError::Encode {
+                what: "state machine",
+                source,
+            },
+        })?;
+    let crc = w.hasher.clone().finalize();
+    let mut inner = w.inner;
+    inner
+        .write_all(&crc.to_le_bytes())
+        .and_then(|()| inner.flush())
+        .map_err(io_err)
+}
+
+/// Write a snapshot file of `meta` and `machine` at `path` (created), synced; removed again
+/// if anything fails. Blocking.
+pub fn write_file(
+    path: &Path,
+    meta: &Meta,
+    machine: &fenced_core::StateMachine,
+) -> Result<(), StoreError> {
+    let result = (|| {
+        let file = File::create(path).map_err(|e| StoreError::file(path, e))?;
+        let mut w = BufWriter::with_capacity(1 << 20, &file);
+        write_to(&mut w, meta, machine).map_err(|e| match e {
+            StoreError::File { error, .. } => StoreError::file(path, error),
+            e => e,
+        })?;
+        drop(w);
+        file.sync_all().map_err(|e| StoreError::file(path, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(path);
+    }
+    result
 }
 
 /// The header and meta of a snapshot file.

@@ -1,11 +1,13 @@
 //! `fenced.v1.Cluster`: status of this node and of the cluster, and membership changes
 //! (`crate::membership`).
 
+use std::pin::Pin;
 use std::time::Duration;
 
 use fenced_proto::v1 as pb;
 use openraft::ServerState;
-use tonic::Request;
+use tokio_stream::Stream;
+use tonic::{Request, Status};
 
 use fenced_proto::v1::cluster_server::Cluster;
 
@@ -27,8 +29,22 @@ fn to_pb(views: Vec<MemberView>) -> Vec<pb::Member> {
         .collect()
 }
 
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotChunk, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl Cluster for Api {
+    type SnapshotSaveStream = SnapshotStream;
+
+    async fn snapshot_save(
+        &self,
+        _req: Request<pb::SnapshotSaveRequest>,
+    ) -> Reply<Self::SnapshotSaveStream> {
+        let (meta, machine) = self.node.backup().await?;
+        let rx = crate::backup::snapshot_stream(meta, machine);
+        let stream: SnapshotStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+        Ok(self.reply(stream))
+    }
+
     async fn status(&self, _req: Request<pb::StatusRequest>) -> Reply<pb::StatusResponse> {
         let m = self.node.raft().metrics().borrow().clone();
         let membership = m.membership_config.membership();
