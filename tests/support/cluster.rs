@@ -404,6 +404,22 @@ impl TestCluster {
         std::fs::create_dir_all(&dir).expect("recreating the empty data dir");
     }
 
+    /// SIGTERM node `id` (a clean stop: a leader hands off first) and wait, bounded, for it
+    /// to exit; returns its exit status.
+    pub async fn terminate(&self, id: u64, timeout: Duration) -> std::process::ExitStatus {
+        {
+            let procs = self.procs();
+            let child = procs[(id - 1) as usize]
+                .child
+                .as_ref()
+                .unwrap_or_else(|| panic!("terminate({id}): node {id} is not running"));
+            // SAFETY: kill(2) on our own child's pid.
+            let rc = unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            assert_eq!(rc, 0, "signalling node {id}");
+        }
+        self.wait_exit(id, timeout).await
+    }
+
     /// Wait (bounded) for node `id` to exit on its own; reap it and return its status.
     pub async fn wait_exit(&self, id: u64, timeout: Duration) -> std::process::ExitStatus {
         let status = wait_for(

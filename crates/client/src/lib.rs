@@ -133,6 +133,8 @@ struct Inner {
     preferred: AtomicUsize,
     client_id: u64,
     seq: AtomicU64,
+    /// Attempts that failed retryably and were sent again ([`Client::retries`]).
+    retries: AtomicU64,
 }
 
 fn is_retryable(s: &tonic::Status) -> bool {
@@ -190,6 +192,7 @@ impl Client {
                 preferred: AtomicUsize::new(0),
                 client_id: rand::thread_rng().gen_range(1..u64::MAX),
                 seq: AtomicU64::new(0),
+                retries: AtomicU64::new(0),
             }),
         })
     }
@@ -204,6 +207,12 @@ impl Client {
             client_id: self.inner.client_id,
             seq: self.inner.seq.fetch_add(1, Ordering::Relaxed) + 1,
         }
+    }
+
+    /// How many calls of this client (and its clones) failed retryably — an unavailable or
+    /// restarting node, a leader change — and were sent again; the caller saw none of them.
+    pub fn retries(&self) -> u64 {
+        self.inner.retries.load(Ordering::Relaxed)
     }
 
     /// Run `call` against the preferred endpoint, moving to the next one on unavailability,
@@ -223,6 +232,7 @@ impl Client {
                     return Ok(r.into_inner());
                 }
                 Err(s) if is_retryable(&s) => {
+                    self.inner.retries.fetch_add(1, Ordering::Relaxed);
                     self.inner.preferred.store((i + 1) % n, Ordering::Relaxed);
                     if Instant::now() >= give_up {
                         return Err(ClientError::Unavailable(format!(
@@ -525,6 +535,16 @@ impl Client {
         })
         .await
         .map(|r| r.members)
+    }
+
+    /// Ask the leader to hand leadership to a caught-up voter (`fenced leader step-down`).
+    /// Requests sent meanwhile wait rather than fail.
+    pub async fn leader_step_down(&self) -> Result<pb::LeaderStepDownResponse, ClientError> {
+        self.call(Duration::from_secs(5), |ch| {
+            let mut c = ClusterClient::new(ch);
+            async move { c.leader_step_down(pb::LeaderStepDownRequest {}).await }
+        })
+        .await
     }
 
     /// A consistent backup of the cluster's state, as the pieces of a snapshot file

@@ -23,6 +23,9 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::proposal::{self, stopped, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
 
+mod handoff;
+pub use handoff::HandOff;
+
 /// How long one local `client_write` may take before it counts as unknown.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the ticker looks for due deadlines at most.
@@ -68,6 +71,8 @@ struct Inner {
     /// Read-index rounds, shared by the reads that arrived while the previous one ran:
     /// `(read index, leader log time)`.
     reader: Batcher<(), Result<(u64, u64), NodeError>>,
+    /// A leadership hand-off runs ([`Node::step_down`]): the leader serves nothing new.
+    handing_off: std::sync::atomic::AtomicBool,
 }
 
 impl Node {
@@ -87,6 +92,7 @@ impl Node {
                 state,
                 hub,
                 clock: LeaderClock::new(),
+                handing_off: std::sync::atomic::AtomicBool::new(false),
                 forwarder: Forwarder::new(raft.clone(), gate.clone(), peer_tls),
                 metrics,
                 raft,
@@ -375,6 +381,14 @@ impl Node {
         let m = self.inner.raft.metrics();
         let m = m.borrow();
         if m.state == ServerState::Leader {
+            if self
+                .inner
+                .handing_off
+                .load(std::sync::atomic::Ordering::SeqCst)
+            {
+                // Handing off: callers wait and retry, then reach the new leader.
+                return Err(NodeError::NotLeader { leader: None });
+            }
             let caught_up = m.last_applied.map(|l| l.index) >= m.last_log_index;
             if caught_up || self.inner.clock.anchored(m.current_term) {
                 return Ok(m.current_term);

@@ -23,6 +23,9 @@ use crate::hub::Hub;
 use crate::node::Node;
 use crate::NodeConfig;
 
+/// How long a stopping node lets requests in flight finish.
+const DRAIN: Duration = Duration::from_secs(5);
+
 /// A started node with its background tasks.
 pub struct Running {
     pub node: Node,
@@ -31,11 +34,16 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stop serving, stop Raft, and wait for the tasks.
+    /// Stop serving, stop Raft, and wait for the tasks: requests in flight get up to
+    /// [`DRAIN`] to finish (a hand-off's waiting requests are answered by the new leader
+    /// through this node), then whatever is left (long waits, watch streams) is dropped.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
-        for t in self.tasks {
-            let _ = t.await;
+        let until = tokio::time::Instant::now() + DRAIN;
+        for mut t in self.tasks {
+            if tokio::time::timeout_at(until, &mut t).await.is_err() {
+                t.abort();
+            }
         }
         if let Err(e) = self.node.raft().shutdown().await {
             tracing::warn!("raft shutdown: {e}");

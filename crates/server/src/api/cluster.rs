@@ -35,6 +35,18 @@ type SnapshotStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotChunk, Status
 impl Cluster for Api {
     type SnapshotSaveStream = SnapshotStream;
 
+    async fn leader_step_down(
+        &self,
+        _req: Request<pb::LeaderStepDownRequest>,
+    ) -> Reply<pb::LeaderStepDownResponse> {
+        let h = self.node.step_down().await?;
+        Ok(self.reply(pb::LeaderStepDownResponse {
+            from: h.from,
+            to: h.to,
+            took_ms: h.took.as_millis() as u64,
+        }))
+    }
+
     async fn snapshot_save(
         &self,
         _req: Request<pb::SnapshotSaveRequest>,

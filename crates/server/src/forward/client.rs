@@ -10,7 +10,9 @@ use std::time::Duration;
 use fenced_core::{Command, RequestId, Response};
 use fenced_network::{codec, PeerGate};
 use fenced_proto::raft::forward_client::ForwardClient;
-use fenced_proto::raft::{PeerIdentity, ProposeBatchRequest, ProposeRequest, ReadIndexRequest};
+use fenced_proto::raft::{
+    CampaignRequest, PeerIdentity, ProposeBatchRequest, ProposeRequest, ReadIndexRequest,
+};
 use fenced_raft_types::Raft;
 use tonic::transport::{Channel, ClientTlsConfig};
 
@@ -110,6 +112,21 @@ impl Forwarder {
                 Ok((r.index, r.time_ms))
             }
             Err(status) => Err(self.refused(&status)),
+        }
+    }
+
+    /// Ask the voter at `addr` to campaign from `after` on (a leadership hand-off).
+    pub(crate) async fn campaign(&self, addr: &str, after: Duration) -> Result<(), NodeError> {
+        let mut client = self.peer(addr)?;
+        let mut req = tonic::Request::new(CampaignRequest {
+            from: Some(self.envelope_for(addr)),
+            after_ms: after.as_millis() as u64,
+        });
+        req.set_timeout(Duration::from_secs(1));
+        match tokio::time::timeout(Duration::from_secs(1), client.campaign(req)).await {
+            Err(_) => Err(NodeError::Unknown(format!("{addr} did not answer in time"))),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(status)) => Err(self.refused(&status)),
         }
     }
 

@@ -5,8 +5,8 @@ use fenced_core::{Command, RequestId};
 use fenced_network::codec;
 use fenced_proto::raft::forward_server::{Forward, ForwardServer};
 use fenced_proto::raft::{
-    ProposeBatchReply, ProposeBatchRequest, ProposeReply, ProposeRequest, ReadIndexReply,
-    ReadIndexRequest,
+    CampaignReply, CampaignRequest, ProposeBatchReply, ProposeBatchRequest, ProposeReply,
+    ProposeRequest, ReadIndexReply, ReadIndexRequest,
 };
 use fenced_tls::PeerCertCheck;
 use tonic::service::interceptor::InterceptedService;
@@ -76,6 +76,16 @@ impl Forward for Leader {
         let results = self.node.propose_local_all(proposals).await;
         let data = codec::encode(&results).map_err(|e| Status::internal(e.to_string()))?;
         Ok(self.with_log_time(ProposeBatchReply { data }))
+    }
+
+    /// A leader handing off asks this voter to campaign ([`Node::campaign`]).
+    async fn campaign(&self, req: Request<CampaignRequest>) -> Reply<CampaignReply> {
+        let req = req.into_inner();
+        self.node.admit_peer(req.from.as_ref())?;
+        let from = req.from.as_ref().map_or(0, |f| f.member);
+        self.node
+            .campaign(from, std::time::Duration::from_millis(req.after_ms))?;
+        Ok(tonic::Response::new(CampaignReply {}))
     }
 
     /// A follower's read-index round. It shares this leader's next round (one that starts
