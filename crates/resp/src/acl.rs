@@ -492,6 +492,11 @@ impl User {
         self.permit_argv(argv).map_err(|d| d.resp_text())
     }
 
+    /// Whether every key (and lock name) is this user's (`~*` / `allkeys`).
+    pub fn all_keys(&self) -> bool {
+        self.allkeys
+    }
+
     /// Whether this user is an administrator: its rules allow every command of the
     /// `@admin` category (`+@all` or `+@admin`; `-@admin`, `-acl` or `-config` take it away).
     pub fn is_admin(&self) -> bool {

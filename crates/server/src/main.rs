@@ -91,13 +91,19 @@ struct ServeArgs {
     /// RESP (Redis protocol) listen address.
     #[arg(long, default_value = "127.0.0.1:7379")]
     resp_addr: String,
-    /// Require this password from RESP clients (`AUTH`); also read from FENCED_REQUIREPASS.
+    /// Require this password from every client: RESP's `AUTH`, and gRPC's
+    /// `Auth.Authenticate` (user `default`); also read from FENCED_REQUIREPASS.
     #[arg(long, env = "FENCED_REQUIREPASS", hide_env_values = true)]
     requirepass: Option<String>,
-    /// RESP users, permissions and passwords in Redis's aclfile format (`user NAME RULES…`
-    /// per line), read once at startup. Without it, only the `default` user.
+    /// Users, permissions and passwords of every port (RESP and the gRPC client API) in
+    /// Redis's aclfile format (`user NAME RULES…` per line), read once at startup. Without
+    /// it, only the `default` user.
     #[arg(long)]
     acl_file: Option<PathBuf>,
+    /// How long a gRPC token from `Auth.Authenticate` stays valid (ms). Tokens live in the
+    /// memory of the node that issued them.
+    #[arg(long, default_value_t = fenced_server::users::DEFAULT_TOKEN_TTL.as_millis() as u64)]
+    auth_token_ttl_ms: u64,
     #[command(flatten)]
     tls: ServeTlsArgs,
     /// gRPC listen address: client API and node-to-node Raft.
@@ -357,10 +363,14 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.election_timeout = a.election_timeout_ms;
     // A bad ACL file stops the node before it starts anything.
     let pass = a.requirepass.as_deref();
-    cfg.resp_acl = Arc::new(match &a.acl_file {
+    cfg.acl = Arc::new(match &a.acl_file {
         None => Acl::new(pass),
         Some(path) => Acl::load(path, pass)?,
     });
+    if a.auth_token_ttl_ms == 0 {
+        bail!("--auth-token-ttl-ms must be at least 1");
+    }
+    cfg.auth_token_ttl = Duration::from_millis(a.auth_token_ttl_ms);
     if let (Some(cert), Some(key), Some(ca)) = (&a.tls.tls_cert, &a.tls.tls_key, &a.tls.tls_ca) {
         let mut tls = fenced_tls::ServerTls::load(cert, key, ca)?
             .require_client_cert(a.tls.tls_require_client_cert);

@@ -29,6 +29,8 @@ fn to_pb(views: Vec<MemberView>) -> Vec<pb::Member> {
 
 #[tonic::async_trait]
 impl Cluster for Api {
+    /// Open to every caller, token or not (like etcd's `Status`): `--join`, health checks
+    /// and `fenced member list` read it; it shows no locks or keys.
     async fn status(&self, _req: Request<pb::StatusRequest>) -> Reply<pb::StatusResponse> {
         let m = self.node.raft().metrics().borrow().clone();
         let membership = m.membership_config.membership();
@@ -64,6 +66,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::MemberAddRequest>,
     ) -> Reply<pb::MembershipResponse> {
+        self.users.require_admin(&req, "Cluster.MemberAdd")?;
         let r = req.into_inner();
         let mut views = self.node.member_add(r.id, &r.addr).await?;
         if !r.learner {
@@ -79,6 +82,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::MemberPromoteRequest>,
     ) -> Reply<pb::MembershipResponse> {
+        self.users.require_admin(&req, "Cluster.MemberPromote")?;
         let views = self.node.member_promote(req.into_inner().id).await?;
         Ok(self.reply(pb::MembershipResponse {
             members: to_pb(views),
@@ -89,6 +93,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::MemberRemoveRequest>,
     ) -> Reply<pb::MembershipResponse> {
+        self.users.require_admin(&req, "Cluster.MemberRemove")?;
         let views = self.node.member_remove(req.into_inner().id).await?;
         Ok(self.reply(pb::MembershipResponse {
             members: to_pb(views),
