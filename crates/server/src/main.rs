@@ -48,6 +48,8 @@ struct MemberArgs {
     endpoints: Vec<String>,
     #[command(flatten)]
     tls: ClientTlsArgs,
+    #[command(flatten)]
+    auth: ClientAuthArgs,
     #[command(subcommand)]
     op: MemberOp,
 }
@@ -203,6 +205,30 @@ struct ServeTlsArgs {
     tls_require_client_cert: bool,
 }
 
+/// Who the `lock`/`status`/`member` clients log in as, on clusters with users
+/// (`--acl-file`/`--requirepass`).
+#[derive(Args)]
+struct ClientAuthArgs {
+    /// Log in as this user (default: `default` when a password is given).
+    #[arg(long, global = true)]
+    user: Option<String>,
+    /// The user's password; also read from FENCED_PASSWORD.
+    #[arg(long, env = "FENCED_PASSWORD", hide_env_values = true, global = true)]
+    password: Option<String>,
+}
+
+impl ClientAuthArgs {
+    fn credentials(&self) -> Option<fenced_client::Credentials> {
+        match (&self.user, &self.password) {
+            (None, None) => None,
+            (user, password) => Some(fenced_client::Credentials::new(
+                user.as_deref().unwrap_or("default"),
+                password.as_deref().unwrap_or(""),
+            )),
+        }
+    }
+}
+
 /// TLS for the `lock`/`status` clients.
 #[derive(Args)]
 struct ClientTlsArgs {
@@ -221,12 +247,13 @@ struct ClientTlsArgs {
 }
 
 impl ClientTlsArgs {
-    /// A client of `endpoints` with this TLS.
-    fn client(&self, endpoints: &[String]) -> anyhow::Result<Client> {
+    /// A client of `endpoints` with this TLS, logging in as `auth` says.
+    fn client(&self, endpoints: &[String], auth: &ClientAuthArgs) -> anyhow::Result<Client> {
         Ok(Client::connect_with(
             endpoints,
             ClientOptions {
                 tls: self.load()?,
+                credentials: auth.credentials(),
                 ..ClientOptions::default()
             },
         )?)
@@ -253,6 +280,8 @@ struct LockArgs {
     endpoints: Vec<String>,
     #[command(flatten)]
     tls: ClientTlsArgs,
+    #[command(flatten)]
+    auth: ClientAuthArgs,
     /// Session lease: how long the lock outlives this process if it stops renewing.
     #[arg(long, default_value_t = 10_000)]
     ttl_ms: u64,
@@ -270,6 +299,8 @@ struct StatusArgs {
     endpoints: Vec<String>,
     #[command(flatten)]
     tls: ClientTlsArgs,
+    #[command(flatten)]
+    auth: ClientAuthArgs,
 }
 
 /// mimalloc instead of glibc's malloc: under 64 clients, malloc/free were ~8 % of all CPU
@@ -486,7 +517,7 @@ async fn join_lookup(
 }
 
 async fn member(a: MemberArgs) -> anyhow::Result<()> {
-    let client = a.tls.client(&a.endpoints)?;
+    let client = a.tls.client(&a.endpoints, &a.auth)?;
     let tls = a.tls.tls_ca.is_some();
     let members = match a.op {
         MemberOp::List => leader_status(&client, tls).await?.members,
@@ -562,6 +593,7 @@ async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
         ClientOptions {
             session_ttl: Duration::from_millis(a.ttl_ms),
             tls: a.tls.load()?,
+            credentials: a.auth.credentials(),
             ..ClientOptions::default()
         },
     )?;
@@ -617,7 +649,7 @@ fn tls_hint(e: fenced_client::ClientError, tls: bool) -> anyhow::Error {
 }
 
 async fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let client = a.tls.client(&a.endpoints)?;
+    let client = a.tls.client(&a.endpoints, &a.auth)?;
     let s = leader_status(&client, a.tls.tls_ca.is_some()).await?;
     let leader_last = (s.state == "leader").then_some(s.last_log_index);
     let members = members_json(&s.members, leader_last);
