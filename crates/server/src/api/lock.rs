@@ -173,7 +173,7 @@ impl Lock for Api {
         &self,
         req: Request<pb::ForceUnlockRequest>,
     ) -> Reply<pb::ForceUnlockResponse> {
-        // An administrator's call, on a lock its key patterns cover.
+        // An administrator's call, who may also release this lock (`LOCK.RELEASE` on it).
         let admin = self.users.require_admin(&req, "Lock.ForceUnlock")?;
         admin
             .permit("LOCK.RELEASE", &[req.get_ref().name.as_bytes()])
