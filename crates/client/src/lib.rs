@@ -27,6 +27,13 @@
 //! Every mutating call carries `(client_id, seq)`; the client retries a call on another
 //! endpoint with the same id when a node is unreachable or the outcome is unknown, and the
 //! cluster answers a repeat with the first outcome, so a retry never acts twice.
+//!
+//! On a cluster with users (`fenced serve --acl-file` / `--requirepass`), give
+//! [`ClientOptions::credentials`]: the client exchanges the password for a token on each node
+//! before its first call there (`Auth.Authenticate`), sends it with every call, renews it
+//! before it expires and logs in again when a node answers `UNAUTHENTICATED` (it restarted,
+//! or forgot the token). A wrong password is [`ClientError::Rejected`] with
+//! `Code::Unauthenticated`; a call the user may not make, `Code::PermissionDenied`.
 
 mod guard;
 mod session;
@@ -39,12 +46,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fenced_proto::v1 as pb;
+use fenced_proto::v1::auth_client::AuthClient;
 use fenced_proto::v1::cluster_client::ClusterClient;
 use fenced_proto::v1::kv_client::KvClient;
 use fenced_proto::v1::lock_client::LockClient;
 use fenced_proto::v1::session_client::SessionClient;
 pub use fenced_tls::ClientTls;
 use rand::Rng;
+use tonic::metadata::AsciiMetadataValue;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -87,6 +97,9 @@ pub struct ClientOptions {
     /// Connect over TLS (the cluster runs with `--tls-cert`): the CA to trust and,
     /// optionally, a client certificate.
     pub tls: Option<ClientTls>,
+    /// Log in as this user (clusters with `--acl-file` or `--requirepass`). `None`: send no
+    /// token (the calls run as the cluster's `default` user, if it needs no password).
+    pub credentials: Option<Credentials>,
 }
 
 impl Default for ClientOptions {
@@ -95,8 +108,68 @@ impl Default for ClientOptions {
             session_ttl: Duration::from_secs(10),
             retry_for: Duration::from_secs(15),
             tls: None,
+            credentials: None,
         }
     }
+}
+
+impl ClientOptions {
+    /// These options, logging in as `user` with `password`.
+    pub fn with_credentials(mut self, user: &str, password: &str) -> Self {
+        self.credentials = Some(Credentials::new(user, password));
+        self
+    }
+}
+
+/// A user and password of the cluster's ACL (the same as RESP's `AUTH user password`).
+#[derive(Clone)]
+pub struct Credentials {
+    user: String,
+    password: String,
+}
+
+impl Credentials {
+    pub fn new(user: &str, password: &str) -> Self {
+        Credentials {
+            user: user.to_owned(),
+            password: password.to_owned(),
+        }
+    }
+
+    pub fn user(&self) -> &str {
+        &self.user
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+/// The channel every call goes through: adds `authorization: Bearer <token>` when logged in.
+pub type AuthChannel = InterceptedService<Channel, BearerToken>;
+
+/// Interceptor that sends a node's token (or nothing).
+#[derive(Clone)]
+pub struct BearerToken(Option<AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for BearerToken {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A node's token and when to renew it.
+struct Token {
+    header: AsciiMetadataValue,
+    renew_at: Instant,
 }
 
 /// A fenced write refused because a newer token already wrote the key.
@@ -130,6 +203,8 @@ struct Inner {
     guards: AtomicU64,
     endpoints: Vec<String>,
     channels: Vec<Channel>,
+    /// Per endpoint: the token it issued us (with credentials).
+    tokens: Vec<tokio::sync::Mutex<Option<Token>>>,
     preferred: AtomicUsize,
     client_id: u64,
     seq: AtomicU64,
@@ -187,6 +262,10 @@ impl Client {
                 options,
                 session: tokio::sync::Mutex::new(None),
                 guards: AtomicU64::new(0),
+                tokens: endpoints
+                    .iter()
+                    .map(|_| tokio::sync::Mutex::new(None))
+                    .collect(),
                 endpoints,
                 channels,
                 preferred: AtomicUsize::new(0),
@@ -215,21 +294,81 @@ impl Client {
         self.inner.retries.load(Ordering::Relaxed)
     }
 
+    /// Endpoint `i`'s channel, with our token there when we have credentials: logs in
+    /// (`Auth.Authenticate`) first if we have no token of that node, or one due for renewal.
+    async fn authed(&self, i: usize) -> Result<AuthChannel, tonic::Status> {
+        let ch = self.inner.channels[i].clone();
+        let Some(creds) = &self.inner.options.credentials else {
+            return Ok(InterceptedService::new(ch, BearerToken(None)));
+        };
+        let mut slot = self.inner.tokens[i].lock().await;
+        if let Some(t) = slot.as_ref().filter(|t| Instant::now() < t.renew_at) {
+            return Ok(InterceptedService::new(
+                ch,
+                BearerToken(Some(t.header.clone())),
+            ));
+        }
+        let mut req = tonic::Request::new(pb::AuthenticateRequest {
+            user: creds.user.clone(),
+            password: creds.password.clone(),
+        });
+        req.set_timeout(Duration::from_secs(5));
+        let r = AuthClient::new(ch.clone())
+            .authenticate(req)
+            .await?
+            .into_inner();
+        let header: AsciiMetadataValue = format!("Bearer {}", r.token)
+            .parse()
+            .map_err(|_| tonic::Status::internal("the node sent a token that is not ASCII"))?;
+        // Renew at three quarters of its life, before the node forgets it.
+        let renew_in = Duration::from_millis(r.ttl_ms.saturating_mul(3) / 4);
+        *slot = Some(Token {
+            header: header.clone(),
+            renew_at: Instant::now() + renew_in,
+        });
+        Ok(InterceptedService::new(ch, BearerToken(Some(header))))
+    }
+
+    /// Forget endpoint `i`'s token (it refused it): the next call logs in again.
+    async fn forget_token(&self, i: usize) {
+        *self.inner.tokens[i].lock().await = None;
+    }
+
     /// Run `call` against the preferred endpoint, moving to the next one on unavailability,
     /// for up to `retry_for` (+ `extra`). The same request (and request id) is sent each time.
+    /// With credentials, each endpoint is logged in on first use, and again when it answers
+    /// `UNAUTHENTICATED` (once per endpoint and call).
     async fn call<T, F, Fut>(&self, extra: Duration, mut call: F) -> Result<T, ClientError>
     where
-        F: FnMut(Channel) -> Fut,
+        F: FnMut(AuthChannel) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let give_up = Instant::now() + self.inner.options.retry_for + extra;
         let n = self.inner.channels.len();
+        let mut relogins = 0;
         loop {
             let i = self.inner.preferred.load(Ordering::Relaxed) % n;
-            match call(self.inner.channels[i].clone()).await {
+            let answer = match self.authed(i).await {
+                Ok(ch) => call(ch).await,
+                // The login itself failed: a wrong password is final, an unreachable node
+                // is retried like any call.
+                Err(s) => Err(s),
+            };
+            match answer {
                 Ok(r) => {
                     self.follow_leader_hint(r.metadata());
                     return Ok(r.into_inner());
+                }
+                Err(s)
+                    if s.code() == Code::Unauthenticated
+                        && self.inner.options.credentials.is_some()
+                        && relogins < n
+                        && self.inner.tokens[i].lock().await.is_some() =>
+                {
+                    // The node no longer knows our token (restart, expiry): log in again.
+                    relogins += 1;
+                    self.forget_token(i).await;
+                    continue;
                 }
                 Err(s) if is_retryable(&s) => {
                     self.inner.retries.fetch_add(1, Ordering::Relaxed);
@@ -569,10 +708,23 @@ impl Client {
     }
 
     /// Status of every endpoint, in order (`Err` for the ones that did not answer).
+    /// With credentials, each endpoint is logged in first: a wrong password is that
+    /// endpoint's `Err(ClientError::Rejected)`.
     pub async fn status_all(&self) -> Vec<Result<Status, ClientError>> {
         let mut out = Vec::new();
-        for ch in &self.inner.channels {
-            let mut c = ClusterClient::new(ch.clone());
+        for i in 0..self.inner.channels.len() {
+            let ch = match self.authed(i).await {
+                Ok(ch) => ch,
+                Err(s) if is_retryable(&s) => {
+                    out.push(Err(ClientError::Unavailable(s.message().to_owned())));
+                    continue;
+                }
+                Err(s) => {
+                    out.push(Err(ClientError::Rejected(s)));
+                    continue;
+                }
+            };
+            let mut c = ClusterClient::new(ch);
             let mut req = tonic::Request::new(pb::StatusRequest {});
             req.set_timeout(Duration::from_secs(2));
             out.push(

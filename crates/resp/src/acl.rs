@@ -10,18 +10,28 @@
 //! * Passwords are kept as SHA-256 digests and compared in constant time.
 //! * Command categories are the core command table's: each row lists its own
 //!   ([`fenced_core::kv::CommandSpec::acl`]); [`category_commands`] reads them.
-//! * [`User::check`] is the front end's permission check: the command, then its keys
-//!   ([`fenced_core::kv::command_keys`]), then its channels. Writes of restricted users are
-//!   also sent as [`KvCommand::Restricted`](fenced_core::kv::KvCommand::Restricted) so that
-//!   the state machine enforces the same limits on every command a script runs
-//!   ([`User::limits_for`]).
+//! * [`User::permit`] is **the** permission check of every port: may this user run this
+//!   command (a row of the core command table) on these keys? The RESP front end calls it
+//!   through [`User::check`] (a command's keys are [`fenced_core::kv::command_keys`], so
+//!   `LOCK.*`'s key is the lock name); the gRPC API calls it with the command its call
+//!   stands for (`Lock.Acquire` is `LOCK.ACQUIRE` on the lock names, `Kv.FencedPut` is
+//!   `FENCE.SET` on the key; `crates/server/src/users.rs`). So a user's `~pattern`s limit lock
+//!   names and keys alike, over both protocols. Refusals are [`Denied`]: Redis's exact `NOPERM`
+//!   text for RESP ([`Denied::resp_text`]), the user, command and key for gRPC (`Display`).
+//! * [`User::is_admin`]: a user whose rules allow every command of the `@admin` category
+//!   (`+@all` or `+@admin`) is an administrator — what membership changes and force-unlock
+//!   need over gRPC ([`User::require_admin`]).
+//! * Writes of restricted users are also sent as
+//!   [`KvCommand::Restricted`](fenced_core::kv::KvCommand::Restricted) so that the state
+//!   machine enforces the same limits on every command a script runs ([`User::limits_for`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use fenced_core::kv::{
-    command_table, lookup, noperm_command, Argv, Reply, Restriction, CATEGORIES,
+    command_keys, command_table, glob_match, lookup, noperm_command, Argv, Keys, Reply,
+    Restriction, CATEGORIES, NOPERM_CHANNEL, NOPERM_KEY,
 };
 use sha2::{Digest, Sha256};
 
@@ -58,6 +68,49 @@ pub enum AclError {
          set the default user's password in the file instead"
     )]
     RequirepassAndDefault { file: String },
+}
+
+/// Why [`User::permit`] (or [`User::require_admin`]) refused. `Display` names the user, the
+/// command and the key or lock (what a gRPC client reads in `PERMISSION_DENIED`);
+/// [`Denied::resp_text`] is Redis 7.2's exact `NOPERM` text (what a RESP client reads).
+#[derive(thiserror::Error, Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    #[error("NOPERM user '{user}' has no permissions to run the '{command}' command")]
+    Command { user: String, command: String },
+    #[error(
+        "NOPERM user '{user}' has no permissions to access the key or lock '{key}' \
+         (command '{command}'; the user's key patterns do not match it)"
+    )]
+    Key {
+        user: String,
+        command: String,
+        key: String,
+    },
+    #[error(
+        "NOPERM user '{user}' has no permissions to run '{command}' on the whole keyspace \
+         (it needs allkeys / ~*)"
+    )]
+    Keyspace { user: String, command: String },
+    #[error("NOPERM user '{user}' has no permissions to access a channel of '{command}'")]
+    Channel { user: String, command: String },
+    #[error(
+        "NOPERM user '{user}' has no permissions to run {what}: it needs an administrator \
+         (a user allowed every command of @admin: +@admin or +@all)"
+    )]
+    NotAdmin { user: String, what: String },
+}
+
+impl Denied {
+    /// The reply a RESP client gets: Redis 7.2's text, which names neither the key nor
+    /// the channel.
+    pub fn resp_text(&self) -> String {
+        match self {
+            Denied::Command { user, command } => noperm_command(user, command.as_bytes()),
+            Denied::Key { .. } | Denied::Keyspace { .. } => NOPERM_KEY.into(),
+            Denied::Channel { .. } => NOPERM_CHANNEL.into(),
+            Denied::NotAdmin { .. } => self.to_string(),
+        }
+    }
 }
 
 /// The commands (upper case, table order) of category `cat` (any case; `all` included).
@@ -133,10 +186,12 @@ pub struct User {
     commands: BTreeSet<&'static str>,
     /// The command rules as given since the last `+@all`/`-@all` (for `ACL LIST`).
     command_rules: Vec<String>,
-    /// Key/channel limits for [`Restriction::check`]; `None` with `allkeys allchannels`.
-    data_limits: Option<Restriction>,
-    /// `+@all ~* &*`: nothing to check (the fast path of [`User::check`]).
+    /// Channel limits for [`Restriction::check`]; `None` with `allchannels`.
+    channel_limits: Option<Restriction>,
+    /// `+@all ~* &*`: nothing to check (the fast path of [`User::permit`]).
     unrestricted: bool,
+    /// Every command of `@admin` is allowed ([`User::is_admin`]).
+    admin: bool,
 }
 
 impl User {
@@ -153,8 +208,9 @@ impl User {
             channels: Vec::new(),
             commands: BTreeSet::new(),
             command_rules: vec!["-@all".into()],
-            data_limits: None,
+            channel_limits: None,
             unrestricted: false,
+            admin: false,
         }
     }
 
@@ -334,13 +390,15 @@ impl User {
 
     /// Precompute what the checks need once the rules are applied.
     fn finish(&mut self) {
-        self.data_limits = (!self.allkeys || !self.allchannels).then(|| Restriction {
+        self.channel_limits = (!self.allchannels).then(|| Restriction {
             user: self.name.clone(),
-            keys: (!self.allkeys).then(|| self.keys.clone()),
-            channels: (!self.allchannels).then(|| self.channels.clone()),
+            keys: None,
+            channels: Some(self.channels.clone()),
             commands: None,
         });
-        self.unrestricted = self.data_limits.is_none() && self.all_commands();
+        self.unrestricted = self.allkeys && self.allchannels && self.all_commands();
+        self.admin = category_commands("admin")
+            .is_some_and(|cmds| cmds.iter().all(|c| self.commands.contains(c)));
     }
 
     fn password_ok(&self, pass: &[u8]) -> bool {
@@ -358,27 +416,103 @@ impl User {
         self.commands.len() == command_table().len()
     }
 
-    /// May this user run `argv`? Its command first, then its keys, then its channels
-    /// (Redis's order). `Err` is the full `NOPERM …` error text. `AUTH`, `HELLO`, `QUIT` and
-    /// `RESET` are always allowed.
-    pub fn check(&self, argv: &[Vec<u8>]) -> Result<(), String> {
+    /// **The** permission check of both front ends: may this user run `command` (a name of
+    /// the core command table, any case) on `keys` (keys or lock names)? The command first,
+    /// then every key against the user's `~pattern`s (Redis's order). `AUTH`, `HELLO`,
+    /// `QUIT` and `RESET` are always allowed. RESP reaches it through [`User::check`]; the
+    /// gRPC API with the command its call stands for (`Lock.Acquire` → `LOCK.ACQUIRE` on
+    /// its lock names).
+    pub fn permit(&self, command: &str, keys: &[&[u8]]) -> Result<(), Denied> {
+        if self.unrestricted {
+            return Ok(());
+        }
+        let upper = command.to_ascii_uppercase();
+        if ALWAYS_ALLOWED.contains(&upper.as_str()) {
+            return Ok(());
+        }
+        if !self.commands.contains(upper.as_str()) {
+            return Err(Denied::Command {
+                user: self.name.clone(),
+                command: command.to_ascii_lowercase(),
+            });
+        }
+        if !self.allkeys {
+            if let Some(k) = keys
+                .iter()
+                .find(|k| !self.keys.iter().any(|p| glob_match(p, k)))
+            {
+                return Err(Denied::Key {
+                    user: self.name.clone(),
+                    command: command.to_ascii_lowercase(),
+                    key: String::from_utf8_lossy(k).into_owned(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// May this user run `argv` over RESP? [`User::permit`] with the command's declared keys,
+    /// then its channels. A command on the whole keyspace (`KEYS`, `SCAN`, `FLUSHALL`, …)
+    /// needs `allkeys`.
+    pub fn permit_argv(&self, argv: &[Vec<u8>]) -> Result<(), Denied> {
         let Some(name) = argv.first() else {
             return Ok(());
         };
         if self.unrestricted {
             return Ok(());
         }
-        let upper = String::from_utf8_lossy(name).to_ascii_uppercase();
-        if ALWAYS_ALLOWED.contains(&upper.as_str()) {
+        let command = String::from_utf8_lossy(name);
+        match command_keys(argv) {
+            Keys::None => self.permit(&command, &[])?,
+            Keys::Args(keys) => self.permit(&command, &keys)?,
+            Keys::Whole => {
+                self.permit(&command, &[])?;
+                if !self.allkeys {
+                    return Err(Denied::Keyspace {
+                        user: self.name.clone(),
+                        command: command.to_ascii_lowercase(),
+                    });
+                }
+            }
+        }
+        if let Some(l) = &self.channel_limits {
+            if ALWAYS_ALLOWED.contains(&command.to_ascii_uppercase().as_str()) {
+                return Ok(());
+            }
+            l.check(argv).map_err(|_| Denied::Channel {
+                user: self.name.clone(),
+                command: command.to_ascii_lowercase(),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// [`User::permit_argv`] with Redis's reply text: `Err` is the full `NOPERM …` error.
+    pub fn check(&self, argv: &[Vec<u8>]) -> Result<(), String> {
+        self.permit_argv(argv).map_err(|d| d.resp_text())
+    }
+
+    /// Whether every key (and lock name) is this user's (`~*` / `allkeys`).
+    pub fn all_keys(&self) -> bool {
+        self.allkeys
+    }
+
+    /// Whether this user is an administrator: its rules allow every command of the
+    /// `@admin` category (`+@all` or `+@admin`; `-@admin`, `-acl` or `-config` take it away).
+    pub fn is_admin(&self) -> bool {
+        self.admin
+    }
+
+    /// `Ok` if this user is an administrator ([`User::is_admin`]); `what` names the
+    /// operation in the refusal.
+    pub fn require_admin(&self, what: &str) -> Result<(), Denied> {
+        if self.admin {
             return Ok(());
         }
-        if !self.commands.contains(upper.as_str()) {
-            return Err(noperm_command(&self.name, name));
-        }
-        match &self.data_limits {
-            Some(l) => l.check(argv),
-            None => Ok(()),
-        }
+        Err(Denied::NotAdmin {
+            user: self.name.clone(),
+            what: what.to_owned(),
+        })
     }
 
     /// The restriction to send with an entry of `cmds` (a batch, or a transaction's

@@ -73,9 +73,12 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     pub grpc_addr: String,
     pub resp_addr: String,
-    /// RESP users: `--acl-file`'s, or only `default` (`nopass`, or `--requirepass`'s
-    /// password), loaded and checked before the node starts.
-    pub resp_acl: Arc<fenced_resp::acl::Acl>,
+    /// The users of every port (RESP and the gRPC client API): `--acl-file`'s, or only
+    /// `default` (`nopass`, or `--requirepass`'s password), loaded and checked before the
+    /// node starts.
+    pub acl: Arc<fenced_resp::acl::Acl>,
+    /// How long a gRPC token is valid after `Auth.Authenticate` (`--auth-token-ttl-ms`).
+    pub auth_token_ttl: std::time::Duration,
     /// TLS for both listeners and for calls to other nodes (`--tls-cert/--tls-key/--tls-ca`).
     pub tls: Option<fenced_tls::ServerTls>,
     /// Every member's id and gRPC address. Empty: a single-node cluster of this node.
@@ -111,7 +114,8 @@ impl NodeConfig {
             data_dir,
             grpc_addr,
             resp_addr,
-            resp_acl: Arc::default(),
+            acl: Arc::default(),
+            auth_token_ttl: crate::users::DEFAULT_TOKEN_TTL,
             tls: None,
             initial_cluster: BTreeMap::new(),
             initial_cluster_state: None,

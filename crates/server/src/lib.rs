@@ -2,7 +2,8 @@
 //! tasks); [`api`] (public gRPC) and [`resp`] (the RESP adapter) translate requests into
 //! [`node`] calls; [`node`] proposes and reads through Raft (batching, the leader's log
 //! clock), passing what a follower cannot do to the leader through [`forward`] (both halves:
-//! the follower's calls and the leader's answers).
+//! the follower's calls and the leader's answers). [`users`] says who calls the gRPC API and
+//! what they may do (the ACL users of RESP, on every port).
 
 pub mod api;
 pub mod backup;
@@ -19,6 +20,7 @@ pub mod node;
 pub mod proposal;
 pub mod resp;
 pub mod run;
+pub mod users;
 
 pub use config::NodeConfig;
 pub use error::{NodeError, StartError};

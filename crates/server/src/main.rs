@@ -54,6 +54,8 @@ struct LeaderArgs {
     endpoints: Vec<String>,
     #[command(flatten)]
     tls: ClientTlsArgs,
+    #[command(flatten)]
+    auth: ClientAuthArgs,
     #[command(subcommand)]
     op: LeaderOp,
 }
@@ -81,6 +83,8 @@ enum SnapshotOp {
         endpoints: Vec<String>,
         #[command(flatten)]
         tls: ClientTlsArgs,
+        #[command(flatten)]
+        auth: ClientAuthArgs,
     },
     /// Check FILE (checksum, format version) and print what it holds as JSON.
     Status { file: PathBuf },
@@ -120,6 +124,8 @@ struct MemberArgs {
     endpoints: Vec<String>,
     #[command(flatten)]
     tls: ClientTlsArgs,
+    #[command(flatten)]
+    auth: ClientAuthArgs,
     #[command(subcommand)]
     op: MemberOp,
 }
@@ -163,13 +169,19 @@ struct ServeArgs {
     /// RESP (Redis protocol) listen address.
     #[arg(long, default_value = "127.0.0.1:7379")]
     resp_addr: String,
-    /// Require this password from RESP clients (`AUTH`); also read from FENCED_REQUIREPASS.
+    /// Require this password from every client: RESP's `AUTH`, and gRPC's
+    /// `Auth.Authenticate` (user `default`); also read from FENCED_REQUIREPASS.
     #[arg(long, env = "FENCED_REQUIREPASS", hide_env_values = true)]
     requirepass: Option<String>,
-    /// RESP users, permissions and passwords in Redis's aclfile format (`user NAME RULES…`
-    /// per line), read once at startup. Without it, only the `default` user.
+    /// Users, permissions and passwords of every port (RESP and the gRPC client API) in
+    /// Redis's aclfile format (`user NAME RULES…` per line), read once at startup. Without
+    /// it, only the `default` user.
     #[arg(long)]
     acl_file: Option<PathBuf>,
+    /// How long a gRPC token from `Auth.Authenticate` stays valid (ms). Tokens live in the
+    /// memory of the node that issued them.
+    #[arg(long, default_value_t = fenced_server::users::DEFAULT_TOKEN_TTL.as_millis() as u64)]
+    auth_token_ttl_ms: u64,
     #[command(flatten)]
     tls: ServeTlsArgs,
     /// gRPC listen address: client API and node-to-node Raft.
@@ -279,6 +291,30 @@ struct ServeTlsArgs {
     tls_require_client_cert: bool,
 }
 
+/// Who the `lock`/`status`/`member` clients log in as, on clusters with users
+/// (`--acl-file`/`--requirepass`).
+#[derive(Args)]
+struct ClientAuthArgs {
+    /// Log in as this user (default: `default` when a password is given).
+    #[arg(long, global = true)]
+    user: Option<String>,
+    /// The user's password; also read from FENCED_PASSWORD.
+    #[arg(long, env = "FENCED_PASSWORD", hide_env_values = true, global = true)]
+    password: Option<String>,
+}
+
+impl ClientAuthArgs {
+    fn credentials(&self) -> Option<fenced_client::Credentials> {
+        match (&self.user, &self.password) {
+            (None, None) => None,
+            (user, password) => Some(fenced_client::Credentials::new(
+                user.as_deref().unwrap_or("default"),
+                password.as_deref().unwrap_or(""),
+            )),
+        }
+    }
+}
+
 /// TLS for the `lock`/`status` clients.
 #[derive(Args)]
 struct ClientTlsArgs {
@@ -297,12 +333,13 @@ struct ClientTlsArgs {
 }
 
 impl ClientTlsArgs {
-    /// A client of `endpoints` with this TLS.
-    fn client(&self, endpoints: &[String]) -> anyhow::Result<Client> {
+    /// A client of `endpoints` with this TLS, logging in as `auth` says.
+    fn client(&self, endpoints: &[String], auth: &ClientAuthArgs) -> anyhow::Result<Client> {
         Ok(Client::connect_with(
             endpoints,
             ClientOptions {
                 tls: self.load()?,
+                credentials: auth.credentials(),
                 ..ClientOptions::default()
             },
         )?)
@@ -329,6 +366,8 @@ struct LockArgs {
     endpoints: Vec<String>,
     #[command(flatten)]
     tls: ClientTlsArgs,
+    #[command(flatten)]
+    auth: ClientAuthArgs,
     /// Session lease: how long the lock outlives this process if it stops renewing.
     #[arg(long, default_value_t = 10_000)]
     ttl_ms: u64,
@@ -346,6 +385,8 @@ struct StatusArgs {
     endpoints: Vec<String>,
     #[command(flatten)]
     tls: ClientTlsArgs,
+    #[command(flatten)]
+    auth: ClientAuthArgs,
 }
 
 /// mimalloc instead of glibc's malloc: under 64 clients, malloc/free were ~8 % of all CPU
@@ -443,10 +484,14 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.election_timeout = a.election_timeout_ms;
     // A bad ACL file stops the node before it starts anything.
     let pass = a.requirepass.as_deref();
-    cfg.resp_acl = Arc::new(match &a.acl_file {
+    cfg.acl = Arc::new(match &a.acl_file {
         None => Acl::new(pass),
         Some(path) => Acl::load(path, pass)?,
     });
+    if a.auth_token_ttl_ms == 0 {
+        bail!("--auth-token-ttl-ms must be at least 1");
+    }
+    cfg.auth_token_ttl = Duration::from_millis(a.auth_token_ttl_ms);
     if let (Some(cert), Some(key), Some(ca)) = (&a.tls.tls_cert, &a.tls.tls_key, &a.tls.tls_ca) {
         let mut tls = fenced_tls::ServerTls::load(cert, key, ca)?
             .require_client_cert(a.tls.tls_require_client_cert);
@@ -494,7 +539,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn leader(a: LeaderArgs) -> anyhow::Result<()> {
-    let client = a.tls.client(&a.endpoints)?;
+    let client = a.tls.client(&a.endpoints, &a.auth)?;
     match a.op {
         LeaderOp::StepDown => {
             let r = client.leader_step_down().await?;
@@ -514,8 +559,9 @@ async fn snapshot(op: SnapshotOp) -> anyhow::Result<()> {
             file,
             endpoints,
             tls,
+            auth,
         } => {
-            let client = tls.client(&endpoints)?;
+            let client = tls.client(&endpoints, &auth)?;
             let info = backup::save(&client, &file).await?;
             serde_json::to_string_pretty(&info)?
         }
@@ -630,7 +676,7 @@ async fn join_lookup(
 }
 
 async fn member(a: MemberArgs) -> anyhow::Result<()> {
-    let client = a.tls.client(&a.endpoints)?;
+    let client = a.tls.client(&a.endpoints, &a.auth)?;
     let tls = a.tls.tls_ca.is_some();
     let members = match a.op {
         MemberOp::List => leader_status(&client, tls).await?.members,
@@ -706,6 +752,7 @@ async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
         ClientOptions {
             session_ttl: Duration::from_millis(a.ttl_ms),
             tls: a.tls.load()?,
+            credentials: a.auth.credentials(),
             ..ClientOptions::default()
         },
     )?;
@@ -761,7 +808,7 @@ fn tls_hint(e: fenced_client::ClientError, tls: bool) -> anyhow::Error {
 }
 
 async fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let client = a.tls.client(&a.endpoints)?;
+    let client = a.tls.client(&a.endpoints, &a.auth)?;
     let s = leader_status(&client, a.tls.tls_ca.is_some()).await?;
     let leader_last = (s.state == "leader").then_some(s.last_log_index);
     let members = members_json(&s.members, leader_last);

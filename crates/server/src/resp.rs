@@ -31,7 +31,7 @@ pub async fn start(
     shutdown: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, StartError> {
     let mut config = fenced_resp::Config::new(cfg.resp_addr.clone());
-    config.acl = cfg.resp_acl.clone();
+    config.acl = cfg.acl.clone();
     if let Some(t) = &cfg.tls {
         config.tls = Some(
             t.resp_acceptor()

@@ -210,13 +210,18 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
                 .peer_check()
                 .map_err(|e| StartError::Config(format!("TLS: {e}")))?;
         }
+        let users = Arc::new(crate::users::Users::new(
+            cfg.acl.clone(),
+            cfg.auth_token_ttl,
+        ));
         let router = builder
             .add_service(raft_server(raft.clone(), gate.clone(), check.clone()))
             .add_service(crate::forward::server::forward_server(node.clone(), check))
-            .add_service(crate::api::lock_server(node.clone()))
-            .add_service(crate::api::session_server(node.clone()))
-            .add_service(crate::api::kv_server(node.clone()))
-            .add_service(crate::api::cluster_server(node.clone()))
+            .add_service(crate::api::lock_server(node.clone(), users.clone()))
+            .add_service(crate::api::session_server(node.clone(), users.clone()))
+            .add_service(crate::api::kv_server(node.clone(), users.clone()))
+            .add_service(crate::api::cluster_server(node.clone(), users.clone()))
+            .add_service(crate::api::auth_server(node.clone(), users))
             .add_service(health_service);
         let mut rx = shutdown_rx.clone();
         // Nagle off on every accepted connection: a reply written as HEADERS, DATA and

@@ -515,3 +515,110 @@ fn acl_command_replies() {
         Reply::err("ERR unknown subcommand 'FOO'. Try ACL HELP.")
     );
 }
+
+/// The users of issue 13's example: `alice` may take `lock:a*` (lock and string commands),
+/// `admin` may do anything.
+const PORTS_FILE: &str = "\
+user default off
+user alice on >alicepw ~lock:a* -@all +@fencing +@string +@connection
+user admin on >adminpw +@all ~*
+user ops on >opspw ~* -@all +@admin
+user notquite on >pw ~* +@all -acl
+";
+
+#[test]
+fn permit_is_one_check_for_lock_names_and_keys() {
+    let acl = parse(PORTS_FILE);
+    let alice = user(&acl, "alice");
+    // Lock names (the gRPC Lock calls ask for LOCK.*) and keys alike.
+    assert_eq!(alice.permit("LOCK.ACQUIRE", &[b"lock:a1"]), Ok(()));
+    assert_eq!(
+        alice.permit("lock.acquire", &[b"lock:a1", b"lock:a2"]),
+        Ok(())
+    );
+    assert_eq!(alice.permit("FENCE.SET", &[b"lock:a1"]), Ok(()));
+    assert_eq!(alice.permit("GET", &[b"lock:a"]), Ok(()));
+    let denied = alice.permit("LOCK.ACQUIRE", &[b"lock:a1", b"lock:b"]);
+    assert_eq!(
+        denied,
+        Err(Denied::Key {
+            user: "alice".into(),
+            command: "lock.acquire".into(),
+            key: "lock:b".into(),
+        })
+    );
+    let text = denied.err().map(|d| d.to_string()).unwrap_or_default();
+    assert!(
+        text.contains("alice") && text.contains("'lock:b'") && text.contains("lock.acquire"),
+        "{text}"
+    );
+    // The same refusal over RESP, with Redis's text.
+    assert_eq!(
+        alice.check(&argv("LOCK.ACQUIRE lock:b me 1000")),
+        Err(NOPERM_KEY.into())
+    );
+    assert_eq!(alice.check(&argv("LOCK.ACQUIRE lock:a9 me 1000")), Ok(()));
+    assert_eq!(
+        alice.check(&argv("LOCK.RELEASE lock:b me 7")),
+        Err(NOPERM_KEY.into())
+    );
+    // Commands outside the rules, whatever the keys.
+    assert_eq!(
+        alice.permit("HSET", &[b"lock:a1"]),
+        Err(Denied::Command {
+            user: "alice".into(),
+            command: "hset".into()
+        })
+    );
+    assert_eq!(
+        alice.check(&argv("HSET lock:a1 f v")),
+        Err("NOPERM User alice has no permissions to run the 'hset' command".into())
+    );
+    // No keys: only the command counts.
+    assert_eq!(alice.permit("LOCK.ACQUIRE", &[]), Ok(()));
+    // Whole-keyspace commands name no key but still need allkeys.
+    let d = alice.permit_argv(&argv("KEYS *"));
+    assert!(matches!(d, Err(Denied::Command { .. })), "{d:?}");
+    let u = user(&parse("user u on nopass ~a* +@all"), "u");
+    assert!(matches!(
+        u.permit_argv(&argv("SCAN 0")),
+        Err(Denied::Keyspace { .. })
+    ));
+    // Unrestricted users pass anything.
+    let admin = user(&acl, "admin");
+    assert_eq!(admin.permit("LOCK.ACQUIRE", &[b"anything"]), Ok(()));
+    assert_eq!(admin.permit("FLUSHALL", &[]), Ok(()));
+}
+
+#[test]
+fn administrators_are_users_with_every_admin_command() {
+    let acl = parse(PORTS_FILE);
+    for (name, admin) in [
+        ("admin", true),
+        ("ops", true),
+        ("alice", false),
+        ("notquite", false),
+        ("default", false),
+    ] {
+        let u = user(&acl, name);
+        assert_eq!(u.is_admin(), admin, "{name}");
+        assert_eq!(
+            u.require_admin("Cluster.MemberAdd").is_ok(),
+            admin,
+            "{name}"
+        );
+    }
+    let e = user(&acl, "alice")
+        .require_admin("Cluster.MemberRemove")
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        e.contains("alice") && e.contains("Cluster.MemberRemove") && e.contains("@admin"),
+        "{e}"
+    );
+    // Without a file, the default user is an unrestricted administrator (nothing changes
+    // for clusters without users).
+    assert!(user(&Acl::new(None), "default").is_admin());
+    assert!(user(&Acl::new(Some("pw")), "default").is_admin());
+}

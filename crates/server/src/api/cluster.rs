@@ -37,8 +37,9 @@ impl Cluster for Api {
 
     async fn leader_step_down(
         &self,
-        _req: Request<pb::LeaderStepDownRequest>,
+        req: Request<pb::LeaderStepDownRequest>,
     ) -> Reply<pb::LeaderStepDownResponse> {
+        self.users.require_admin(&req, "Cluster.LeaderStepDown")?;
         let h = self.node.step_down().await?;
         Ok(self.reply(pb::LeaderStepDownResponse {
             from: h.from,
@@ -49,14 +50,17 @@ impl Cluster for Api {
 
     async fn snapshot_save(
         &self,
-        _req: Request<pb::SnapshotSaveRequest>,
+        req: Request<pb::SnapshotSaveRequest>,
     ) -> Reply<Self::SnapshotSaveStream> {
+        self.users.require_admin(&req, "Cluster.SnapshotSave")?;
         let (meta, machine) = self.node.backup().await?;
         let rx = crate::backup::snapshot_stream(meta, machine);
         let stream: SnapshotStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
         Ok(self.reply(stream))
     }
 
+    /// Open to every caller, token or not (like etcd's `Status`): `--join`, health checks
+    /// and `fenced member list` read it; it shows no locks or keys.
     async fn status(&self, _req: Request<pb::StatusRequest>) -> Reply<pb::StatusResponse> {
         let m = self.node.raft().metrics().borrow().clone();
         let membership = m.membership_config.membership();
@@ -92,6 +96,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::MemberAddRequest>,
     ) -> Reply<pb::MembershipResponse> {
+        self.users.require_admin(&req, "Cluster.MemberAdd")?;
         let r = req.into_inner();
         let mut views = self.node.member_add(r.id, &r.addr).await?;
         if !r.learner {
@@ -107,6 +112,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::MemberPromoteRequest>,
     ) -> Reply<pb::MembershipResponse> {
+        self.users.require_admin(&req, "Cluster.MemberPromote")?;
         let views = self.node.member_promote(req.into_inner().id).await?;
         Ok(self.reply(pb::MembershipResponse {
             members: to_pb(views),
@@ -117,6 +123,7 @@ impl Cluster for Api {
         &self,
         req: Request<pb::MemberRemoveRequest>,
     ) -> Reply<pb::MembershipResponse> {
+        self.users.require_admin(&req, "Cluster.MemberRemove")?;
         let views = self.node.member_remove(req.into_inner().id).await?;
         Ok(self.reply(pb::MembershipResponse {
             members: to_pb(views),

@@ -12,6 +12,8 @@ use super::{request_id, unexpected, Api, Reply};
 #[tonic::async_trait]
 impl Kv for Api {
     async fn fenced_put(&self, req: Request<pb::FencedPutRequest>) -> Reply<pb::FencedPutResponse> {
+        self.users
+            .permit(&req, "FENCE.SET", &[req.get_ref().key.as_bytes()])?;
         let r = req.into_inner();
         let rid = request_id(r.request)?;
         let cmd = Command::FencedPut {
@@ -27,6 +29,8 @@ impl Kv for Api {
     }
 
     async fn get(&self, req: Request<pb::GetRequest>) -> Reply<pb::GetResponse> {
+        self.users
+            .permit(&req, "GET", &[req.get_ref().key.as_bytes()])?;
         let key = req.into_inner().key.into_bytes();
         // Expiry is judged at the leader's log time of the read, not at the last applied
         // entry's (which may be old on an idle cluster).

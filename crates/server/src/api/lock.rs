@@ -6,11 +6,14 @@ use tonic::{Request, Status};
 
 use fenced_proto::v1::lock_server::Lock;
 
-use super::{opt_session, request_id, unexpected, Api, Reply};
+use super::{lock_keys, opt_session, request_id, unexpected, Api, Reply};
 
 #[tonic::async_trait]
 impl Lock for Api {
     async fn acquire(&self, req: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
+        let m = req.get_ref();
+        self.users
+            .permit(&req, "LOCK.ACQUIRE", &lock_keys(&m.name, &m.names))?;
         let r = req.into_inner();
         let rid = request_id(r.request)?;
         let session = opt_session(r.session);
@@ -67,6 +70,9 @@ impl Lock for Api {
     }
 
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
+        let m = req.get_ref();
+        self.users
+            .permit(&req, "LOCK.RELEASE", &lock_keys(&m.name, &m.names))?;
         let r = req.into_inner();
         let rid = request_id(r.request)?;
         let cmd = if r.names.is_empty() {
@@ -94,6 +100,8 @@ impl Lock for Api {
     }
 
     async fn renew(&self, req: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
+        self.users
+            .permit(&req, "LOCK.RENEW", &[req.get_ref().name.as_bytes()])?;
         let r = req.into_inner();
         let rid = request_id(r.request)?;
         let cmd = Command::Renew {
@@ -114,6 +122,8 @@ impl Lock for Api {
     }
 
     async fn info(&self, req: Request<pb::InfoRequest>) -> Reply<pb::InfoResponse> {
+        self.users
+            .permit(&req, "LOCK.INFO", &[req.get_ref().name.as_bytes()])?;
         let name = req.into_inner().name;
         let read_time = self.node.read_barrier_time().await?;
         let (info, waiters, applied) = self
@@ -163,6 +173,11 @@ impl Lock for Api {
         &self,
         req: Request<pb::ForceUnlockRequest>,
     ) -> Reply<pb::ForceUnlockResponse> {
+        // An administrator's call, who may also release this lock (`LOCK.RELEASE` on it).
+        let admin = self.users.require_admin(&req, "Lock.ForceUnlock")?;
+        admin
+            .permit("LOCK.RELEASE", &[req.get_ref().name.as_bytes()])
+            .map_err(crate::users::denied)?;
         let r = req.into_inner();
         let rid = request_id(r.request)?;
         let released = match self

@@ -1,13 +1,20 @@
 //! The public gRPC API, `fenced.v1`: one file per service ([`lock`], [`session`], [`kv`],
-//! [`cluster`]), each a thin translation between protobuf messages and [`Node`] calls.
+//! [`cluster`], [`auth`]), each a thin translation between protobuf messages and [`Node`]
+//! calls. Every handler first asks [`Users`] whether its caller may do it:
+//! `self.users.permit(&req, "LOCK.ACQUIRE", &names)` for calls on locks and keys,
+//! `self.users.require_admin(&req, "Cluster.MemberAdd")` for administrative ones.
 
+mod auth;
 mod cluster;
 mod kv;
 mod lock;
 mod session;
 
 use fenced_core::{RequestId, Response};
+use std::sync::Arc;
+
 use fenced_proto::v1 as pb;
+use fenced_proto::v1::auth_server::AuthServer;
 use fenced_proto::v1::cluster_server::ClusterServer;
 use fenced_proto::v1::kv_server::KvServer;
 use fenced_proto::v1::lock_server::LockServer;
@@ -17,30 +24,46 @@ use tonic::Status;
 
 use crate::error::NodeError;
 use crate::node::Node;
+use crate::users::Users;
 
 /// Largest client API message (requests are small; this bounds a malicious one).
 const MAX_CLIENT_MESSAGE: usize = 1024 * 1024;
 
 pub(crate) type Reply<T> = Result<tonic::Response<T>, Status>;
 
-pub fn lock_server(node: Node) -> LockServer<Api> {
-    LockServer::new(Api { node }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
+pub fn lock_server(node: Node, users: Arc<Users>) -> LockServer<Api> {
+    LockServer::new(Api { node, users }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
 }
 
-pub fn session_server(node: Node) -> SessionServer<Api> {
-    SessionServer::new(Api { node }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
+pub fn session_server(node: Node, users: Arc<Users>) -> SessionServer<Api> {
+    SessionServer::new(Api { node, users }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
 }
 
-pub fn kv_server(node: Node) -> KvServer<Api> {
-    KvServer::new(Api { node }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
+pub fn kv_server(node: Node, users: Arc<Users>) -> KvServer<Api> {
+    KvServer::new(Api { node, users }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
 }
 
-pub fn cluster_server(node: Node) -> ClusterServer<Api> {
-    ClusterServer::new(Api { node })
+pub fn cluster_server(node: Node, users: Arc<Users>) -> ClusterServer<Api> {
+    ClusterServer::new(Api { node, users })
+}
+
+pub fn auth_server(node: Node, users: Arc<Users>) -> AuthServer<Api> {
+    AuthServer::new(Api { node, users }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
 }
 
 pub struct Api {
     node: Node,
+    /// Who calls, and what they may do ([`Users::permit`], [`Users::require_admin`]).
+    users: Arc<Users>,
+}
+
+/// A call's lock names as the keys of [`Users::permit`]: `names` if given, else `name`.
+fn lock_keys<'a>(name: &'a str, names: &'a [String]) -> Vec<&'a [u8]> {
+    if names.is_empty() {
+        vec![name.as_bytes()]
+    } else {
+        names.iter().map(|n| n.as_bytes()).collect()
+    }
 }
 
 /// The request id of a call; calls without one get a random one-off id, so that retries

@@ -1,4 +1,9 @@
 //! `fenced.v1.Session`: open, keep alive, close, and the watch stream of lock-loss events.
+//!
+//! Sessions belong to no user (the state machine does not record who opened one): every call
+//! needs permission to take locks (`LOCK.ACQUIRE`); closing a session releases its locks, so
+//! a key-restricted user may close only a session whose locks its patterns cover (etcd's rule
+//! for revoking a lease), and its watch stream leaves out events of other locks.
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -25,6 +30,7 @@ impl Session for Api {
     type WatchStream = WatchStream;
 
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Reply<Self::WatchStream> {
+        let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let session = req.into_inner().session;
         let node = self.node.clone();
         let mut released = node.hub().watch_released();
@@ -60,12 +66,16 @@ impl Session for Api {
                         session: Some(s),
                         token,
                         reason,
-                    }) if s == session => pb::SessionEvent {
-                        name,
-                        token,
-                        owner,
-                        reason: reason_name(reason).into(),
-                    },
+                    }) if s == session
+                        && user.permit("LOCK.ACQUIRE", &[name.as_bytes()]).is_ok() =>
+                    {
+                        pb::SessionEvent {
+                            name,
+                            token,
+                            owner,
+                            reason: reason_name(reason).into(),
+                        }
+                    }
                     Ok(_) => continue,
                     Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => pb::SessionEvent {
                         reason: "lagged".into(),
@@ -83,6 +93,7 @@ impl Session for Api {
     }
 
     async fn open(&self, req: Request<pb::OpenSessionRequest>) -> Reply<pb::OpenSessionResponse> {
+        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let r = req.into_inner();
         let rid = request_id(r.request)?;
         match self
@@ -99,6 +110,7 @@ impl Session for Api {
     }
 
     async fn keep_alive(&self, req: Request<pb::KeepAliveRequest>) -> Reply<pb::KeepAliveResponse> {
+        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let r = req.into_inner();
         let rid = request_id(r.request)?;
         match self
@@ -119,7 +131,19 @@ impl Session for Api {
         &self,
         req: Request<pb::CloseSessionRequest>,
     ) -> Reply<pb::CloseSessionResponse> {
+        let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let r = req.into_inner();
+        if !user.all_keys() {
+            // Its locks as of a linearizable read (one taken meanwhile is released too).
+            let locks = self
+                .node
+                .read(|sm| sm.session_info(r.session).map(|i| i.locks))
+                .await?
+                .unwrap_or_default();
+            let keys: Vec<&[u8]> = locks.iter().map(|l| l.as_bytes()).collect();
+            user.permit("LOCK.RELEASE", &keys)
+                .map_err(crate::users::denied)?;
+        }
         let rid = request_id(r.request)?;
         let closed = match self
             .node
