@@ -10,6 +10,9 @@ pub const MAX_TTL_MS: u64 = 24 * 60 * 60 * 1000;
 pub const MAX_WAIT_MS: u64 = 60 * 60 * 1000;
 /// Most queued waiters per lock.
 pub const MAX_WAITERS_PER_LOCK: usize = 10_000;
+/// Most queued waiters in the cluster (all locks together): a waiter costs memory on every
+/// node until its wait ends (at most [`MAX_WAIT_MS`]).
+pub const MAX_WAITERS: usize = 1_000_000;
 /// Most names in one atomic multi-lock.
 pub const MAX_MULTI_LOCK: usize = 64;
 /// Most permits of a semaphore.

@@ -697,6 +697,12 @@ impl StateMachine {
         let Some(request) = rid else {
             return Err(CoreError::WaitNeedsRequestId);
         };
+        if self.waiters.len() >= MAX_WAITERS {
+            return Err(CoreError::LimitReached {
+                what: "waiters".into(),
+                max: MAX_WAITERS,
+            });
+        }
         for name in &spec.names {
             if self.locks.get(name).map_or(0, |l| l.queue.len()) >= MAX_WAITERS_PER_LOCK {
                 return Err(CoreError::TooManyWaiters {

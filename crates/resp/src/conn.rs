@@ -90,6 +90,7 @@ fn backend_error(e: BackendError) -> Reply {
         BackendError::Unavailable(m) => Reply::err(format!("TRYAGAIN cluster unavailable: {m}")),
         BackendError::Unknown(m) => Reply::err(format!("TIMEOUT outcome unknown: {m}")),
         BackendError::Rejected(m) => Reply::err(format!("ERR {m}")),
+        BackendError::Busy(m) => Reply::err(format!("BUSY {m}")),
     }
 }
 

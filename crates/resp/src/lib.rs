@@ -36,6 +36,9 @@ pub enum BackendError {
     /// The state machine refused the request.
     #[error("{0}")]
     Rejected(String),
+    /// The node has too much work queued; nothing was done (`-BUSY`).
+    #[error("busy: {0}")]
+    Busy(String),
 }
 
 /// A lock as `LOCK.INFO` shows it.

@@ -10,8 +10,12 @@
 //! With `in_flight = 1` a batch never starts before the previous one finished, so a request
 //! is served by a round that began *after* it arrived — what a linearizable read needs from
 //! its read-index round (etcd's linearizable read loop).
+//!
+//! The queue is bounded (`max_queued`): past it a request is refused at once
+//! ([`Refused::Full`]) instead of waiting behind an ever longer queue with ever more memory.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -26,6 +30,18 @@ pub struct Limits {
     /// A batch is closed once its requests' sizes add up to this (a single larger request
     /// still goes alone).
     pub max_bytes: usize,
+    /// Most requests waiting for a batch (not counting those in running batches); more are
+    /// refused with [`Refused::Full`].
+    pub max_queued: usize,
+}
+
+/// Why a request got no output from its batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The batcher stopped, or the batch produced no output for it.
+    Gone,
+    /// `max_queued` requests were already waiting.
+    Full { queued: usize },
 }
 
 struct Item<I, O> {
@@ -38,12 +54,17 @@ struct Item<I, O> {
 /// the batching task ends when the last clone is dropped.
 pub struct Batcher<I, O> {
     tx: mpsc::UnboundedSender<Item<I, O>>,
+    /// Requests in the channel, not yet taken into a batch.
+    queued: Arc<AtomicUsize>,
+    max_queued: usize,
 }
 
 impl<I, O> Clone for Batcher<I, O> {
     fn clone(&self) -> Self {
         Batcher {
             tx: self.tx.clone(),
+            queued: self.queued.clone(),
+            max_queued: self.max_queued,
         }
     }
 }
@@ -59,6 +80,8 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     {
         let (tx, mut rx) = mpsc::unbounded_channel::<Item<I, O>>();
         let slots = Arc::new(Semaphore::new(limits.in_flight.max(1)));
+        let queued = Arc::new(AtomicUsize::new(0));
+        let taken = queued.clone();
         tokio::spawn(async move {
             loop {
                 // A slot first: requests arriving meanwhile queue up for this batch.
@@ -79,6 +102,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                         Err(_) => break,
                     }
                 }
+                taken.fetch_sub(items.len(), Ordering::Relaxed);
                 let (inputs, replies): (Vec<I>, Vec<oneshot::Sender<O>>) = items
                     .into_iter()
                     .map(|item| (item.input, item.reply))
@@ -93,39 +117,57 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                 });
             }
         });
-        Batcher { tx }
+        Batcher {
+            tx,
+            queued,
+            max_queued: limits.max_queued,
+        }
     }
 
     /// Queue `input` (of about `size` bytes) for the next batch, without waiting: requests
     /// queued one after another by one task keep their order within and across batches
-    /// (batches start in order).
-    pub fn submit(&self, input: I, size: usize) -> oneshot::Receiver<O> {
+    /// (batches start in order). Refused at once when `max_queued` requests wait already.
+    pub fn submit(&self, input: I, size: usize) -> Result<oneshot::Receiver<O>, Refused> {
+        let queued = self.queued.fetch_add(1, Ordering::Relaxed);
+        if queued >= self.max_queued {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(Refused::Full { queued });
+        }
         let (reply, rx) = oneshot::channel();
-        // A closed channel drops `reply`: the receiver then reports the batcher gone.
-        let _ = self.tx.send(Item { input, size, reply });
-        rx
+        if self.tx.send(Item { input, size, reply }).is_err() {
+            // The batching task is gone: the receiver reports it.
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(rx)
     }
 
-    /// [`Batcher::submit`] and wait for the output; `gone` if the batcher stopped or its
-    /// batch produced no output for this request.
-    pub async fn call(&self, input: I, size: usize, gone: impl FnOnce() -> O) -> O {
-        self.submit(input, size).await.unwrap_or_else(|_| gone())
+    /// [`Batcher::submit`] and wait for the output; `refused(why)` if the queue was full, the
+    /// batcher stopped, or its batch produced no output for this request.
+    pub async fn call(&self, input: I, size: usize, refused: impl FnOnce(Refused) -> O) -> O {
+        match self.submit(input, size) {
+            Ok(rx) => rx.await.unwrap_or_else(|_| refused(Refused::Gone)),
+            Err(why) => refused(why),
+        }
     }
 
     /// [`Batcher::call`] for several `(input, size)`: all are queued, in order, before any
-    /// is waited for, so they keep their order and share batches. One output each.
+    /// is waited for, so they keep their order and share batches. One output each (those past
+    /// a full queue are refused; the ones before it still run).
     pub async fn call_all(
         &self,
         inputs: impl IntoIterator<Item = (I, usize)>,
-        gone: impl Fn() -> O,
+        refused: impl Fn(Refused) -> O,
     ) -> Vec<O> {
         let pending: Vec<_> = inputs
             .into_iter()
             .map(|(input, size)| self.submit(input, size))
             .collect();
         let mut out = Vec::with_capacity(pending.len());
-        for rx in pending {
-            out.push(rx.await.unwrap_or_else(|_| gone()));
+        for p in pending {
+            out.push(match p {
+                Ok(rx) => rx.await.unwrap_or_else(|_| refused(Refused::Gone)),
+                Err(why) => refused(why),
+            });
         }
         out
     }
@@ -141,6 +183,7 @@ mod tests {
         in_flight: 1,
         max_items: 100,
         max_bytes: 1 << 20,
+        max_queued: 1_000,
     };
 
     #[tokio::test]
@@ -154,9 +197,9 @@ mod tests {
                 batch.into_iter().map(|x| x * 2).collect::<Vec<_>>()
             }
         });
-        let first = b.submit(1, 1);
+        let first = b.submit(1, 1).unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
-        let rest: Vec<_> = (2..=10).map(|i| b.submit(i, 1)).collect();
+        let rest: Vec<_> = (2..=10).map(|i| b.submit(i, 1).unwrap()).collect();
         assert_eq!(first.await.unwrap(), 2);
         for (i, rx) in (2..=10).zip(rest) {
             assert_eq!(rx.await.unwrap(), i * 2, "each caller gets its own output");
@@ -172,6 +215,7 @@ mod tests {
             in_flight: 1,
             max_items: 4,
             max_bytes: 10,
+            max_queued: 1_000,
         };
         let b = Batcher::spawn(limits, move |batch: Vec<usize>| {
             seen.lock().unwrap().push(batch.clone());
@@ -180,11 +224,11 @@ mod tests {
                 batch
             }
         });
-        let block = b.submit(0, 1);
+        let block = b.submit(0, 1).unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
         let queued: Vec<_> = [1, 1, 1, 1, 1, 6, 6, 20, 1]
             .into_iter()
-            .map(|s| b.submit(s, s))
+            .map(|s| b.submit(s, s).unwrap())
             .collect();
         block.await.unwrap();
         for rx in queued {
@@ -200,6 +244,33 @@ mod tests {
     #[tokio::test]
     async fn missing_outputs_report_gone() {
         let b = Batcher::spawn(LIMITS, |_: Vec<u8>| async { Vec::<u8>::new() });
-        assert_eq!(b.call(1, 1, || 99).await, 99);
+        assert_eq!(b.call(1, 1, |_| 99).await, 99);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_at_once_and_frees_up_as_batches_start() {
+        let limits = Limits {
+            max_queued: 3,
+            ..LIMITS
+        };
+        let b = Batcher::spawn(limits, |batch: Vec<u32>| async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            batch
+        });
+        let running = b.submit(0, 1).expect("an idle batcher takes it");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let queued: Vec<_> = (1..=3).map(|i| b.submit(i, 1).expect("room")).collect();
+        assert_eq!(b.submit(4, 1).err(), Some(Refused::Full { queued: 3 }));
+        assert_eq!(
+            b.call(5, 1, |why| if why == Refused::Gone { 0 } else { 55 })
+                .await,
+            55
+        );
+        assert_eq!(running.await.unwrap(), 0);
+        for (i, rx) in (1..=3).zip(queued) {
+            assert_eq!(rx.await.unwrap(), i);
+        }
+        // The queue drained into a batch: room again.
+        assert_eq!(b.call(6, 1, |_| 0).await, 6);
     }
 }

@@ -26,6 +26,12 @@ impl std::str::FromStr for ClusterState {
     }
 }
 
+/// Default `--max-pending-requests`: at ~100 bytes a proposal, a few MB of queue, and under
+/// the benchmark's heaviest load (64 clients, pipelines) never reached.
+pub const DEFAULT_MAX_PENDING_REQUESTS: usize = 50_000;
+/// Default `--max-clients` (Redis's `maxclients`).
+pub const DEFAULT_MAX_CLIENTS: usize = 10_000;
+
 /// Default `--initial-cluster-token`.
 pub const DEFAULT_CLUSTER_TOKEN: &str = "fenced";
 /// Default `--heartbeat-ms`.
@@ -105,6 +111,11 @@ pub struct NodeConfig {
     pub force_new_cluster: bool,
     /// `--bump-revision`, for `--force-new-cluster`.
     pub bump_revision: u64,
+    /// `--max-pending-requests`: requests that may wait for a batch (proposals, forwarded
+    /// proposals, reads, each queue); more are refused with `RESOURCE_EXHAUSTED` / `-BUSY`.
+    pub max_pending_requests: usize,
+    /// `--max-clients`: connections at once per listener (RESP, gRPC).
+    pub max_clients: usize,
 }
 
 impl NodeConfig {
@@ -126,6 +137,8 @@ impl NodeConfig {
             join: None,
             force_new_cluster: false,
             bump_revision: crate::backup::DEFAULT_BUMP_REVISION,
+            max_pending_requests: DEFAULT_MAX_PENDING_REQUESTS,
+            max_clients: DEFAULT_MAX_CLIENTS,
             metrics_addr: None,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
         }

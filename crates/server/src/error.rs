@@ -25,6 +25,10 @@ pub enum NodeError {
     /// The Raft node stopped (storage failure or shutdown).
     #[error("node stopped: {0}")]
     Fatal(String),
+    /// Too much work waits on this node already (`--max-pending-requests`); nothing was done.
+    /// Appended last: forwarded answers carry this enum.
+    #[error("overloaded: {0}")]
+    Overloaded(String),
 }
 
 impl From<NodeError> for Status {
@@ -51,6 +55,7 @@ impl From<NodeError> for Status {
                 _ => Status::invalid_argument(msg),
             },
             NodeError::Fatal(_) => Status::internal(msg),
+            NodeError::Overloaded(_) => Status::resource_exhausted(msg),
         }
     }
 }

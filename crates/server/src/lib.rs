@@ -11,6 +11,7 @@ pub mod batch;
 pub mod clock;
 pub mod config;
 pub mod config_file;
+pub mod conn_limit;
 pub mod error;
 pub mod forward;
 pub mod hub;

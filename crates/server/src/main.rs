@@ -233,6 +233,15 @@ struct ServeArgs {
     join: Option<Vec<String>>,
     #[command(flatten)]
     join_tls: JoinTlsArgs,
+    /// Requests that may wait for a batch on this node, per queue (proposals, proposals
+    /// forwarded to the leader, linearizable reads). Past it a request is refused at once,
+    /// with RESOURCE_EXHAUSTED (gRPC) or -BUSY (RESP), and nothing is done.
+    #[arg(long, default_value_t = fenced_server::config::DEFAULT_MAX_PENDING_REQUESTS)]
+    max_pending_requests: usize,
+    /// Connections at once on each of the gRPC and RESP ports (Redis's maxclients); past it a
+    /// new connection is closed (RESP: after "-ERR max number of clients reached").
+    #[arg(long, default_value_t = fenced_server::config::DEFAULT_MAX_CLIENTS)]
+    max_clients: usize,
     /// Recovery after a lost quorum: make this member's data dir (all of its log, committed
     /// or not) a new cluster of this member alone, revision bumped by --bump-revision and
     /// every lock dropped; the old data dir is kept beside it. Other members never rejoin:
@@ -471,6 +480,11 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.metrics_addr = a.metrics_addr.clone();
     cfg.keep_logs = a.keep_logs;
     cfg.force_new_cluster = a.force_new_cluster;
+    if a.max_pending_requests == 0 || a.max_clients == 0 {
+        bail!("--max-pending-requests and --max-clients must be at least 1");
+    }
+    cfg.max_pending_requests = a.max_pending_requests;
+    cfg.max_clients = a.max_clients;
     cfg.bump_revision = a.bump_revision;
     if a.heartbeat_ms == 0 || a.heartbeat_ms * 2 >= a.election_timeout_ms.min_ms {
         bail!(

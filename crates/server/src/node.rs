@@ -5,6 +5,7 @@
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+use crate::NodeConfig;
 use fenced_core::{Batch, Command, Event, Request, RequestId, Response, StateMachine};
 use fenced_network::PeerGate;
 use fenced_proto::raft::PeerIdentity;
@@ -13,9 +14,8 @@ use fenced_storage::SharedState;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use openraft::ServerState;
 use tokio::sync::watch;
-use tonic::transport::ClientTlsConfig;
 
-use crate::batch::{Batcher, Limits};
+use crate::batch::{Batcher, Limits, Refused};
 use crate::clock::LeaderClock;
 use crate::error::NodeError;
 use crate::forward::client::Forwarder;
@@ -40,6 +40,8 @@ pub const PROPOSE_LIMITS: Limits = Limits {
     in_flight: 1,
     max_items: 1024,
     max_bytes: 1024 * 1024,
+    // Set from `--max-pending-requests`.
+    max_queued: usize::MAX,
 };
 /// Read-index rounds: one at a time, so every read waits for a round that starts after it
 /// arrived; all reads that arrive during a round share the next.
@@ -47,6 +49,8 @@ const READ_LIMITS: Limits = Limits {
     in_flight: 1,
     max_items: usize::MAX,
     max_bytes: usize::MAX,
+    // Set from `--max-pending-requests`.
+    max_queued: usize::MAX,
 };
 
 /// A running node. Cheap to clone.
@@ -78,26 +82,35 @@ struct Inner {
 impl Node {
     /// A node over a started Raft: its proposal batcher, forwarders and read rounds.
     pub(crate) fn new(
-        id: NodeId,
+        cfg: &NodeConfig,
         raft: Raft,
         state: SharedState,
         hub: Hub,
         gate: PeerGate,
-        peer_tls: Option<ClientTlsConfig>,
         metrics: Arc<Metrics>,
     ) -> Node {
+        let peer_tls = cfg.tls.as_ref().map(|t| t.peer_client());
+        let bounded = |limits: Limits| Limits {
+            max_queued: cfg.max_pending_requests.max(1),
+            ..limits
+        };
         Node {
             inner: Arc::new_cyclic(|me: &Weak<Inner>| Inner {
-                id,
+                id: cfg.id,
                 state,
                 hub,
                 clock: LeaderClock::new(),
                 handing_off: std::sync::atomic::AtomicBool::new(false),
-                forwarder: Forwarder::new(raft.clone(), gate.clone(), peer_tls),
+                forwarder: Forwarder::new(
+                    raft.clone(),
+                    gate.clone(),
+                    peer_tls,
+                    cfg.max_pending_requests.max(1),
+                ),
                 metrics,
                 raft,
                 gate,
-                proposer: Batcher::spawn(PROPOSE_LIMITS, {
+                proposer: Batcher::spawn(bounded(PROPOSE_LIMITS), {
                     let me = me.clone();
                     move |batch: Vec<Proposal>| {
                         let node = Node::upgrade(&me);
@@ -109,7 +122,7 @@ impl Node {
                         }
                     }
                 }),
-                reader: Batcher::spawn(READ_LIMITS, {
+                reader: Batcher::spawn(bounded(READ_LIMITS), {
                     let me = me.clone();
                     move |batch: Vec<()>| {
                         let node = Node::upgrade(&me);
@@ -301,8 +314,8 @@ impl Node {
         });
         self.inner
             .proposer
-            .call_all(sized, || {
-                Err(NodeError::Unknown("the proposal batcher stopped".into()))
+            .call_all(sized, |why| {
+                Err(refused(why, "the proposal batcher stopped"))
             })
             .await
     }
@@ -463,9 +476,7 @@ impl Node {
     pub async fn shared_read_round(&self) -> Result<(u64, u64), NodeError> {
         self.inner
             .reader
-            .call((), 0, || {
-                Err(NodeError::Unknown("the read batcher stopped".into()))
-            })
+            .call((), 0, |why| Err(refused(why, "the read batcher stopped")))
             .await
     }
 
@@ -596,6 +607,17 @@ impl Node {
 /// that an earlier attempt may have taken effect: once it is set, giving up on "not the
 /// leader" must still say "outcome unknown" — "not the leader" alone tells clients (RESP
 /// `-TRYAGAIN`) that nothing was applied.
+/// The error of a request its batcher did not run.
+pub(crate) fn refused(why: Refused, stopped: &str) -> NodeError {
+    match why {
+        Refused::Gone => NodeError::Unknown(stopped.into()),
+        Refused::Full { queued } => NodeError::Overloaded(format!(
+            "{queued} requests already wait on this node (--max-pending-requests); retry \
+             later or on another node"
+        )),
+    }
+}
+
 fn settle(
     attempt: Result<Response, NodeError>,
     unknown: &mut Option<String>,
@@ -611,6 +633,11 @@ fn settle(
         Err(NodeError::NotLeader { leader }) => Some(Err(match unknown.take() {
             Some(m) => NodeError::Unknown(m),
             None => NodeError::NotLeader { leader },
+        })),
+        // Refused now, but an earlier attempt may have been applied.
+        Err(NodeError::Overloaded(m)) => Some(Err(match unknown.take() {
+            Some(u) => NodeError::Unknown(u),
+            None => NodeError::Overloaded(m),
         })),
         other => Some(other),
     }

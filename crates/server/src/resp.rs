@@ -32,6 +32,7 @@ pub async fn start(
 ) -> Result<JoinHandle<()>, StartError> {
     let mut config = fenced_resp::Config::new(cfg.resp_addr.clone());
     config.acl = cfg.acl.clone();
+    config.max_connections = cfg.max_clients.max(1);
     if let Some(t) = &cfg.tls {
         config.tls = Some(
             t.resp_acceptor()
@@ -59,6 +60,7 @@ fn backend_error(e: NodeError) -> BackendError {
         NodeError::Fatal(m) => BackendError::Unavailable(m),
         NodeError::Invalid(m) => BackendError::Rejected(m),
         NodeError::Rejected(c) => BackendError::Rejected(c.to_string()),
+        NodeError::Overloaded(m) => BackendError::Busy(m),
     }
 }
 

@@ -166,15 +166,7 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
             source,
         })?;
 
-    let node = Node::new(
-        cfg.id,
-        raft.clone(),
-        state,
-        hub,
-        gate.clone(),
-        cfg.tls.as_ref().map(|t| t.peer_client()),
-        metrics,
-    );
+    let node = Node::new(&cfg, raft.clone(), state, hub, gate.clone(), metrics);
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -226,14 +218,18 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
         let mut rx = shutdown_rx.clone();
         // Nagle off on every accepted connection: a reply written as HEADERS, DATA and
         // trailers must not wait for the peer's delayed ACK (a 40 ms stall per call).
-        let incoming = tokio_stream::StreamExt::map(
+        // Past --max-clients open connections, a new one is closed at once.
+        let limit = Arc::new(tokio::sync::Semaphore::new(cfg.max_clients.max(1)));
+        let incoming = tokio_stream::StreamExt::filter_map(
             tokio_stream::wrappers::TcpListenerStream::new(listener),
-            |conn| {
-                conn.inspect(|socket| {
+            move |conn| match conn {
+                Ok(socket) => {
                     if let Err(e) = socket.set_nodelay(true) {
                         tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
                     }
-                })
+                    crate::conn_limit::admit(&limit, socket).map(Ok)
+                }
+                Err(e) => Some(Err(e)),
             },
         );
         tasks.push(tokio::spawn(async move {

@@ -27,6 +27,8 @@ const FORWARD_LIMITS: Limits = Limits {
     in_flight: 2,
     max_items: 1024,
     max_bytes: 1024 * 1024,
+    // Set from `--max-pending-requests`.
+    max_queued: usize::MAX,
 };
 
 /// A node's calls to the leader.
@@ -42,6 +44,8 @@ pub(crate) struct Forwarder {
     batchers: Mutex<HashMap<String, Batcher<Proposal, Proposed>>>,
     /// The largest log time a leader reported with a forwarded answer ([`LOG_TIME_HEADER`]).
     leader_log_time: AtomicU64,
+    /// `--max-pending-requests`: the bound of each batcher's queue.
+    max_queued: usize,
     me: Weak<Forwarder>,
 }
 
@@ -50,6 +54,7 @@ impl Forwarder {
         raft: Raft,
         gate: PeerGate,
         peer_tls: Option<ClientTlsConfig>,
+        max_queued: usize,
     ) -> Arc<Forwarder> {
         Arc::new_cyclic(|me| Forwarder {
             raft,
@@ -58,6 +63,7 @@ impl Forwarder {
             peers: Mutex::new(HashMap::new()),
             batchers: Mutex::new(HashMap::new()),
             leader_log_time: AtomicU64::new(0),
+            max_queued,
             me: me.clone(),
         })
     }
@@ -92,7 +98,9 @@ impl Forwarder {
             (p, size)
         });
         self.batcher(addr)
-            .call_all(sized, || Err(batcher_stopped()))
+            .call_all(sized, |why| {
+                Err(crate::node::refused(why, "the forwarding batcher stopped"))
+            })
             .await
     }
 
@@ -160,7 +168,11 @@ impl Forwarder {
         }
         let me = self.me.clone();
         let to = addr.to_owned();
-        let b = Batcher::spawn(FORWARD_LIMITS, move |batch: Vec<Proposal>| {
+        let limits = Limits {
+            max_queued: self.max_queued,
+            ..FORWARD_LIMITS
+        };
+        let b = Batcher::spawn(limits, move |batch: Vec<Proposal>| {
             let me = me.upgrade();
             let to = to.clone();
             async move {
