@@ -92,6 +92,7 @@ fn fault_color(kind: &str) -> &'static str {
         "pause" => "#8ecae6",
         "clock" => "#cdb4db",
         "restart-empty" => "#ef476f",
+        "membership" => "#90be6d",
         _ => "#ffd166",
     }
 }

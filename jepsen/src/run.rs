@@ -325,6 +325,8 @@ fn apply(
                 write_clock(&l.clock_dir, t, if start { *offset_ms } else { 0 })?;
             }
         }
+        // Not carried out yet: the runtime part follows.
+        Fault::Membership { .. } => {}
     }
     Ok(())
 }
