@@ -86,7 +86,8 @@ struct TestArgs {
     /// lock | counter | counter-unfenced | register
     #[arg(long, default_value = "lock")]
     workload: String,
-    /// Comma-separated: partition,kill,pause,clock,restart-empty,restart-delayed (or none).
+    /// Comma-separated: partition,kill,pause,clock,restart-empty,restart-delayed,membership
+    /// (membership: fenced systems only), or none.
     #[arg(long, default_value = "none")]
     nemesis: String,
     #[arg(long, default_value_t = 60)]
