@@ -537,7 +537,8 @@ mod tests {
                                 // During the change: n + 1 voters, at most the dead one down.
                                 let during = voters.len() + 1;
                                 let down = usize::from(*dead);
-                                assert!(during - down >= during / 2 + 1, "seed {seed}");
+                                let quorum = during / 2 + 1;
+                                assert!(during - down >= quorum, "seed {seed}");
                                 voters.retain(|v| v != remove);
                                 voters.push(join.clone());
                                 assert_eq!(voters.len(), n, "seed {seed}: always {n} voters");
