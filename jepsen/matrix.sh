@@ -11,7 +11,8 @@
 #     NEMESES="partition kill pause clock" OUT=/tmp/fj-resp bash jepsen/matrix.sh
 # BIN_DIR: take fenced and fenced-fence-check from there instead of this tree's target/debug
 # (e.g. a build of a clean checkout while the tree is being edited). SEED: the first seed
-# (default 1).
+# (default 1). PREFIX: the namespaces' prefix, lane L uses PREFIX$L (default fjm): give
+# matrices that run at the same time on one machine different prefixes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-jepsen/store/matrix}
@@ -19,6 +20,7 @@ LANES=${LANES:-2}
 RUNS=${RUNS:-5}
 TIME=${TIME:-30}
 SEED=${SEED:-1}
+PREFIX=${PREFIX:-fjm}
 if [ -n "${BIN_DIR:-}" ]; then
     cargo build -q -p fenced-jepsen
 else
@@ -30,7 +32,7 @@ mkdir -p "$OUT/bin"
 cp "$BIN_DIR/fenced" "$BIN_DIR/fenced-fence-check" target/debug/fenced-jepsen "$OUT/bin/"
 BIN=$OUT/bin/fenced-jepsen
 cleanup() {
-    for l in $(seq 0 $((LANES - 1))); do "$BIN" cleanup --prefix "fjm$l" >/dev/null 2>&1 || true; done
+    for l in $(seq 0 $((LANES - 1))); do "$BIN" cleanup --prefix "$PREFIX$l" >/dev/null 2>&1 || true; done
 }
 trap cleanup EXIT
 
@@ -57,6 +59,10 @@ jobs_list() {
         for n in none partition kill pause clock restart-empty restart-delayed; do echo "$s counter $n"; done
     done
     for n in partition kill pause clock; do echo "fenced register $n"; done
+    # Membership changes (a voter replaced by a new node, again and again; fenced only).
+    for w in lock register counter; do echo "fenced $w membership"; done
+    for s in fenced-resp fenced-setnx; do echo "$s lock membership"; done
+    echo "fenced lock membership,kill"
     for n in pause restart-empty; do echo "redis register $n"; done
 }
 
@@ -68,7 +74,7 @@ lane() { # lane number
         local dir="$OUT/$sys-$wl-$nem"
         [ -f "$dir/summary.json" ] && continue
         "$BIN" test --system "$sys" --workload "$wl" --nemesis "$nem" --time-limit "$TIME" \
-            --seed "$SEED" --runs "$RUNS" --prefix "fjm$1" --bin-dir "$OUT/bin" --out "$dir" \
+            --seed "$SEED" --runs "$RUNS" --prefix "$PREFIX$1" --bin-dir "$OUT/bin" --out "$dir" \
             >"$dir.log" 2>&1 || true
         echo "done $sys $wl $nem: $(tr -d '\n ' <"$dir/summary.json" 2>/dev/null | head -c 300)"
     done

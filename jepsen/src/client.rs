@@ -55,6 +55,48 @@ pub struct ClientSpec {
     pub hold_ms: u64,
     pub op_timeout_ms: u64,
     pub seed: u64,
+    /// Membership nemesis: the nodes that serve now, as indices into `lock_endpoints` and
+    /// `resp_endpoints` (which then list every node of the run), rewritten by the harness as
+    /// members come and go. Read at every (re)connect; `None`: every endpoint serves.
+    #[serde(default)]
+    pub members_file: Option<PathBuf>,
+}
+
+impl ClientSpec {
+    /// Indices of the endpoints that serve now (see `members_file`). Every endpoint when there
+    /// is no file, or it cannot be read or lists none.
+    pub fn serving(&self) -> Vec<usize> {
+        let n = self.lock_endpoints.len().max(self.resp_endpoints.len());
+        let all = || (0..n).collect();
+        let Some(p) = &self.members_file else {
+            return all();
+        };
+        let Ok(text) = std::fs::read_to_string(p) else {
+            return all();
+        };
+        let v: Vec<usize> = text
+            .split_whitespace()
+            .filter_map(|w| w.parse().ok())
+            .filter(|i| *i < n)
+            .collect();
+        if v.is_empty() {
+            all()
+        } else {
+            v
+        }
+    }
+
+    /// The serving endpoints of `list` (`lock_endpoints` or `resp_endpoints`), starting at
+    /// position `start` (modulo their number) and wrapping around.
+    pub fn endpoints_from(&self, list: &[String], start: usize) -> Vec<String> {
+        let s: Vec<&String> = self
+            .serving()
+            .into_iter()
+            .filter_map(|i| list.get(i))
+            .collect();
+        let n = s.len().max(1);
+        (0..s.len()).map(|k| s[(start + k) % n].clone()).collect()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -179,21 +221,26 @@ fn system_of(spec: &ClientSpec) -> Result<System, ClientError> {
         .ok_or_else(|| ClientError::Other(format!("unknown system {}", spec.system)))
 }
 
-/// The lock client. `node`: which of `spec.lock_endpoints` a RESP client connects to (taken
-/// modulo their number); the gRPC client gets them all and finds the leader itself.
+/// The lock client. `node`: which of the serving `spec.lock_endpoints` a RESP client connects
+/// to (taken modulo their number); the gRPC client gets them all and finds the leader itself
+/// (with a members file, starting its list at that node: a client whose first endpoint is
+/// gone for good must not start every fresh connection there).
 fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, ClientError> {
     let retry = RetryPolicy {
         delay: Duration::from_millis(20),
         jitter: Duration::from_millis(20),
     };
     let op_timeout = Duration::from_millis(spec.op_timeout_ms);
+    let serving = spec.endpoints_from(&spec.lock_endpoints, node);
     let node_addr = || {
-        let n = spec.lock_endpoints.len().max(1);
-        spec.lock_endpoints
-            .get(node % n)
+        serving
+            .first()
             .ok_or_else(|| ClientError::Other("no lock endpoints".into()))
     };
     Ok(match system_of(spec)? {
+        System::Fenced if spec.members_file.is_some() => {
+            Box::new(fenced_backends::FencedGrpc::connect(&serving)?)
+        }
         System::Fenced => Box::new(fenced_backends::FencedGrpc::connect(&spec.lock_endpoints)?),
         System::FencedResp => Box::new(fenced_backends::FencedResp::new(node_addr()?, op_timeout)?),
         System::FencedSetnx => Box::new(RedisLock::fenced_setnx(
@@ -349,11 +396,10 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
         match spec.workload.as_str() {
             "register" => {
                 if resp.is_none() {
-                    let n = spec.resp_endpoints.len().max(1);
-                    let i = (spec.index as usize + incarnation as usize) % n;
-                    let addr = spec
-                        .resp_endpoints
-                        .get(i)
+                    let i = spec.index as usize + incarnation as usize;
+                    let eps = spec.endpoints_from(&spec.resp_endpoints, i);
+                    let addr = eps
+                        .first()
                         .ok_or_else(|| ClientError::Other("no RESP endpoints".into()))?;
                     resp = Some((
                         i,
@@ -371,12 +417,11 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
                     // RESP clients: a fresh process id starts on the next node.
                     let node = spec.index as usize + incarnation as usize;
                     if system.is_fenced_resp() {
-                        let n = spec.lock_endpoints.len().max(1);
                         eprintln!(
                             "process {}: {system} client on {}",
                             rec.process,
-                            spec.lock_endpoints
-                                .get(node % n)
+                            spec.endpoints_from(&spec.lock_endpoints, node)
+                                .first()
                                 .map_or("?", |s| s.as_str())
                         );
                     }
@@ -730,6 +775,51 @@ mod tests {
             Err(Res::Fail(_)) => "fail",
             Err(Res::Info(_)) => "info",
         }
+    }
+
+    #[test]
+    fn clients_pick_from_the_published_members() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let eps: Vec<String> = (1..=5).map(|i| format!("n{i}:7380")).collect();
+        let mut spec = ClientSpec {
+            system: "fenced".into(),
+            workload: "lock".into(),
+            index: 0,
+            stride: 5,
+            run_start: 0,
+            deadline: 0,
+            history: dir.path().join("h.jsonl"),
+            lock_endpoints: eps.clone(),
+            resp_endpoints: eps.clone(),
+            guard: String::new(),
+            ttl_ms: 1,
+            wait_ms: 1,
+            hold_ms: 1,
+            op_timeout_ms: 1,
+            seed: 1,
+            members_file: None,
+        };
+        // No file: every endpoint, rotated to the client's start, as before the file existed.
+        assert_eq!(spec.endpoints_from(&eps, 6)[0], "n2:7380");
+        assert_eq!(spec.serving(), [0, 1, 2, 3, 4]);
+        let f = dir.path().join("members");
+        spec.members_file = Some(f.clone());
+        assert_eq!(
+            spec.serving().len(),
+            5,
+            "an unreadable file means every endpoint"
+        );
+        std::fs::write(&f, "1 3 4\n").expect("write");
+        assert_eq!(
+            spec.endpoints_from(&eps, 1),
+            ["n4:7380", "n5:7380", "n2:7380"]
+        );
+        std::fs::write(&f, "9 x\n").expect("write");
+        assert_eq!(
+            spec.serving().len(),
+            5,
+            "nothing usable listed: every endpoint"
+        );
     }
 
     #[test]

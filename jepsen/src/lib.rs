@@ -8,6 +8,7 @@ pub mod client;
 pub mod env;
 pub mod failover;
 pub mod history;
+pub mod membership;
 pub mod nemesis;
 pub mod proxy;
 pub mod report;

@@ -86,7 +86,8 @@ struct TestArgs {
     /// lock | counter | counter-unfenced | register
     #[arg(long, default_value = "lock")]
     workload: String,
-    /// Comma-separated: partition,kill,pause,clock,restart-empty,restart-delayed (or none).
+    /// Comma-separated: partition,kill,pause,clock,restart-empty,restart-delayed,membership
+    /// (membership: fenced systems only), or none.
     #[arg(long, default_value = "none")]
     nemesis: String,
     #[arg(long, default_value_t = 60)]
@@ -260,7 +261,11 @@ fn summarize(runs: &[run::RunSummary]) -> serde_json::Value {
     let mut totals = serde_json::Map::new();
     let mut invalid = 0;
     let mut avail = vec![];
+    let mut changes = 0;
     for s in runs {
+        changes += s.results["meta"]["membership_changes"]
+            .as_u64()
+            .unwrap_or(0);
         if s.results["valid"].as_bool() == Some(false) {
             invalid += 1;
         }
@@ -290,6 +295,7 @@ fn summarize(runs: &[run::RunSummary]) -> serde_json::Value {
         "invalid_runs": invalid,
         "anomalies": totals,
         "mean_ok_fraction": mean,
+        "membership_changes": changes,
         "outs": runs.iter().map(|s| s.out.display().to_string()).collect::<Vec<_>>(),
     })
 }
@@ -303,7 +309,11 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
     folders.sort();
     let order = |s: &str| System::parse(s).map_or(System::ALL.len(), System::order);
     let mut rows = vec![];
+    let mut member_rows = vec![];
     for f in folders {
+        // Membership nemesis: changes completed, of them with the leader or a dead node
+        // removed, and changes that failed.
+        let mut ch = [0u64; 4];
         let mut runs = 0;
         let mut errors = 0;
         let mut invalid = 0;
@@ -342,6 +352,15 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
                 }
             }
             meta = r["meta"].clone();
+            for c in meta["membership"].as_array().into_iter().flatten() {
+                if c["completed"] == true {
+                    ch[0] += 1;
+                    ch[1] += u64::from(c["removed_leader"] == true);
+                    ch[2] += u64::from(c["dead"] == true);
+                } else {
+                    ch[3] += 1;
+                }
+            }
         }
         if runs == 0 {
             continue;
@@ -371,6 +390,12 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
             system = format!("{system} ({} nodes)", meta["nodes"]);
         }
         let workload = meta["workload"].as_str().unwrap_or("?").to_owned();
+        if meta["membership"].is_array() {
+            member_rows.push(format!(
+                "| {system} | {workload} | {nem} | {runs} | {} | {} | {} | {} |\n",
+                ch[0], ch[1], ch[2], ch[3]
+            ));
+        }
         rows.push((
             order(system.split(' ').next().unwrap_or("")),
             workload.clone(),
@@ -395,6 +420,15 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
     );
     for r in rows {
         out.push_str(&r.2);
+    }
+    if !member_rows.is_empty() {
+        out.push_str(
+            "\n| system | workload | nemesis | runs | membership changes | of them removing the \
+             leader | replacing a dead node | changes that failed |\n|---|---|---|---|---|---|---|---|\n",
+        );
+        for r in member_rows {
+            out.push_str(&r);
+        }
     }
     Ok(out)
 }

@@ -2,6 +2,11 @@
 //! starts, so the same `--seed` (with the same system, node/client counts, nemeses and time
 //! limit) gives the same schedule. One fault is active at a time; between faults the system
 //! gets a quiet period to recover.
+//!
+//! `membership` (fenced clusters only) replaces one voter by a new node: the generator keeps
+//! track of the members, so a new node always gets the next id (`n4`, `n5`, … — never one
+//! used before), the node removed is one of the current voters, and every later fault that
+//! names nodes (kill, pause, partition, clock) draws them from the members of that moment.
 
 use std::collections::BTreeMap;
 
@@ -20,7 +25,12 @@ pub const KINDS: &[&str] = &[
     "clock",
     "restart-empty",
     "restart-delayed",
+    "membership",
 ];
+
+/// At most this many new members per run (ids `nodes + 1 ..= nodes + MAX_JOINERS`): every
+/// name a schedule can use gets a host before the run starts.
+pub const MAX_JOINERS: usize = 20;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "fault", rename_all = "kebab-case")]
@@ -42,6 +52,17 @@ pub enum Fault {
     /// SIGKILL now; restart with empty data at the end (`delayed`: the end is at least one
     /// lock TTL later — Redlock's "delayed restart" mitigation).
     RestartEmpty { targets: Vec<String>, delayed: bool },
+    /// Replace voter `remove` by a new member `join` (member id `id`, never used before):
+    /// at the start, add `join` as a learner, start it with an empty data dir and `--join`,
+    /// promote it once it has caught up (the cluster has 4 voters until the end); at the end,
+    /// remove `remove` and stop it for good. `dead`: `remove` is SIGKILLed first (its disk
+    /// died) and stays down — the replace-a-dead-node procedure of docs/operations.md.
+    Membership {
+        join: String,
+        id: u64,
+        remove: String,
+        dead: bool,
+    },
 }
 
 impl Fault {
@@ -53,6 +74,7 @@ impl Fault {
             Fault::Clock { .. } => "clock",
             Fault::RestartEmpty { delayed: false, .. } => "restart-empty",
             Fault::RestartEmpty { delayed: true, .. } => "restart-delayed",
+            Fault::Membership { .. } => "membership",
         }
     }
 
@@ -78,6 +100,12 @@ impl Fault {
                     "restart-empty"
                 },
                 targets.join(",")
+            ),
+            Fault::Membership {
+                join, remove, dead, ..
+            } => format!(
+                "replace {}{remove} by {join}",
+                if *dead { "dead " } else { "" }
             ),
         }
     }
@@ -108,11 +136,14 @@ pub struct Topology {
 pub enum NemesisError {
     #[error("unknown nemesis {0:?} (known: {known})", known = KINDS.join(", "))]
     Unknown(String),
+    #[error("the {nemesis} nemesis needs a fenced cluster (fenced, fenced-resp, fenced-setnx), not {system}")]
+    NotApplicable { nemesis: String, system: System },
 }
 
-/// Parse `--nemesis a,b,c` (`none` or empty: no faults). Every nemesis applies to every
-/// system: a fenced node restarted with an empty data dir retires itself (see run.rs).
-pub fn parse(list: &str, _system: System) -> Result<Vec<String>, NemesisError> {
+/// Parse `--nemesis a,b,c` (`none` or empty: no faults). Every nemesis but `membership`
+/// applies to every system: a fenced node restarted with an empty data dir retires itself
+/// (see run.rs); Redis and Redlock have no members to change.
+pub fn parse(list: &str, system: System) -> Result<Vec<String>, NemesisError> {
     let mut out = Vec::new();
     for k in list.split(',').map(str::trim).filter(|k| !k.is_empty()) {
         if k == "none" {
@@ -120,6 +151,12 @@ pub fn parse(list: &str, _system: System) -> Result<Vec<String>, NemesisError> {
         }
         if !KINDS.contains(&k) {
             return Err(NemesisError::Unknown(k.to_owned()));
+        }
+        if k == "membership" && !system.is_fenced_cluster() {
+            return Err(NemesisError::NotApplicable {
+                nemesis: k.to_owned(),
+                system,
+            });
         }
         if !out.iter().any(|o| o == k) {
             out.push(k.to_owned());
@@ -258,8 +295,13 @@ pub fn generate(seed: u64, kinds: &[String], t: &Topology, limit_ms: u64) -> Vec
     let mut at = 3_000u64;
     // Leave the last seconds quiet so the system recovers before the run ends.
     let last = limit_ms.saturating_sub(3_000);
+    // The members as the schedule changes them (`membership`); every other fault draws its
+    // nodes from here. Without `membership` it stays `t`, and so do the draws.
+    let mut cur = t.clone();
+    let mut next_id = t.nodes.len() as u64 + 1;
     for _ in 0..10_000 {
         let kind = kinds[rng.gen_range(0..kinds.len())].as_str();
+        let t = &cur;
         let (fault, dur) = match kind {
             "partition" => (partition(&mut rng, t), rng.gen_range(3_000..=8_000)),
             "kill" => (
@@ -289,6 +331,23 @@ pub fn generate(seed: u64, kinds: &[String], t: &Topology, limit_ms: u64) -> Vec
                     rng.gen_range(3_000..=8_000),
                 )
             }
+            "membership" => {
+                if next_id > (cur.nodes.len() + MAX_JOINERS) as u64 || t.nodes.is_empty() {
+                    continue;
+                }
+                let remove = t.nodes[rng.gen_range(0..t.nodes.len())].clone();
+                let dead = rng.gen_bool(0.3);
+                let id = next_id;
+                (
+                    Fault::Membership {
+                        join: format!("n{id}"),
+                        id,
+                        remove,
+                        dead,
+                    },
+                    rng.gen_range(3_000..=8_000),
+                )
+            }
             "restart-empty" => (
                 Fault::RestartEmpty {
                     targets: some_nodes(&mut rng, t),
@@ -308,6 +367,14 @@ pub fn generate(seed: u64, kinds: &[String], t: &Topology, limit_ms: u64) -> Vec
             break;
         }
         let end = (at + dur).min(last);
+        if let Fault::Membership {
+            join, id, remove, ..
+        } = &fault
+        {
+            next_id = id + 1;
+            cur.nodes.retain(|n| n != remove);
+            cur.nodes.push(join.clone());
+        }
         out.push(Scheduled {
             start_ms: at,
             end_ms: end,
@@ -392,11 +459,105 @@ mod tests {
             vec!["partition", "kill"]
         );
         assert!(parse("meteor", System::Redis).is_err());
+        assert!(parse("membership,kill", System::FencedResp).is_ok());
+        for s in [System::Redis, System::Redlock] {
+            assert!(
+                matches!(
+                    parse("kill,membership", s),
+                    Err(NemesisError::NotApplicable { .. })
+                ),
+                "{s}: no members to change"
+            );
+        }
         assert!(parse("kill,meteor", System::Fenced).is_err());
         for s in System::ALL {
             // A wiped fenced node retires itself (the harness then leaves it down).
             assert!(parse("restart-empty,restart-delayed", s).is_ok(), "{s}");
             assert!(parse("partition,kill,pause,clock", s).is_ok(), "{s}");
         }
+    }
+
+    fn kinds(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn membership_same_seed_same_schedule() {
+        for list in [&["membership"][..], &["membership", "kill"][..]] {
+            let k = kinds(list);
+            let t = topo("fenced", 3);
+            for seed in 1..30 {
+                let a = generate(seed, &k, &t, 60_000);
+                assert_eq!(a, generate(seed, &k, &t, 60_000), "{list:?} seed {seed}");
+                assert_eq!(a, generate(seed, &k, &topo("fenced-resp", 3), 60_000));
+                assert!(!a.is_empty());
+                for w in a.windows(2) {
+                    assert!(w[0].end_ms < w[1].start_ms, "one change at a time");
+                }
+            }
+            assert_ne!(generate(1, &k, &t, 60_000), generate(2, &k, &t, 60_000));
+        }
+        // Adding the kind leaves the schedules of the others as they were.
+        let old = kinds(&KINDS[..6]);
+        let t = topo("fenced", 3);
+        let a = generate(3, &old, &t, 60_000);
+        assert!(a.iter().all(|s| s.fault.kind() != "membership"));
+    }
+
+    /// Replays a schedule against the member set it implies: every change keeps 3 voters,
+    /// adds a node under an id never seen before, removes a current voter, and leaves at
+    /// most one voter down while the cluster has 4; every other fault names current members
+    /// only.
+    #[test]
+    fn membership_never_below_quorum_and_never_reuses_ids() {
+        for list in [&["membership"][..], &["membership", "kill", "pause"][..]] {
+            let k = kinds(list);
+            for n in [3usize, 5] {
+                let t = topo("fenced", n);
+                for seed in 0..200 {
+                    let mut voters: Vec<String> = t.nodes.clone();
+                    let mut seen: Vec<String> = t.nodes.clone();
+                    let mut last_id = n as u64;
+                    let mut changes = 0;
+                    for s in generate(seed, &k, &t, 120_000) {
+                        match &s.fault {
+                            Fault::Membership {
+                                join,
+                                id,
+                                remove,
+                                dead,
+                            } => {
+                                changes += 1;
+                                assert_eq!(join, &format!("n{id}"));
+                                assert!(*id > last_id, "seed {seed}: id {id} after {last_id}");
+                                assert!(!seen.contains(join), "seed {seed}: {join} reused");
+                                assert!(voters.contains(remove), "seed {seed}: {remove}");
+                                last_id = *id;
+                                seen.push(join.clone());
+                                // During the change: n + 1 voters, at most the dead one down.
+                                let during = voters.len() + 1;
+                                let down = usize::from(*dead);
+                                let quorum = during / 2 + 1;
+                                assert!(during - down >= quorum, "seed {seed}");
+                                voters.retain(|v| v != remove);
+                                voters.push(join.clone());
+                                assert_eq!(voters.len(), n, "seed {seed}: always {n} voters");
+                            }
+                            Fault::Kill { targets } | Fault::Pause { targets } => {
+                                for x in targets.iter().filter(|x| x.starts_with('n')) {
+                                    assert!(voters.contains(x), "seed {seed}: {x} not a member");
+                                }
+                            }
+                            f => panic!("unexpected {f:?}"),
+                        }
+                    }
+                    assert!(changes > 0 || list.len() > 1, "seed {seed}: no change");
+                    assert!(last_id <= (n + MAX_JOINERS) as u64);
+                }
+            }
+        }
+        // A long run stops adding members at the cap instead of running out of hosts.
+        let a = generate(1, &kinds(&["membership"]), &topo("fenced", 3), 3_600_000);
+        assert_eq!(a.len(), MAX_JOINERS);
     }
 }

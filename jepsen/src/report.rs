@@ -92,6 +92,7 @@ fn fault_color(kind: &str) -> &'static str {
         "pause" => "#8ecae6",
         "clock" => "#cdb4db",
         "restart-empty" => "#ef476f",
+        "membership" => "#90be6d",
         _ => "#ffd166",
     }
 }
@@ -128,6 +129,25 @@ pub fn html(events: &[Event], ops: &[Op], res: &Value) -> String {
             esc(&win.detail),
             a + 2.0,
             esc(&win.detail.chars().take(32).collect::<String>())
+        );
+    }
+    // The steps of membership changes and other nemesis notes (member-add, retired, …):
+    // a dashed line each, the note on hover.
+    for e in events.iter().filter(|e| {
+        e.process.is_nemesis() && !e.f.starts_with("start-") && !e.f.starts_with("stop-")
+    }) {
+        let xx = x(e.time);
+        let note = match &e.value {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(v) => v.to_string(),
+            None => String::new(),
+        };
+        let _ = write!(
+            svg,
+            r##"<line x1="{xx:.1}" y1="20" x2="{xx:.1}" y2="{:.1}" stroke="#2d6a4f" stroke-width="1.5" stroke-dasharray="3,3"><title>{} {}</title></line>"##,
+            tl_h,
+            esc(&e.f),
+            esc(&note)
         );
     }
     // Time axis.

@@ -14,6 +14,7 @@ use serde_json::json;
 use crate::client::ClientSpec;
 use crate::env::{Env, NetMode, Spec};
 use crate::history::{self, monotonic_ns, Event, HistoryWriter, Kind, Process, RunClock};
+use crate::membership::Members;
 use crate::nemesis::{self, Fault, Scheduled, Topology};
 use crate::proxy::Proxies;
 use crate::report;
@@ -35,7 +36,7 @@ pub fn install_signal_handlers() {
     }
 }
 
-fn interrupted() -> bool {
+pub(crate) fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::SeqCst)
 }
 
@@ -100,13 +101,17 @@ pub fn find_program(name: &str, bin_dir: &Path) -> anyhow::Result<PathBuf> {
     )
 }
 
-struct Layout {
-    nodes: Vec<String>,
+pub(crate) struct Layout {
+    /// Every server node with a host: the initial members, then (membership nemesis) every
+    /// node the schedule adds, in id order — `nodes[i]` is member id `i + 1`.
+    pub(crate) nodes: Vec<String>,
+    /// How many of `nodes` the cluster starts with.
+    pub(crate) initial: usize,
     lock_endpoints: Vec<String>,
     resp_endpoints: Vec<String>,
     guard: String,
-    clock_dir: PathBuf,
-    data_dir: PathBuf,
+    pub(crate) clock_dir: PathBuf,
+    pub(crate) data_dir: PathBuf,
     shim: Option<PathBuf>,
 }
 
@@ -146,14 +151,45 @@ pub fn fenced_serve_args(id: usize, data_dir: &Path, ip: &str, cluster: &[String
     ]
 }
 
-fn node_spec(o: &TestOpts, l: &Layout, env: &Env, i: usize) -> anyhow::Result<Spec> {
+/// `fenced serve` for a member added while the cluster runs (membership nemesis): an empty
+/// data dir and `--join` through the `join` gRPC endpoints, no `--initial-cluster`.
+pub fn fenced_join_args(id: usize, data_dir: &Path, ip: &str, join: &[String]) -> Vec<String> {
+    vec![
+        "serve".into(),
+        "--id".into(),
+        id.to_string(),
+        "--data-dir".into(),
+        data_dir.display().to_string(),
+        "--grpc-addr".into(),
+        format!("{ip}:{GRPC_PORT}"),
+        "--resp-addr".into(),
+        format!("{ip}:{RESP_PORT}"),
+        "--join".into(),
+        join.join(","),
+    ]
+}
+
+/// How to start server `l.nodes[i]`. For a fenced node beyond the initial members, `join`
+/// names the members it joins through.
+pub(crate) fn node_spec(
+    o: &TestOpts,
+    l: &Layout,
+    env: &Env,
+    i: usize,
+    join: &[String],
+) -> anyhow::Result<Spec> {
     let name = &l.nodes[i];
     let ip = env.host(name)?.ip.clone();
     let clock = l.clock_dir.join(name).display().to_string();
     Ok(match o.system {
+        s if s.is_fenced_cluster() && i >= l.initial => Spec {
+            host: name.clone(),
+            program: find_program("fenced", &o.bin_dir)?,
+            args: fenced_join_args(i + 1, &l.data_dir.join(name), &ip, join),
+            env: vec![("FENCED_TEST_CLOCK_OFFSET_FILE".into(), clock)],
+        },
         s if s.is_fenced_cluster() => {
-            let cluster: Vec<String> = l
-                .nodes
+            let cluster: Vec<String> = l.nodes[..l.initial]
                 .iter()
                 .enumerate()
                 .map(|(j, n)| {
@@ -222,6 +258,7 @@ fn client_spec(o: &TestOpts, l: &Layout, run_start: u64, k: u64, workload: &str)
         hold_ms: o.hold_ms,
         op_timeout_ms: o.op_timeout_ms,
         seed: o.seed,
+        members_file: None,
     }
 }
 
@@ -263,6 +300,7 @@ fn run_helper(
 }
 
 /// `retired`: fenced nodes that left for good; kill and restart nemeses leave them alone.
+/// Membership changes are not applied here (see `membership.rs`).
 fn apply(
     env: &mut Env,
     proxies: Option<&Proxies>,
@@ -325,19 +363,30 @@ fn apply(
                 write_clock(&l.clock_dir, t, if start { *offset_ms } else { 0 })?;
             }
         }
+        Fault::Membership { .. } => {}
     }
     Ok(())
 }
 
 /// What the watchdog keeps track of across a run.
 #[derive(Default)]
-struct Exits {
+pub(crate) struct Exits {
     /// Server exits the nemesis did not cause (for results.json).
     unexpected: Vec<String>,
     /// fenced nodes the nemesis restarted with an empty data dir.
     wiped: Vec<String>,
     /// Those of them that retired: left down for good.
     retired: Vec<String>,
+    /// fenced nodes the membership nemesis is removing or removed (left down for good; an
+    /// exit of theirs is not restarted).
+    pub(crate) removed: Vec<String>,
+}
+
+impl Exits {
+    /// Nodes that left for good: no kill, restart or pause applies to them any more.
+    fn gone(&self) -> Vec<String> {
+        self.retired.iter().chain(&self.removed).cloned().collect()
+    }
 }
 
 /// A server process that exited without the nemesis killing it (a crash — or something
@@ -345,7 +394,7 @@ struct Exits {
 /// node that the nemesis restarted with an empty data dir (`wiped`) and that exits with
 /// status 1: its peers refused its new incarnation and it retired itself, as it must; it is
 /// logged once (`retired`) and stays down.
-fn watchdog(
+pub(crate) fn watchdog(
     env: &mut Env,
     nodes: &[String],
     nem: &mut HistoryWriter,
@@ -354,6 +403,14 @@ fn watchdog(
 ) -> anyhow::Result<()> {
     for n in nodes {
         if let Some(st) = env.exited(n) {
+            if exits.removed.contains(n) {
+                let what = format!("{n} exited ({st}) after its removal from the members");
+                nem.write(
+                    &Event::new(Process::nemesis(), Kind::Info, "member-exit", clock.now())
+                        .value(json!(what)),
+                )?;
+                continue;
+            }
             if exits.wiped.contains(n) && st.code() == Some(1) {
                 let what = format!(
                     "{n} exited ({st}) after a restart with an empty data dir: it refused to \
@@ -427,18 +484,46 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     o.bin_dir = bin;
     let o = &o;
     let subnet = 100 + (std::process::id() % 100) as u8;
-    let mut env = Env::new(o.net, &o.prefix, &out.join("logs"), subnet)?;
     let n_nodes = match o.system {
         s if s.is_fenced_cluster() => o.nodes,
         System::Redis => 1,
         _ => 5,
     };
-    let nodes: Vec<String> = (1..=n_nodes).map(|i| format!("n{i}")).collect();
+    let initial: Vec<String> = (1..=n_nodes).map(|i| format!("n{i}")).collect();
     let clients: Vec<String> = (0..o.clients).map(|k| format!("c{k}")).collect();
+
+    // The schedule, drawn from the seed (before the hosts: a membership change names the
+    // nodes it adds, and every one of them gets its host and addresses up front).
+    let topo = Topology {
+        system: o.system,
+        nodes: initial.clone(),
+        clients: clients.clone(),
+        ttl_ms: o.ttl_ms,
+        client_partitions: o.net == NetMode::Loopback,
+    };
+    let limit_ms = o.time_limit_s * 1000;
+    let schedule = nemesis::generate(o.seed, &o.nemeses, &topo, limit_ms);
+    std::fs::write(
+        out.join("schedule.json"),
+        serde_json::to_vec_pretty(&schedule)?,
+    )?;
+    let mut nodes = initial.clone();
+    for s in &schedule {
+        if let Fault::Membership { join, .. } = &s.fault {
+            nodes.push(join.clone());
+        }
+    }
+    let changes_members = nodes.len() > initial.len();
+
+    let mut env = Env::new(o.net, &o.prefix, &out.join("logs"), subnet)?;
     for (i, n) in nodes.iter().enumerate() {
         env.add_host(n, 11 + i as u8)?;
     }
     env.add_host("g", 5)?;
+    if changes_members {
+        // Where the nemesis runs `fenced member …` from.
+        env.add_host("m", 6)?;
+    }
     for k in 0..o.clients {
         env.add_host(&format!("c{k}"), 101 + k as u8)?;
     }
@@ -464,6 +549,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     let layout = Layout {
         guard: format!("{}:{GUARD_PORT}", env.host("g")?.ip),
         nodes: nodes.clone(),
+        initial: initial.len(),
         lock_endpoints,
         resp_endpoints,
         clock_dir: l_clock.clone(),
@@ -473,10 +559,18 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     for n in &nodes {
         write_clock(&l_clock, n, 0)?;
     }
-    for (i, name) in nodes.iter().enumerate() {
-        let spec = node_spec(o, &layout, &env, i)?;
+    for (i, name) in initial.iter().enumerate() {
+        let spec = node_spec(o, &layout, &env, i, &[])?;
         env.spawn(name, spec)?;
     }
+    // The members that serve now, published for the clients (membership nemesis).
+    let mut members = if changes_members {
+        let m = Members::new(o, &layout, &env, out.join("members"))?;
+        m.publish()?;
+        Some(m)
+    } else {
+        None
+    };
     if o.workload.starts_with("counter") {
         let guard_ip = env.host("g")?.ip.clone();
         env.spawn(
@@ -494,8 +588,10 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
             },
         )?;
     }
-    // Wait for the system to come up (bounded: 90 s on a slow machine).
+    // Wait for the system to come up (bounded: 90 s on a slow machine): the initial members.
     let mut probe = client_spec(o, &layout, monotonic_ns(), 0, &o.workload);
+    probe.lock_endpoints.truncate(layout.initial);
+    probe.resp_endpoints.truncate(layout.initial);
     probe.deadline = 90_000_000_000;
     probe.op_timeout_ms = 2_000;
     if o.workload.starts_with("counter") {
@@ -525,21 +621,6 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         bail!("interrupted");
     }
 
-    // The schedule, drawn from the seed.
-    let topo = Topology {
-        system: o.system,
-        nodes: nodes.clone(),
-        clients: clients.clone(),
-        ttl_ms: o.ttl_ms,
-        client_partitions: o.net == NetMode::Loopback,
-    };
-    let limit_ms = o.time_limit_s * 1000;
-    let schedule = nemesis::generate(o.seed, &o.nemeses, &topo, limit_ms);
-    std::fs::write(
-        out.join("schedule.json"),
-        serde_json::to_vec_pretty(&schedule)?,
-    )?;
-
     // Loopback mode: clients reach servers through cuttable proxies.
     let proxies = match o.net {
         NetMode::Loopback => Some(Proxies::new()?),
@@ -551,6 +632,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     let clock = RunClock { start: run_start };
     for k in 0..o.clients {
         let mut spec = client_spec(o, &layout, run_start, k, &o.workload);
+        spec.members_file = members.as_ref().map(|m| m.file().to_owned());
         if let Some(p) = &proxies {
             // Client k reaches server j through its own proxies on its own address.
             let me = env.host(&format!("c{k}"))?.ip.clone();
@@ -607,13 +689,50 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
             clock.now(),
         )
         .value(json!(s.fault.describe()));
+        if let (Fault::Membership { .. }, Some(m)) = (&s.fault, members.as_mut()) {
+            // A change takes a while (catch-up, retries): log its start first, and keep the
+            // watchdog running meanwhile; its window ends when the change is done.
+            if start {
+                nem.write(&ev)?;
+            }
+            let mut cx = crate::membership::Cx {
+                env: &mut env,
+                nem: &mut nem,
+                clock: &clock,
+                exits: &mut exits,
+                nodes: &nodes,
+            };
+            let r = if start {
+                m.start(&mut cx, o, &layout, &s.fault)
+            } else {
+                m.stop(&mut cx)
+            };
+            if let Err(e) = r {
+                errors.push(format!("{}: {e:#}", s.fault.describe()));
+            }
+            if start {
+                active.push(s);
+            } else {
+                active.retain(|a| !std::ptr::eq(*a, s));
+                nem.write(
+                    &Event::new(
+                        Process::nemesis(),
+                        Kind::Info,
+                        "stop-membership",
+                        clock.now(),
+                    )
+                    .value(json!(s.fault.describe())),
+                )?;
+            }
+            continue;
+        }
         if let Err(e) = apply(
             &mut env,
             proxies.as_ref(),
             &layout,
             &s.fault,
             start,
-            &exits.retired,
+            &exits.gone(),
         ) {
             errors.push(format!("{}: {e:#}", s.fault.describe()));
         }
@@ -631,14 +750,17 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     }
     // Undo whatever is still active (interrupted runs), then let the clients finish.
     for s in active {
-        let _ = apply(
-            &mut env,
-            proxies.as_ref(),
-            &layout,
-            &s.fault,
-            false,
-            &exits.retired,
-        );
+        // An unfinished membership change is left as it is: the run is over.
+        if !matches!(s.fault, Fault::Membership { .. }) {
+            let _ = apply(
+                &mut env,
+                proxies.as_ref(),
+                &layout,
+                &s.fault,
+                false,
+                &exits.gone(),
+            );
+        }
         let _ = nem.write(
             &Event::new(
                 Process::nemesis(),
@@ -701,7 +823,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         "seed": o.seed,
         "time_limit_s": o.time_limit_s,
         "clients": o.clients,
-        "nodes": nodes.len(),
+        "nodes": initial.len(),
         "ttl_ms": o.ttl_ms,
         "net": format!("{:?}", o.net),
         "nemesis_errors": errors,
@@ -709,6 +831,12 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         "retired": exits.retired,
         "schedule": schedule,
     });
+    let mut meta = meta;
+    if let Some(m) = &members {
+        meta["membership"] = json!(m.records());
+        meta["membership_changes"] = json!(m.completed());
+        meta["members_at_end"] = json!(m.live());
+    }
     let results = report::write(out, &events, o.system.name(), &o.workload, meta)?;
     // The private binary copies are ~275 MB (debug builds): keep them only as evidence of an
     // invalid run.
