@@ -89,8 +89,8 @@ async fn step_down_hands_leadership_to_a_voter_and_clients_see_no_error() {
     let (client, tasks) = start_load(&c, 4, &stop);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    // Any endpoint: a follower's answer names the leader, and the client goes there.
-    let admin = c.client();
+    // Through a follower alone: it passes the call to the leader.
+    let admin = c.client_of(support::follower_of(old));
     let r = admin.leader_step_down().await.expect("step-down");
     assert_eq!(r.from, old);
     assert_ne!(r.to, old);

@@ -104,6 +104,16 @@ async fn replace_a_dead_node_while_clients_take_locks() {
         "removing a non-member",
         "not in the cluster",
     );
+    // Through a follower alone (its endpoint list lacks the leader): the follower passes the
+    // change to the leader, whose refusal comes back.
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    refused(
+        c.client_of(support::follower_of(leader))
+            .member_remove(9)
+            .await,
+        "removing a non-member through a follower",
+        "not in the cluster",
+    );
     // A learner that never started cannot be promoted; it can be removed.
     let m = client
         .member_add(5, &c.grpc_addr(5), true, Duration::ZERO)

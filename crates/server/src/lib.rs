@@ -5,6 +5,7 @@
 //! the follower's calls and the leader's answers). [`users`] says who calls the gRPC API and
 //! what they may do (the ACL users of RESP, on every port).
 
+pub mod admin;
 pub mod api;
 pub mod backup;
 pub mod batch;

@@ -26,7 +26,7 @@ const REACH_WINDOW: Duration = Duration::from_secs(2);
 type Metrics = RaftMetrics<NodeId, BasicNode>;
 
 /// A member as the leader sees it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct MemberView {
     pub id: NodeId,
     pub addr: String,

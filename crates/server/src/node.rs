@@ -143,6 +143,11 @@ impl Node {
         inner.upgrade().map(|inner| Node { inner })
     }
 
+    /// The follower's half of forwarding (to the leader).
+    pub(crate) fn forwarder(&self) -> &Forwarder {
+        &self.inner.forwarder
+    }
+
     pub fn id(&self) -> NodeId {
         self.inner.id
     }

@@ -1,8 +1,7 @@
-//! `fenced.v1.Cluster`: status of this node and of the cluster, and membership changes
-//! (`crate::membership`).
+//! `fenced.v1.Cluster`: status of this node and of the cluster, membership changes and the
+//! leadership hand-off (run on the leader, through any node: `crate::admin`), backups.
 
 use std::pin::Pin;
-use std::time::Duration;
 
 use fenced_proto::v1 as pb;
 use openraft::ServerState;
@@ -12,10 +11,8 @@ use tonic::{Request, Status};
 use fenced_proto::v1::cluster_server::Cluster;
 
 use super::{Api, Reply};
+use crate::admin::{AdminDone, AdminOp};
 use crate::membership::{members, MemberView};
-
-/// How long `MemberAdd` without `learner` waits for the new member to catch up, at most.
-const MAX_ADD_WAIT: Duration = Duration::from_secs(300);
 
 fn to_pb(views: Vec<MemberView>) -> Vec<pb::Member> {
     views
@@ -40,12 +37,12 @@ impl Cluster for Api {
         req: Request<pb::LeaderStepDownRequest>,
     ) -> Reply<pb::LeaderStepDownResponse> {
         self.users.require_admin(&req, "Cluster.LeaderStepDown")?;
-        let h = self.node.step_down().await?;
-        Ok(self.reply(pb::LeaderStepDownResponse {
-            from: h.from,
-            to: h.to,
-            took_ms: h.took.as_millis() as u64,
-        }))
+        match self.node.admin(AdminOp::StepDown).await? {
+            AdminDone::HandedOff { from, to, took_ms } => {
+                Ok(self.reply(pb::LeaderStepDownResponse { from, to, took_ms }))
+            }
+            other => Err(Status::internal(format!("step-down answered {other:?}"))),
+        }
     }
 
     async fn snapshot_save(
@@ -98,14 +95,13 @@ impl Cluster for Api {
     ) -> Reply<pb::MembershipResponse> {
         self.users.require_admin(&req, "Cluster.MemberAdd")?;
         let r = req.into_inner();
-        let mut views = self.node.member_add(r.id, &r.addr).await?;
-        if !r.learner {
-            let wait = Duration::from_millis(r.wait_ms).min(MAX_ADD_WAIT);
-            views = self.node.member_promote_when_caught_up(r.id, wait).await?;
-        }
-        Ok(self.reply(pb::MembershipResponse {
-            members: to_pb(views),
-        }))
+        self.members_after(AdminOp::MemberAdd {
+            id: r.id,
+            addr: r.addr,
+            learner: r.learner,
+            wait_ms: r.wait_ms,
+        })
+        .await
     }
 
     async fn member_promote(
@@ -113,10 +109,8 @@ impl Cluster for Api {
         req: Request<pb::MemberPromoteRequest>,
     ) -> Reply<pb::MembershipResponse> {
         self.users.require_admin(&req, "Cluster.MemberPromote")?;
-        let views = self.node.member_promote(req.into_inner().id).await?;
-        Ok(self.reply(pb::MembershipResponse {
-            members: to_pb(views),
-        }))
+        let id = req.into_inner().id;
+        self.members_after(AdminOp::MemberPromote { id }).await
     }
 
     async fn member_remove(
@@ -124,9 +118,22 @@ impl Cluster for Api {
         req: Request<pb::MemberRemoveRequest>,
     ) -> Reply<pb::MembershipResponse> {
         self.users.require_admin(&req, "Cluster.MemberRemove")?;
-        let views = self.node.member_remove(req.into_inner().id).await?;
-        Ok(self.reply(pb::MembershipResponse {
-            members: to_pb(views),
-        }))
+        let id = req.into_inner().id;
+        self.members_after(AdminOp::MemberRemove { id }).await
+    }
+}
+
+impl Api {
+    /// Run a membership change on the leader (through this node if it is a follower) and
+    /// answer with the members after it.
+    async fn members_after(&self, op: AdminOp) -> Reply<pb::MembershipResponse> {
+        match self.node.admin(op).await? {
+            AdminDone::Members(views) => Ok(self.reply(pb::MembershipResponse {
+                members: to_pb(views),
+            })),
+            other => Err(Status::internal(format!(
+                "a membership change answered {other:?}"
+            ))),
+        }
     }
 }

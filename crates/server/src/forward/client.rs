@@ -11,7 +11,8 @@ use fenced_core::{Command, RequestId, Response};
 use fenced_network::{codec, PeerGate};
 use fenced_proto::raft::forward_client::ForwardClient;
 use fenced_proto::raft::{
-    CampaignRequest, PeerIdentity, ProposeBatchRequest, ProposeRequest, ReadIndexRequest,
+    AdminRequest, CampaignRequest, PeerIdentity, ProposeBatchRequest, ProposeRequest,
+    ReadIndexRequest,
 };
 use fenced_raft_types::Raft;
 use tonic::transport::{Channel, ClientTlsConfig};
@@ -134,6 +135,30 @@ impl Forwarder {
         match tokio::time::timeout(Duration::from_secs(1), client.campaign(req)).await {
             Err(_) => Err(NodeError::Unknown(format!("{addr} did not answer in time"))),
             Ok(Ok(_)) => Ok(()),
+            Ok(Err(status)) => Err(self.refused(&status)),
+        }
+    }
+
+    /// Run an administrative call on the leader at `addr` ([`crate::admin`]).
+    pub(crate) async fn admin(
+        &self,
+        addr: &str,
+        op: &crate::admin::AdminOp,
+    ) -> Result<crate::admin::AdminDone, NodeError> {
+        let mut client = self.peer(addr)?;
+        let data = codec::encode(op).map_err(|e| NodeError::Invalid(e.to_string()))?;
+        let timeout = PROPOSE_TIMEOUT + op.patience() + Duration::from_secs(5);
+        let mut req = tonic::Request::new(AdminRequest {
+            from: Some(self.envelope_for(addr)),
+            data,
+        });
+        req.set_timeout(timeout);
+        match tokio::time::timeout(timeout, client.admin(req)).await {
+            Err(_) => Err(no_answer()),
+            Ok(Ok(r)) => {
+                codec::decode::<Result<crate::admin::AdminDone, NodeError>>(&r.into_inner().data)
+                    .map_err(|e| NodeError::Unknown(format!("malformed admin answer: {e}")))?
+            }
             Ok(Err(status)) => Err(self.refused(&status)),
         }
     }

@@ -5,8 +5,8 @@ use fenced_core::{Command, RequestId};
 use fenced_network::codec;
 use fenced_proto::raft::forward_server::{Forward, ForwardServer};
 use fenced_proto::raft::{
-    CampaignReply, CampaignRequest, ProposeBatchReply, ProposeBatchRequest, ProposeReply,
-    ProposeRequest, ReadIndexReply, ReadIndexRequest,
+    AdminReply, AdminRequest, CampaignReply, CampaignRequest, ProposeBatchReply,
+    ProposeBatchRequest, ProposeReply, ProposeRequest, ReadIndexReply, ReadIndexRequest,
 };
 use fenced_tls::PeerCertCheck;
 use tonic::service::interceptor::InterceptedService;
@@ -86,6 +86,17 @@ impl Forward for Leader {
         self.node
             .campaign(from, std::time::Duration::from_millis(req.after_ms))?;
         Ok(tonic::Response::new(CampaignReply {}))
+    }
+
+    /// A follower passes on an administrative call ([`crate::admin`]).
+    async fn admin(&self, req: Request<AdminRequest>) -> Reply<AdminReply> {
+        let req = req.into_inner();
+        self.node.admit_peer(req.from.as_ref())?;
+        let op: crate::admin::AdminOp = codec::decode(&req.data)
+            .map_err(|e| Status::invalid_argument(format!("malformed admin call: {e}")))?;
+        let result = self.node.admin_here(op).await;
+        let data = codec::encode(&result).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(tonic::Response::new(AdminReply { data }))
     }
 
     /// A follower's read-index round. It shares this leader's next round (one that starts
