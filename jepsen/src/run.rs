@@ -134,6 +134,18 @@ fn write_clock(dir: &Path, node: &str, offset_ms: i64) -> anyhow::Result<()> {
 /// (`ID=IP:PORT` each), with `--initial-cluster-state new` — also on restarts (restart-empty
 /// included): a wiped node must still not vote.
 pub fn fenced_serve_args(id: usize, data_dir: &Path, ip: &str, cluster: &[String]) -> Vec<String> {
+    let mut args = fenced_node_args(id, data_dir, ip);
+    args.extend([
+        "--initial-cluster".into(),
+        cluster.join(","),
+        "--initial-cluster-state".into(),
+        "new".into(),
+    ]);
+    args
+}
+
+/// `fenced serve` flags every node gets: its id, data dir and addresses.
+fn fenced_node_args(id: usize, data_dir: &Path, ip: &str) -> Vec<String> {
     vec![
         "serve".into(),
         "--id".into(),
@@ -144,29 +156,15 @@ pub fn fenced_serve_args(id: usize, data_dir: &Path, ip: &str, cluster: &[String
         format!("{ip}:{GRPC_PORT}"),
         "--resp-addr".into(),
         format!("{ip}:{RESP_PORT}"),
-        "--initial-cluster".into(),
-        cluster.join(","),
-        "--initial-cluster-state".into(),
-        "new".into(),
     ]
 }
 
 /// `fenced serve` for a member added while the cluster runs (membership nemesis): an empty
 /// data dir and `--join` through the `join` gRPC endpoints, no `--initial-cluster`.
 pub fn fenced_join_args(id: usize, data_dir: &Path, ip: &str, join: &[String]) -> Vec<String> {
-    vec![
-        "serve".into(),
-        "--id".into(),
-        id.to_string(),
-        "--data-dir".into(),
-        data_dir.display().to_string(),
-        "--grpc-addr".into(),
-        format!("{ip}:{GRPC_PORT}"),
-        "--resp-addr".into(),
-        format!("{ip}:{RESP_PORT}"),
-        "--join".into(),
-        join.join(","),
-    ]
+    let mut args = fenced_node_args(id, data_dir, ip);
+    args.extend(["--join".into(), join.join(",")]);
+    args
 }
 
 /// How to start server `l.nodes[i]`. For a fenced node beyond the initial members, `join`

@@ -45,17 +45,8 @@ enum Cmd {
 
 #[derive(Args)]
 struct LeaderArgs {
-    #[arg(
-        long,
-        default_value = "127.0.0.1:7380",
-        value_delimiter = ',',
-        global = true
-    )]
-    endpoints: Vec<String>,
     #[command(flatten)]
-    tls: ClientTlsArgs,
-    #[command(flatten)]
-    auth: ClientAuthArgs,
+    conn: ConnArgs,
     #[command(subcommand)]
     op: LeaderOp,
 }
@@ -79,12 +70,8 @@ enum SnapshotOp {
     /// checked before it is kept. FILE must not exist.
     Save {
         file: PathBuf,
-        #[arg(long, default_value = "127.0.0.1:7380", value_delimiter = ',')]
-        endpoints: Vec<String>,
         #[command(flatten)]
-        tls: ClientTlsArgs,
-        #[command(flatten)]
-        auth: ClientAuthArgs,
+        conn: ConnArgs,
     },
     /// Check FILE (checksum, format version) and print what it holds as JSON.
     Status { file: PathBuf },
@@ -115,17 +102,8 @@ enum SnapshotOp {
 
 #[derive(Args)]
 struct MemberArgs {
-    #[arg(
-        long,
-        default_value = "127.0.0.1:7380",
-        value_delimiter = ',',
-        global = true
-    )]
-    endpoints: Vec<String>,
     #[command(flatten)]
-    tls: ClientTlsArgs,
-    #[command(flatten)]
-    auth: ClientAuthArgs,
+    conn: ConnArgs,
     #[command(subcommand)]
     op: MemberOp,
 }
@@ -324,7 +302,42 @@ impl ClientAuthArgs {
     }
 }
 
-/// TLS for the `lock`/`status` clients.
+/// How a client subcommand reaches the cluster: endpoints, TLS, user.
+#[derive(Args)]
+struct ConnArgs {
+    /// gRPC endpoints of any members (comma-separated).
+    #[arg(
+        long,
+        default_value = "127.0.0.1:7380",
+        value_delimiter = ',',
+        global = true
+    )]
+    endpoints: Vec<String>,
+    #[command(flatten)]
+    tls: ClientTlsArgs,
+    #[command(flatten)]
+    auth: ClientAuthArgs,
+}
+
+impl ConnArgs {
+    /// A client with these settings and `options`' others.
+    fn client_with(&self, options: ClientOptions) -> anyhow::Result<Client> {
+        Ok(Client::connect_with(
+            &self.endpoints,
+            ClientOptions {
+                tls: self.tls.load()?,
+                credentials: self.auth.credentials(),
+                ..options
+            },
+        )?)
+    }
+
+    fn client(&self) -> anyhow::Result<Client> {
+        self.client_with(ClientOptions::default())
+    }
+}
+
+/// TLS for the client subcommands.
 #[derive(Args)]
 struct ClientTlsArgs {
     /// Connect over TLS, trusting this CA (PEM).
@@ -342,18 +355,6 @@ struct ClientTlsArgs {
 }
 
 impl ClientTlsArgs {
-    /// A client of `endpoints` with this TLS, logging in as `auth` says.
-    fn client(&self, endpoints: &[String], auth: &ClientAuthArgs) -> anyhow::Result<Client> {
-        Ok(Client::connect_with(
-            endpoints,
-            ClientOptions {
-                tls: self.load()?,
-                credentials: auth.credentials(),
-                ..ClientOptions::default()
-            },
-        )?)
-    }
-
     fn load(&self) -> anyhow::Result<Option<fenced_client::ClientTls>> {
         let Some(ca) = &self.tls_ca else {
             return Ok(None);
@@ -371,12 +372,8 @@ impl ClientTlsArgs {
 
 #[derive(Args)]
 struct LockArgs {
-    #[arg(long, default_value = "127.0.0.1:7380", value_delimiter = ',')]
-    endpoints: Vec<String>,
     #[command(flatten)]
-    tls: ClientTlsArgs,
-    #[command(flatten)]
-    auth: ClientAuthArgs,
+    conn: ConnArgs,
     /// Session lease: how long the lock outlives this process if it stops renewing.
     #[arg(long, default_value_t = 10_000)]
     ttl_ms: u64,
@@ -390,12 +387,8 @@ struct LockArgs {
 
 #[derive(Args)]
 struct StatusArgs {
-    #[arg(long, default_value = "127.0.0.1:7380", value_delimiter = ',')]
-    endpoints: Vec<String>,
     #[command(flatten)]
-    tls: ClientTlsArgs,
-    #[command(flatten)]
-    auth: ClientAuthArgs,
+    conn: ConnArgs,
 }
 
 /// mimalloc instead of glibc's malloc: under 64 clients, malloc/free were ~8 % of all CPU
@@ -553,7 +546,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn leader(a: LeaderArgs) -> anyhow::Result<()> {
-    let client = a.tls.client(&a.endpoints, &a.auth)?;
+    let client = a.conn.client()?;
     match a.op {
         LeaderOp::StepDown => {
             let r = client.leader_step_down().await?;
@@ -569,13 +562,8 @@ async fn leader(a: LeaderArgs) -> anyhow::Result<()> {
 async fn snapshot(op: SnapshotOp) -> anyhow::Result<()> {
     use fenced_server::backup;
     let json = match op {
-        SnapshotOp::Save {
-            file,
-            endpoints,
-            tls,
-            auth,
-        } => {
-            let client = tls.client(&endpoints, &auth)?;
+        SnapshotOp::Save { file, conn } => {
+            let client = conn.client()?;
             let info = backup::save(&client, &file).await?;
             serde_json::to_string_pretty(&info)?
         }
@@ -690,8 +678,8 @@ async fn join_lookup(
 }
 
 async fn member(a: MemberArgs) -> anyhow::Result<()> {
-    let client = a.tls.client(&a.endpoints, &a.auth)?;
-    let tls = a.tls.tls_ca.is_some();
+    let client = a.conn.client()?;
+    let tls = a.conn.tls.tls_ca.is_some();
     let members = match a.op {
         MemberOp::List => leader_status(&client, tls).await?.members,
         MemberOp::Add {
@@ -761,17 +749,12 @@ fn members_json(
 }
 
 async fn lock(a: LockArgs) -> anyhow::Result<ExitCode> {
-    let client = Client::connect_with(
-        &a.endpoints,
-        ClientOptions {
-            session_ttl: Duration::from_millis(a.ttl_ms),
-            tls: a.tls.load()?,
-            credentials: a.auth.credentials(),
-            ..ClientOptions::default()
-        },
-    )?;
+    let client = a.conn.client_with(ClientOptions {
+        session_ttl: Duration::from_millis(a.ttl_ms),
+        ..ClientOptions::default()
+    })?;
     let opts = LockOptions::wait(Duration::from_millis(a.wait_ms));
-    let tls = a.tls.tls_ca.is_some();
+    let tls = a.conn.tls.tls_ca.is_some();
     let locked = client.lock(&a.name, opts).await;
     let Some(mut guard) = locked.map_err(|e| tls_hint(e, tls))? else {
         eprintln!("fenced: lock {} not acquired", a.name);
@@ -822,8 +805,8 @@ fn tls_hint(e: fenced_client::ClientError, tls: bool) -> anyhow::Error {
 }
 
 async fn status(a: StatusArgs) -> anyhow::Result<()> {
-    let client = a.tls.client(&a.endpoints, &a.auth)?;
-    let s = leader_status(&client, a.tls.tls_ca.is_some()).await?;
+    let client = a.conn.client()?;
+    let s = leader_status(&client, a.conn.tls.tls_ca.is_some()).await?;
     let leader_last = (s.state == "leader").then_some(s.last_log_index);
     let members = members_json(&s.members, leader_last);
     let out = serde_json::json!({
