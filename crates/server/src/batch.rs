@@ -13,6 +13,10 @@
 //!
 //! The queue is bounded (`max_queued`): past it a request is refused at once
 //! ([`Refused::Full`]) instead of waiting behind an ever longer queue with ever more memory.
+//!
+//! The requests of one [`Batcher::call_all`] (a client's pipeline) form a group that is
+//! never split between batches: with `in_flight > 1` two batches run at once and may be
+//! applied in either order, which must not reorder one client's commands.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,11 +54,20 @@ struct Item<I, O> {
     reply: oneshot::Sender<O>,
 }
 
+/// Requests queued together by one caller ([`Batcher::call_all`]): never split between
+/// batches, so they reach `run` together and in their order. Two batches may run at once
+/// (`in_flight > 1`), and then nothing orders one against the other.
+type Group<I, O> = Vec<Item<I, O>>;
+
+fn group_bytes<I, O>(g: &Group<I, O>) -> usize {
+    g.iter().map(|i| i.size).sum()
+}
+
 /// Collects requests of type `I` into batches and hands each its own `O`. Cheap to clone;
 /// the batching task ends when the last clone is dropped.
 pub struct Batcher<I, O> {
-    tx: mpsc::UnboundedSender<Item<I, O>>,
-    /// Requests in the channel, not yet taken into a batch.
+    tx: mpsc::UnboundedSender<Group<I, O>>,
+    /// Requests queued, not yet taken into a batch.
     queued: Arc<AtomicUsize>,
     max_queued: usize,
 }
@@ -72,35 +85,44 @@ impl<I, O> Clone for Batcher<I, O> {
 impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// Start the batching task. `run` gets each batch's inputs in arrival order and must
     /// return one output per input, in the same order (missing outputs drop their callers'
-    /// reply channels, which [`Batcher::call`] reports as `gone`).
+    /// reply channels, which [`Batcher::call`] reports as gone).
     pub fn spawn<F, Fut>(limits: Limits, run: F) -> Self
     where
         F: Fn(Vec<I>) -> Fut + Send + 'static,
         Fut: Future<Output = Vec<O>> + Send + 'static,
     {
-        let (tx, mut rx) = mpsc::unbounded_channel::<Item<I, O>>();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Group<I, O>>();
         let slots = Arc::new(Semaphore::new(limits.in_flight.max(1)));
         let queued = Arc::new(AtomicUsize::new(0));
         let taken = queued.clone();
         tokio::spawn(async move {
+            // A group that did not fit into the last batch opens the next one.
+            let mut carried: Option<Group<I, O>> = None;
             loop {
                 // A slot first: requests arriving meanwhile queue up for this batch.
                 let Ok(slot) = slots.clone().acquire_owned().await else {
                     return;
                 };
-                let Some(first) = rx.recv().await else {
-                    return;
+                let first = match carried.take() {
+                    Some(g) => g,
+                    None => match rx.recv().await {
+                        Some(g) => g,
+                        None => return,
+                    },
                 };
-                let mut bytes = first.size;
-                let mut items = vec![first];
+                let mut bytes = group_bytes(&first);
+                let mut items = first;
                 while items.len() < limits.max_items && bytes < limits.max_bytes {
-                    match rx.try_recv() {
-                        Ok(item) => {
-                            bytes += item.size;
-                            items.push(item);
-                        }
-                        Err(_) => break,
+                    let Ok(group) = rx.try_recv() else { break };
+                    let more = group_bytes(&group);
+                    // Whole groups only; like a single request, a group may take a batch past
+                    // `max_bytes` (it is checked before adding), never past `max_items`.
+                    if items.len() + group.len() > limits.max_items {
+                        carried = Some(group);
+                        break;
                     }
+                    bytes += more;
+                    items.extend(group);
                 }
                 taken.fetch_sub(items.len(), Ordering::Relaxed);
                 let (inputs, replies): (Vec<I>, Vec<oneshot::Sender<O>>) = items
@@ -124,21 +146,39 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         }
     }
 
+    /// Queue `inputs` (each with its size) as one group for the next batch, without
+    /// waiting: refused whole when the queue has no room for all of them. Groups queued one
+    /// after another by one task start in their order.
+    fn submit_group(
+        &self,
+        inputs: impl IntoIterator<Item = (I, usize)>,
+    ) -> Result<Vec<oneshot::Receiver<O>>, Refused> {
+        let (group, receivers): (Group<I, O>, Vec<_>) = inputs
+            .into_iter()
+            .map(|(input, size)| {
+                let (reply, rx) = oneshot::channel();
+                (Item { input, size, reply }, rx)
+            })
+            .unzip();
+        let n = group.len();
+        let queued = self.queued.fetch_add(n, Ordering::Relaxed);
+        if queued + n > self.max_queued {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            return Err(Refused::Full { queued });
+        }
+        if self.tx.send(group).is_err() {
+            // The batching task is gone: the receivers report it.
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+        }
+        Ok(receivers)
+    }
+
     /// Queue `input` (of about `size` bytes) for the next batch, without waiting: requests
     /// queued one after another by one task keep their order within and across batches
     /// (batches start in order). Refused at once when `max_queued` requests wait already.
     pub fn submit(&self, input: I, size: usize) -> Result<oneshot::Receiver<O>, Refused> {
-        let queued = self.queued.fetch_add(1, Ordering::Relaxed);
-        if queued >= self.max_queued {
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-            return Err(Refused::Full { queued });
-        }
-        let (reply, rx) = oneshot::channel();
-        if self.tx.send(Item { input, size, reply }).is_err() {
-            // The batching task is gone: the receiver reports it.
-            self.queued.fetch_sub(1, Ordering::Relaxed);
-        }
-        Ok(rx)
+        let mut rx = self.submit_group([(input, size)])?;
+        rx.pop().ok_or(Refused::Gone)
     }
 
     /// [`Batcher::submit`] and wait for the output; `refused(why)` if the queue was full, the
@@ -150,26 +190,26 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         }
     }
 
-    /// [`Batcher::call`] for several `(input, size)`: all are queued, in order, before any
-    /// is waited for, so they keep their order and share batches. One output each (those past
-    /// a full queue are refused; the ones before it still run).
+    /// [`Batcher::call`] for several `(input, size)` as one group: they ride in the same
+    /// batch, in their order (a group larger than a batch goes alone), or are all refused
+    /// when the queue has no room for them. One output each.
     pub async fn call_all(
         &self,
         inputs: impl IntoIterator<Item = (I, usize)>,
         refused: impl Fn(Refused) -> O,
     ) -> Vec<O> {
-        let pending: Vec<_> = inputs
-            .into_iter()
-            .map(|(input, size)| self.submit(input, size))
-            .collect();
-        let mut out = Vec::with_capacity(pending.len());
-        for p in pending {
-            out.push(match p {
-                Ok(rx) => rx.await.unwrap_or_else(|_| refused(Refused::Gone)),
-                Err(why) => refused(why),
-            });
+        let inputs: Vec<(I, usize)> = inputs.into_iter().collect();
+        let n = inputs.len();
+        match self.submit_group(inputs) {
+            Ok(pending) => {
+                let mut out = Vec::with_capacity(n);
+                for rx in pending {
+                    out.push(rx.await.unwrap_or_else(|_| refused(Refused::Gone)));
+                }
+                out
+            }
+            Err(why) => (0..n).map(|_| refused(why)).collect(),
         }
-        out
     }
 }
 
@@ -245,6 +285,55 @@ mod tests {
     async fn missing_outputs_report_gone() {
         let b = Batcher::spawn(LIMITS, |_: Vec<u8>| async { Vec::<u8>::new() });
         assert_eq!(b.call(1, 1, |_| 99).await, 99);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_is_never_split_between_batches() {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let seen = batches.clone();
+        let limits = Limits {
+            in_flight: 2,
+            max_items: 8,
+            ..LIMITS
+        };
+        let b = Batcher::spawn(limits, move |batch: Vec<u32>| {
+            seen.lock().unwrap().push(batch.clone());
+            async move {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                batch
+            }
+        });
+        for round in 0..50u32 {
+            // Singles from another task race the group into the batcher.
+            let singles = {
+                let b = b.clone();
+                tokio::spawn(async move {
+                    for i in 0..5 {
+                        b.call(100_000 + i, 1, |_| 0).await;
+                    }
+                })
+            };
+            let group: Vec<(u32, usize)> = (0..6).map(|i| (round * 100 + i, 1)).collect();
+            let out = b.call_all(group.clone(), |_| 0).await;
+            assert_eq!(out, group.iter().map(|g| g.0).collect::<Vec<_>>());
+            singles.await.unwrap();
+            let all = batches.lock().unwrap().clone();
+            let holding: Vec<_> = all
+                .iter()
+                .filter(|batch| batch.iter().any(|x| x / 100 == round))
+                .collect();
+            assert_eq!(
+                holding.len(),
+                1,
+                "round {round}: the group was split: {holding:?}"
+            );
+            let at = holding[0].iter().position(|x| *x == round * 100).unwrap();
+            assert_eq!(
+                holding[0][at..at + 6],
+                (0..6).map(|i| round * 100 + i).collect::<Vec<_>>()[..],
+                "in order and together"
+            );
+        }
     }
 
     #[tokio::test]
