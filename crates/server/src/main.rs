@@ -341,16 +341,16 @@ impl ConnArgs {
 #[derive(Args)]
 struct ClientTlsArgs {
     /// Connect over TLS, trusting this CA (PEM).
-    #[arg(long)]
+    #[arg(long, global = true)]
     tls_ca: Option<PathBuf>,
     /// Present this client certificate (PEM), for clusters that require one.
-    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
+    #[arg(long, requires_all = ["tls_ca", "tls_key"], global = true)]
     tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).
-    #[arg(long, requires = "tls_cert")]
+    #[arg(long, requires = "tls_cert", global = true)]
     tls_key: Option<PathBuf>,
     /// Verify the servers' certificates for this name instead of the endpoint's host.
-    #[arg(long, requires = "tls_ca")]
+    #[arg(long, requires = "tls_ca", global = true)]
     tls_server_name: Option<String>,
 }
 
