@@ -32,6 +32,7 @@ pub async fn start(
 ) -> Result<JoinHandle<()>, StartError> {
     let mut config = fenced_resp::Config::new(cfg.resp_addr.clone());
     config.acl = cfg.acl.clone();
+    config.observer = Some(node.metrics().clone());
     if let Some(t) = &cfg.tls {
         config.tls = Some(
             t.resp_acceptor()
