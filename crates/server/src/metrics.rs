@@ -64,6 +64,9 @@ pub struct Metrics {
     applied_index: Gauge,
     snapshot_index: Gauge,
     purged_index: Gauge,
+    committed_index: Gauge,
+    /// Where the committed index is read from at each scrape ([`Metrics::read_log`]).
+    log: OnceLock<fenced_storage::LogStore>,
     revision: Gauge,
     locks_held: Gauge,
     waiters: Gauge,
@@ -189,6 +192,8 @@ impl Metrics {
             applied_index: Gauge::default(),
             snapshot_index: Gauge::default(),
             purged_index: Gauge::default(),
+            committed_index: Gauge::default(),
+            log: OnceLock::new(),
             revision: Gauge::default(),
             locks_held: Gauge::default(),
             waiters: Gauge::default(),
@@ -278,6 +283,11 @@ impl Metrics {
             m.snapshot_index.clone(),
         );
         r.register(
+            "raft_committed_index",
+            "Index of the last entry this node knows to be committed",
+            m.committed_index.clone(),
+        );
+        r.register(
             "raft_purged_index",
             "Last index purged from this node's log",
             m.purged_index.clone(),
@@ -349,6 +359,11 @@ impl Metrics {
             m.peer_rtt.clone(),
         );
         Metrics { registry, ..m }
+    }
+
+    /// Read the committed index from `log` (a clone of the node's log store) at each scrape.
+    pub fn read_log(&self, log: fenced_storage::LogStore) {
+        let _ = self.log.set(log);
     }
 
     /// The tower layer that counts and times client gRPC calls.
@@ -431,6 +446,10 @@ impl Metrics {
                 .set(m.snapshot.map_or(0, |l| l.index) as i64);
             self.purged_index
                 .set(m.purged.map_or(0, |l| l.index) as i64);
+        }
+        if let Some(log) = self.log.get() {
+            self.committed_index
+                .set(log.committed_index().unwrap_or(0) as i64);
         }
         let (revision, locks, waiters, sessions) = node.local(|sm| {
             let waiters: usize = sm.locks().map(|l| sm.waiter_count(&l.name)).sum();

@@ -116,6 +116,7 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
     let gate = PeerGate::new(identity.clone(), cfg.grpc_addr.clone());
     let (log_store, sm_store) = (opened.log, opened.state_machine);
     log_store.observe(metrics.clone());
+    metrics.read_log(log_store.clone());
     let state = sm_store.shared();
     let gauge = fenced_storage::CompactionGauge::new(&log_store, &sm_store);
 

@@ -105,6 +105,14 @@ impl LogStore {
         self.hook.set(observer)
     }
 
+    /// The index of the last committed entry openraft reported (`save_committed`), if any.
+    pub fn committed_index(&self) -> Option<u64> {
+        self.committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|c| c.index)
+    }
+
     fn wal(&self) -> MutexGuard<'_, Wal> {
         self.wal.lock().unwrap_or_else(PoisonError::into_inner)
     }
