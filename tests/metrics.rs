@@ -1,16 +1,18 @@
 //! `--metrics-addr`: Prometheus metrics scraped from a loaded cluster and parsed as the text
-//! format, and `/health`, `/ready` and the gRPC health service flipping while a node has no
-//! leader.
+//! format (the lock service's series, requests by gRPC method and RESP command, WAL fsync and
+//! append, snapshots, peer round trips), every `fenced_*` name the Grafana dashboard
+//! (`packaging/grafana/fenced-dashboard.json`) uses present in the scrape, and `/health`,
+//! `/ready` and the gRPC health service flipping while a node has no leader.
 //!
 //! Run: `cargo test -p fenced-server --test metrics`.
 
 #[path = "support/mod.rs"]
 mod support;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use support::{wait_for, within, TestCluster, LEADER_TIMEOUT};
+use support::{resp_connect, wait_for, within, TestCluster, LEADER_TIMEOUT};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const METRICS_PORT: u16 = 9190;
@@ -58,10 +60,100 @@ async fn scrape(ip: &str) -> HashMap<String, f64> {
         .collect()
 }
 
+/// Scrape and parse node `ip`'s metrics, labels kept.
+async fn scrape_samples(ip: &str) -> Vec<prometheus_parse::Sample> {
+    let (code, body) = get(ip, "/metrics").await.expect("scrape");
+    assert_eq!(code, 200, "{body}");
+    let lines = body.lines().map(|l| Ok(l.to_owned()));
+    prometheus_parse::Scrape::parse(lines)
+        .expect("Prometheus text format")
+        .samples
+}
+
+/// The sum of the samples named `name` whose labels include `labels` (a histogram's
+/// `_count` and `_sum` are plain samples).
+fn sum(samples: &[prometheus_parse::Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
+    samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+/// Every series name a scrape holds (a histogram `h` as `h_bucket`, `h_sum`, `h_count`).
+fn names(samples: &[prometheus_parse::Sample]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for s in samples {
+        out.insert(s.metric.clone());
+        if matches!(s.value, prometheus_parse::Value::Histogram(_)) {
+            out.insert(format!("{}_bucket", s.metric));
+        }
+    }
+    out
+}
+
+/// Every `fenced_*` series name in the dashboard's queries.
+fn dashboard_series() -> BTreeSet<String> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../packaging/grafana/fenced-dashboard.json"
+    );
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let json: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path} is not JSON: {e}"));
+    let mut exprs = Vec::new();
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("expr" | "query", serde_json::Value::String(e)) => out.push(e.clone()),
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    walk(&json, &mut exprs);
+    assert!(exprs.len() >= 15, "dashboard queries: {exprs:?}");
+    let mut series = BTreeSet::new();
+    for e in &exprs {
+        let mut rest = e.as_str();
+        while let Some(at) = rest.find("fenced_") {
+            let tail = &rest[at..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len());
+            // `fenced_` inside a longer identifier is not a series name.
+            let standalone = rest[..at]
+                .chars()
+                .last()
+                .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+            if standalone {
+                series.insert(tail[..end].to_owned());
+            }
+            rest = &tail[end..];
+        }
+    }
+    series
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_from_a_loaded_cluster_and_health_that_follows_the_leader() {
     let addr = format!("{{ip}}:{METRICS_PORT}");
-    let c = TestCluster::start("metrics", &["--metrics-addr", &addr]);
+    // Small snapshot threshold: the load below makes every node build one.
+    let c = TestCluster::start(
+        "metrics",
+        &["--metrics-addr", &addr, "--snapshot-logs", "16"],
+    );
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let client = c.client();
     let ttl = Duration::from_secs(60);
@@ -105,6 +197,7 @@ async fn metrics_from_a_loaded_cluster_and_health_that_follows_the_leader() {
     assert!(m["fenced_store_revision"] >= 30.0, "{m:?}");
     assert!(m["fenced_raft_term"] >= 1.0, "{m:?}");
     assert!(m["fenced_raft_applied_index"] >= 30.0, "{m:?}");
+    assert!(m["fenced_raft_committed_index"] >= 30.0, "{m:?}");
     assert!(m.contains_key("fenced_leader_changes_total"), "{m:?}");
     // The lock service's own series (one leader throughout: it answered every call).
     assert_eq!(m.get("fenced_lock_grants_total"), Some(&20.0), "{m:?}");
@@ -117,6 +210,151 @@ async fn metrics_from_a_loaded_cluster_and_health_that_follows_the_leader() {
     let follower = support::follower_of(leader);
     let fm = scrape(&c.ip(follower)).await;
     assert_eq!(fm.get("fenced_is_leader"), Some(&0.0));
+
+    // RESP on the follower: two SETs, a GET with the wrong arity, an unknown command.
+    let mut con = resp_connect(&c, follower).await;
+    for args in [
+        &["SET", "rk", "1"][..],
+        &["SET", "rk", "2"],
+        &["GET"],
+        &["NOSUCHCOMMAND", "x"],
+    ] {
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        let r = within("RESP", CALL, cmd.query_async::<redis::Value>(&mut con)).await;
+        assert_eq!(r.is_ok(), args[0] == "SET", "{args:?}: {r:?}");
+    }
+    let fs = scrape_samples(&c.ip(follower)).await;
+    let resp = |command, result| {
+        sum(
+            &fs,
+            "fenced_resp_commands_total",
+            &[("command", command), ("result", result)],
+        )
+    };
+    assert_eq!(resp("SET", "ok"), 2.0, "{fs:?}");
+    assert_eq!(resp("GET", "err"), 1.0, "{fs:?}");
+    assert_eq!(resp("unknown", "err"), 1.0, "{fs:?}");
+    assert_eq!(
+        sum(
+            &fs,
+            "fenced_resp_command_duration_seconds_count",
+            &[("command", "SET")]
+        ),
+        2.0,
+        "{fs:?}"
+    );
+
+    // Over the whole cluster (the client may have reached the leader through a follower):
+    // every gRPC call counted by method and code, with its latency.
+    let mut all = Vec::new();
+    for id in c.ids() {
+        all.push(scrape_samples(&c.ip(id)).await);
+    }
+    let total = |name: &str, labels: &[(&str, &str)]| -> f64 {
+        all.iter().map(|s| sum(s, name, labels)).sum()
+    };
+    let acquires = [("method", "Lock.Acquire"), ("code", "OK")];
+    assert!(
+        total("fenced_grpc_requests_total", &acquires) >= 20.0,
+        "{all:?}"
+    );
+    assert!(
+        total("fenced_grpc_requests_total", &[("method", "Lock.Release")]) >= 10.0,
+        "{all:?}"
+    );
+    assert!(
+        total(
+            "fenced_grpc_request_duration_seconds_count",
+            &[("method", "Lock.Acquire")]
+        ) >= 20.0,
+        "{all:?}"
+    );
+    assert!(
+        total("fenced_grpc_requests_total", &[("method", "Kv.FencedPut")]) >= 2.0,
+        "{all:?}"
+    );
+    // The node-to-node services are not counted.
+    for s in &all {
+        for sample in s.iter().filter(|x| x.metric.starts_with("fenced_grpc_")) {
+            let method = sample.labels.get("method").unwrap_or("");
+            assert!(
+                method.contains('.') && !method.contains("Raft") && !method.contains("Forward"),
+                "{sample:?}"
+            );
+        }
+    }
+    // Storage on every node: fsyncs and appends observed, a snapshot built (every node
+    // applies ~35 entries, over --snapshot-logs 16).
+    for id in c.ids() {
+        let s = wait_for(&format!("node {id}'s snapshot"), CALL, || async {
+            let s = scrape_samples(&c.ip(id)).await;
+            match sum(&s, "fenced_snapshot_total", &[]) {
+                n if n >= 1.0 => Ok(s),
+                n => Err(format!("{n} snapshots")),
+            }
+        })
+        .await;
+        assert!(sum(&s, "fenced_wal_fsync_duration_seconds_count", &[]) >= 1.0);
+        assert!(sum(&s, "fenced_wal_fsync_duration_seconds_sum", &[]) > 0.0);
+        assert!(sum(&s, "fenced_wal_append_duration_seconds_count", &[]) >= 1.0);
+        assert!(sum(&s, "fenced_snapshot_bytes", &[]) > 0.0, "{s:?}");
+        assert!(sum(&s, "fenced_snapshot_duration_seconds_count", &[]) >= 1.0);
+    }
+    // The leader times its heartbeats to both peers.
+    let ls = wait_for("peer round trips on the leader", CALL, || async {
+        let s = scrape_samples(&ip).await;
+        let peers: Vec<f64> = c
+            .ids()
+            .filter(|id| *id != leader)
+            .map(|id| {
+                sum(
+                    &s,
+                    "fenced_peer_round_trip_seconds_count",
+                    &[("peer", &id.to_string())],
+                )
+            })
+            .collect();
+        if peers.iter().all(|n| *n >= 1.0) {
+            Ok(s)
+        } else {
+            Err(format!("round trips per peer {peers:?}"))
+        }
+    })
+    .await;
+    for id in c.ids().filter(|id| *id != leader) {
+        let peer = id.to_string();
+        let n = sum(
+            &ls,
+            "fenced_peer_round_trip_seconds_count",
+            &[("peer", &peer)],
+        );
+        let secs = sum(
+            &ls,
+            "fenced_peer_round_trip_seconds_sum",
+            &[("peer", &peer)],
+        );
+        let mean = secs / n;
+        // Loopback: well under the heartbeat timeout.
+        assert!(
+            mean > 0.0 && mean < 0.5,
+            "peer {id}: mean round trip {mean} s"
+        );
+    }
+
+    // The dashboard asks only for series that exist.
+    let mut present = BTreeSet::new();
+    for id in c.ids() {
+        present.extend(names(&scrape_samples(&c.ip(id)).await));
+    }
+    let wanted = dashboard_series();
+    let missing: Vec<_> = wanted.difference(&present).collect();
+    assert!(
+        missing.is_empty(),
+        "the dashboard uses series no node exports: {missing:?} (present: {present:?})"
+    );
 
     // Healthy and ready everywhere.
     for id in c.ids() {

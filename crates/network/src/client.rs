@@ -43,6 +43,27 @@ pub struct NetworkFactory {
     connect_timeout: Duration,
     tls: Option<ClientTlsConfig>,
     channels: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
+    observer: Observer,
+}
+
+/// Receives the transport's timings (the server implements it with Prometheus histograms;
+/// this crate knows no metrics library). Called on openraft's replication tasks: keep it
+/// cheap and non-blocking.
+pub trait PeerObserver: Send + Sync + 'static {
+    /// A heartbeat — an `AppendEntries` without entries — to `peer` answered after `took`:
+    /// the network round trip plus the peer's handling, which for an empty append does not
+    /// wait for its disk. Calls that fail or time out are not reported.
+    fn round_trip(&self, peer: NodeId, took: Duration);
+}
+
+/// An optional [`PeerObserver`], shared by a factory's clients.
+#[derive(Clone, Default)]
+struct Observer(Option<Arc<dyn PeerObserver>>);
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Observer").field(&self.0.is_some()).finish()
+    }
 }
 
 impl NetworkFactory {
@@ -54,7 +75,15 @@ impl NetworkFactory {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls: None,
             channels: Arc::default(),
+            observer: Observer::default(),
         }
+    }
+
+    /// Report heartbeat round trips to peers to `observer` ([`PeerObserver::round_trip`]).
+    /// Affects clients created afterwards.
+    pub fn with_observer(mut self, observer: Arc<dyn PeerObserver>) -> Self {
+        self.observer = Observer(Some(observer));
+        self
     }
 
     /// Sets the timeout for establishing a connection to a peer. Affects channels created
@@ -117,6 +146,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             node: node.clone(),
             gate: self.gate.clone(),
             client,
+            observer: self.observer.clone(),
         }
     }
 }
@@ -134,6 +164,7 @@ pub struct Network {
     node: BasicNode,
     gate: PeerGate,
     client: Result<RaftClient<Channel>, TransportError>,
+    observer: Observer,
 }
 
 impl std::fmt::Debug for Network {
@@ -257,7 +288,14 @@ impl Network {
                 tracing::debug!(id = self.id, target = self.target, %action, error = %err, "raft rpc failed");
                 return Err(err);
             }
-            Ok(Ok(reply)) => reply.into_inner(),
+            Ok(Ok(reply)) => {
+                if action == RPCTypes::AppendEntries && entries == 0 {
+                    if let Some(o) = &self.observer.0 {
+                        o.round_trip(self.target, start.elapsed());
+                    }
+                }
+                reply.into_inner()
+            }
         };
         if let Err(why) = self.gate.accept_reply(self.target, reply.incarnation) {
             tracing::warn!(id = self.id, target = self.target, %action, "{why}");

@@ -24,7 +24,7 @@ mod server;
 
 use std::time::Duration;
 
-pub use client::{Network, NetworkFactory};
+pub use client::{Network, NetworkFactory, PeerObserver};
 pub use gate::PeerGate;
 pub use server::{raft_server, RaftService};
 

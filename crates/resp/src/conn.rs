@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Buf, BytesMut};
 use fenced_core::kv::{
@@ -291,15 +291,29 @@ impl Connection {
         encode(r, self.st.proto, &mut self.out);
     }
 
+    /// Reply `r` to `argv`, whose serving began at `since`, and tell the observer (the one
+    /// place where commands are counted and timed; `r` is `None` for a command that wrote
+    /// its own replies, like `SUBSCRIBE`).
+    fn answer(&mut self, argv: &Argv, r: Option<&Reply>, since: Instant) {
+        if let Some(r) = r {
+            self.reply(r);
+        }
+        if let Some(o) = &self.shared.config.observer {
+            let ok = !r.is_some_and(Reply::is_error);
+            o.command(crate::command_label(argv), ok, since.elapsed());
+        }
+    }
+
     /// Serve a pipeline in order: runs of plain writes become one log entry, runs of reads
     /// one read barrier; everything else one at a time.
     async fn process(&mut self, reqs: Vec<Argv>) {
         let mut i = 0;
         while i < reqs.len() && !self.st.closing {
+            let since = Instant::now();
             let class = match self.gate(&reqs[i]) {
                 Ok(c) => c,
                 Err(r) => {
-                    self.reply(&r);
+                    self.answer(&reqs[i], Some(&r), since);
                     i += 1;
                     continue;
                 }
@@ -319,8 +333,8 @@ impl Connection {
                     } else {
                         self.read_batch(group).await
                     };
-                    for r in &replies {
-                        self.reply(r);
+                    for (argv, r) in reqs[i..j].iter().zip(&replies) {
+                        self.answer(argv, Some(r), since);
                     }
                     i = j;
                 }
@@ -338,7 +352,7 @@ impl Connection {
                             Some(Ok(op)) => ops.push((self.st.next_rid(), op)),
                             // Bad arguments first in the run: answered alone.
                             Some(Err(e)) if ops.is_empty() => {
-                                self.reply(&e);
+                                self.answer(&reqs[j], Some(&e), since);
                                 j += 1;
                                 break;
                             }
@@ -349,23 +363,22 @@ impl Connection {
                     if !ops.is_empty() {
                         let n = ops.len();
                         let mut replies = self.shared.backend.lock_batch(ops).await.into_iter();
-                        for _ in 0..n {
+                        // `ops` are `reqs[i..i + n]`: the run stops at the first that is not one.
+                        for argv in &reqs[i..i + n] {
                             let r = match replies.next() {
                                 Some(r) => lock_reply(r),
                                 None => Reply::err(format!(
                                     "ERR internal: fewer replies than {n} lock commands"
                                 )),
                             };
-                            self.reply(&r);
+                            self.answer(argv, Some(&r), since);
                         }
                     }
                     i = j;
                 }
                 _ => {
                     let r = self.single(&reqs[i], class).await;
-                    if let Some(r) = r {
-                        self.reply(&r);
-                    }
+                    self.answer(&reqs[i], r.as_ref(), since);
                     i += 1;
                 }
             }

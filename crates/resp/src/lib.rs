@@ -136,6 +136,29 @@ pub struct Config {
     /// Serve TLS only (the node's `--tls-cert`); the handshake must finish within
     /// [`TLS_HANDSHAKE_TIMEOUT`].
     pub tls: Option<fenced_tls::TlsAcceptor>,
+    /// Told every command served, with its result and latency ([`CommandObserver`]).
+    pub observer: Option<Arc<dyn CommandObserver>>,
+}
+
+/// Receives one call per command served (the server implements it with Prometheus counters
+/// and histograms; this crate knows no metrics library). Called on the connection's task:
+/// keep it cheap and non-blocking.
+pub trait CommandObserver: Send + Sync + 'static {
+    /// `command`: the command table's name (upper case, so the set of values is bounded),
+    /// or `"unknown"` for a name not in the table; `ok`: the reply is not an error (a
+    /// refusal — `NOAUTH`, `NOPERM`, wrong arity — is an error of that command); `took`: from
+    /// when the connection began serving it to its reply. A pipeline's run of reads or writes
+    /// is served together (one barrier, one log entry), so each of its commands counts the
+    /// run's time.
+    fn command(&self, command: &'static str, ok: bool, took: Duration);
+}
+
+/// The name [`CommandObserver::command`] gets for `argv`: its row's name in the command
+/// table, else `"unknown"`.
+pub fn command_label(argv: &fenced_core::kv::Argv) -> &'static str {
+    argv.first()
+        .and_then(|name| fenced_core::kv::lookup(name))
+        .map_or("unknown", |c| c.name)
 }
 
 /// Longest a client may take to finish its TLS handshake.
@@ -150,6 +173,7 @@ impl Config {
             idle_timeout: Duration::ZERO,
             limits: Limits::default(),
             tls: None,
+            observer: None,
         }
     }
 }

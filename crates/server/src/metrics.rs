@@ -3,8 +3,16 @@
 //! had committed when asked — a linearizable read would be served now).
 //!
 //! Counters are bumped where things happen (the proposer, the leader watcher); gauges are read
-//! from Raft's metrics and the state machine at each scrape.
+//! from Raft's metrics and the state machine at each scrape. The front ends and the lower
+//! crates report through hooks that know no metrics library: the gRPC API through a tower
+//! layer ([`grpc::GrpcMetricsLayer`]), RESP through [`fenced_resp::CommandObserver`], the
+//! storage through [`fenced_storage::StorageObserver`] and the Raft transport through
+//! [`fenced_network::PeerObserver`]; [`Metrics`] implements all three traits.
 
+pub mod grpc;
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -56,10 +64,106 @@ pub struct Metrics {
     applied_index: Gauge,
     snapshot_index: Gauge,
     purged_index: Gauge,
+    committed_index: Gauge,
+    /// Where the committed index is read from at each scrape ([`Metrics::read_log`]).
+    log: OnceLock<fenced_storage::LogStore>,
     revision: Gauge,
     locks_held: Gauge,
     waiters: Gauge,
     sessions: Gauge,
+    /// Client API calls by method and code, and their latency ([`grpc`]).
+    grpc: Arc<grpc::GrpcStats>,
+    /// RESP commands by name and result, and their latency.
+    resp: RespStats,
+    /// Each fdatasync of the write-ahead log, and each append from call to durable.
+    wal_fsync: Histogram,
+    wal_append: Histogram,
+    /// Snapshots built on this node: how many, the last one's size, how long each took.
+    snapshots: Counter,
+    snapshot_bytes: Gauge,
+    snapshot_seconds: Histogram,
+    /// Heartbeat round trips to each peer (this node as leader).
+    peer_rtt: DurationFamily<Peer>,
+}
+
+/// A family of duration histograms whose buckets a constructor sets.
+pub(crate) type DurationFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// Request and command latencies: 100 µs to 13 s.
+pub(crate) fn request_duration_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
+}
+
+/// Disk syncs and appends: 50 µs to 6.5 s (etcd's `etcd_disk_wal_fsync_duration_seconds`
+/// starts at 1 ms, too coarse for a fast SSD).
+fn disk_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+}
+
+/// Peer round trips: 50 µs to 3.3 s (loopback is well under a millisecond).
+fn rtt_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 17))
+}
+
+/// RESP commands: a handle per command of the command table (and `unknown`), resolved on
+/// first use, so a command costs a hash lookup of its name, a counter increment and a
+/// histogram observation.
+struct RespStats {
+    commands: Family<CommandResult, Counter>,
+    durations: DurationFamily<CommandLabel>,
+    by_name: HashMap<&'static str, RespSlot>,
+}
+
+#[derive(Default)]
+struct RespSlot {
+    ok: OnceLock<Counter>,
+    err: OnceLock<Counter>,
+    duration: OnceLock<Histogram>,
+}
+
+impl RespStats {
+    fn new() -> RespStats {
+        let by_name = fenced_core::kv::command_table()
+            .iter()
+            .map(|c| c.name)
+            .chain(["unknown"])
+            .map(|n| (n, RespSlot::default()))
+            .collect();
+        RespStats {
+            commands: Family::default(),
+            durations: Family::new_with_constructor(request_duration_histogram),
+            by_name,
+        }
+    }
+
+    fn record(&self, command: &'static str, ok: bool, seconds: f64) {
+        let (command, slot) = match self.by_name.get_key_value(command) {
+            Some((name, slot)) => (*name, slot),
+            // Not a name of the table (the RESP crate only sends those): counted as unknown.
+            None => match self.by_name.get_key_value("unknown") {
+                Some((name, slot)) => (*name, slot),
+                None => return,
+            },
+        };
+        let (cell, result) = if ok {
+            (&slot.ok, "ok")
+        } else {
+            (&slot.err, "err")
+        };
+        cell.get_or_init(|| {
+            self.commands
+                .get_or_create(&CommandResult { command, result })
+                .clone()
+        })
+        .inc();
+        slot.duration
+            .get_or_init(|| {
+                self.durations
+                    .get_or_create(&CommandLabel { command })
+                    .clone()
+            })
+            .observe(seconds);
+    }
 }
 
 impl Default for Metrics {
@@ -88,10 +192,20 @@ impl Metrics {
             applied_index: Gauge::default(),
             snapshot_index: Gauge::default(),
             purged_index: Gauge::default(),
+            committed_index: Gauge::default(),
+            log: OnceLock::new(),
             revision: Gauge::default(),
             locks_held: Gauge::default(),
             waiters: Gauge::default(),
             sessions: Gauge::default(),
+            grpc: Arc::new(grpc::GrpcStats::new()),
+            resp: RespStats::new(),
+            wal_fsync: disk_histogram(),
+            wal_append: disk_histogram(),
+            snapshots: Counter::default(),
+            snapshot_bytes: Gauge::default(),
+            snapshot_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 16)),
+            peer_rtt: Family::new_with_constructor(rtt_histogram),
             registry: Registry::default(),
         };
         let r = &mut registry;
@@ -169,6 +283,11 @@ impl Metrics {
             m.snapshot_index.clone(),
         );
         r.register(
+            "raft_committed_index",
+            "Index of the last entry this node knows to be committed",
+            m.committed_index.clone(),
+        );
+        r.register(
             "raft_purged_index",
             "Last index purged from this node's log",
             m.purged_index.clone(),
@@ -185,7 +304,71 @@ impl Metrics {
             m.waiters.clone(),
         );
         r.register("sessions", "Open sessions", m.sessions.clone());
+        r.register(
+            "grpc_requests",
+            "Calls of the client gRPC API (fenced.v1) answered by this node, by method \
+             (Lock.Acquire, ...) and gRPC status code (OK, Unavailable, ...)",
+            m.grpc.requests(),
+        );
+        r.register(
+            "grpc_request_duration_seconds",
+            "Client gRPC API calls from request to the end of the response, by method \
+             (streams: their lifetime)",
+            m.grpc.durations(),
+        );
+        r.register(
+            "resp_commands",
+            "RESP commands served by this node, by command (the command table's name, or \
+             unknown) and result (ok, err: an error reply)",
+            m.resp.commands.clone(),
+        );
+        r.register(
+            "resp_command_duration_seconds",
+            "RESP commands from the start of serving to the reply, by command (a pipelined run \
+             of reads or writes shares one barrier or log entry and counts the run's time)",
+            m.resp.durations.clone(),
+        );
+        r.register(
+            "wal_fsync_duration_seconds",
+            "Each fdatasync of the write-ahead log (one per group commit)",
+            m.wal_fsync.clone(),
+        );
+        r.register(
+            "wal_append_duration_seconds",
+            "Log appends from the append call to durable (written, fsynced, hard state recorded)",
+            m.wal_append.clone(),
+        );
+        r.register(
+            "snapshot",
+            "Snapshots built on this node",
+            m.snapshots.clone(),
+        );
+        r.register(
+            "snapshot_bytes",
+            "Size of the last snapshot built on this node",
+            m.snapshot_bytes.clone(),
+        );
+        r.register(
+            "snapshot_duration_seconds",
+            "Time to write and install a snapshot built on this node",
+            m.snapshot_seconds.clone(),
+        );
+        r.register(
+            "peer_round_trip_seconds",
+            "Heartbeat (empty AppendEntries) round trips from this node as leader, by peer id",
+            m.peer_rtt.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// Read the committed index from `log` (a clone of the node's log store) at each scrape.
+    pub fn read_log(&self, log: fenced_storage::LogStore) {
+        let _ = self.log.set(log);
+    }
+
+    /// The tower layer that counts and times client gRPC calls.
+    pub fn grpc_layer(&self) -> grpc::GrpcMetricsLayer {
+        grpc::GrpcMetricsLayer::new(self.grpc.clone())
     }
 
     /// Count what the state machine reports (every node applies every entry).
@@ -264,6 +447,10 @@ impl Metrics {
             self.purged_index
                 .set(m.purged.map_or(0, |l| l.index) as i64);
         }
+        if let Some(log) = self.log.get() {
+            self.committed_index
+                .set(log.committed_index().unwrap_or(0) as i64);
+        }
         let (revision, locks, waiters, sessions) = node.local(|sm| {
             let waiters: usize = sm.locks().map(|l| sm.waiter_count(&l.name)).sum();
             (sm.revision(), sm.lock_count(), waiters, sm.session_count())
@@ -288,6 +475,64 @@ struct Reason {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Via {
     via: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct MethodCode {
+    method: &'static str,
+    code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct MethodLabel {
+    method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandResult {
+    command: &'static str,
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandLabel {
+    command: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Peer {
+    peer: u64,
+}
+
+impl fenced_resp::CommandObserver for Metrics {
+    fn command(&self, command: &'static str, ok: bool, took: Duration) {
+        self.resp.record(command, ok, took.as_secs_f64());
+    }
+}
+
+impl fenced_storage::StorageObserver for Metrics {
+    fn wal_fsync(&self, took: Duration) {
+        self.wal_fsync.observe(took.as_secs_f64());
+    }
+
+    fn wal_append(&self, took: Duration) {
+        self.wal_append.observe(took.as_secs_f64());
+    }
+
+    fn snapshot_built(&self, bytes: u64, took: Duration) {
+        self.snapshots.inc();
+        self.snapshot_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        self.snapshot_seconds.observe(took.as_secs_f64());
+    }
+}
+
+impl fenced_network::PeerObserver for Metrics {
+    fn round_trip(&self, peer: fenced_raft_types::NodeId, took: Duration) {
+        self.peer_rtt
+            .get_or_create(&Peer { peer })
+            .observe(took.as_secs_f64());
+    }
 }
 
 /// Serve `/metrics`, `/health` and `/ready` on `listener` until `shutdown`.

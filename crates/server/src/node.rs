@@ -153,7 +153,7 @@ impl Node {
     }
 
     /// This node's Prometheus metrics.
-    pub fn metrics(&self) -> &Metrics {
+    pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
     }
 

@@ -33,6 +33,7 @@ pub async fn start(
     let mut config = fenced_resp::Config::new(cfg.resp_addr.clone());
     config.acl = cfg.acl.clone();
     config.max_connections = cfg.max_clients.max(1);
+    config.observer = Some(node.metrics().clone());
     if let Some(t) = &cfg.tls {
         config.tls = Some(
             t.resp_acceptor()

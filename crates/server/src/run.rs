@@ -115,6 +115,8 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
     let identity = opened.identity.clone();
     let gate = PeerGate::new(identity.clone(), cfg.grpc_addr.clone());
     let (log_store, sm_store) = (opened.log, opened.state_machine);
+    log_store.observe(metrics.clone());
+    metrics.read_log(log_store.clone());
     let state = sm_store.shared();
     let gauge = fenced_storage::CompactionGauge::new(&log_store, &sm_store);
 
@@ -146,12 +148,13 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
     }
     .validate()
     .map_err(|e| StartError::Config(e.to_string()))?;
+    let network = NetworkFactory::new(gate.clone()).with_observer(metrics.clone());
     let raft = Raft::new(
         cfg.id,
         Arc::new(raft_config),
         match &cfg.tls {
-            Some(t) => NetworkFactory::new(gate.clone()).with_tls(t.peer_client()),
-            None => NetworkFactory::new(gate.clone()),
+            Some(t) => network.with_tls(t.peer_client()),
+            None => network,
         },
         log_store,
         sm_store,
@@ -206,7 +209,9 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
             cfg.acl.clone(),
             cfg.auth_token_ttl,
         ));
+        // Counts and times the client API's calls (fenced.v1 only; node-to-node calls pass).
         let router = builder
+            .layer(node.metrics().grpc_layer())
             .add_service(raft_server(raft.clone(), gate.clone(), check.clone()))
             .add_service(crate::forward::server::forward_server(node.clone(), check))
             .add_service(crate::api::lock_server(node.clone(), users.clone()))

@@ -31,11 +31,13 @@ pub mod datadir;
 pub mod frame;
 pub mod hardstate;
 mod log;
+pub mod observe;
 pub mod restore;
 pub mod snapshot;
 pub mod wal;
 
 pub use log::LogStore;
+pub use observe::StorageObserver;
 
 use std::fmt;
 use std::io::{self, Cursor};
@@ -396,12 +398,14 @@ fn open_checked(
         }
     }
 
-    let log_store = LogStore::new(db, meta, wal, hard, legacy_committed)?;
+    let hook = observe::Hook::default();
+    let log_store = LogStore::new(db, meta, wal, hard, legacy_committed, hook.clone())?;
     let sm_store = StateMachineStore {
         snapshots: Arc::new(snapshots),
         state: Arc::new(RwLock::new(state)),
         events,
         snapshot_seq: 0,
+        hook,
     };
     Ok((log_store, sm_store))
 }
@@ -645,6 +649,8 @@ pub struct StateMachineStore {
     state: Arc<RwLock<SmState>>,
     events: EventSink,
     snapshot_seq: u64,
+    /// Shared with the [`LogStore`] opened with it ([`LogStore::observe`]).
+    hook: observe::Hook,
 }
 
 impl fmt::Debug for StateMachineStore {
@@ -759,6 +765,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             snapshots: self.snapshots.clone(),
             state,
             seq: self.snapshot_seq,
+            hook: self.hook.clone(),
         }
     }
 
@@ -851,6 +858,7 @@ pub struct SnapshotBuilder {
     snapshots: Arc<snapshot::SnapshotStore>,
     state: SmState,
     seq: u64,
+    hook: observe::Hook,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -879,10 +887,17 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         .await
         .map_err(err)?;
         let file = SnapshotFile::open(&path).map_err(|e| err(StoreError::file(&path, e)))?;
+        let (bytes, took) = (
+            std::fs::metadata(&path).map_or(0, |m| m.len()),
+            started.elapsed(),
+        );
+        if let Some(o) = self.hook.get() {
+            o.snapshot_built(bytes, took);
+        }
         tracing::info!(
             id = %meta.snapshot_id,
-            bytes = std::fs::metadata(&path).map_or(0, |m| m.len()),
-            ms = started.elapsed().as_millis() as u64,
+            bytes,
+            ms = took.as_millis() as u64,
             "snapshot built"
         );
         Ok(Snapshot {

@@ -7,6 +7,7 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
@@ -18,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::hardstate::{HardState, HardStateValue};
+use crate::observe::{Hook, StorageObserver};
 use crate::wal::{Flusher, Wal};
 use crate::{decode, encode, flush_db, StoreError, KEY_LAST_PURGED};
 
@@ -35,6 +37,9 @@ pub struct LogStore {
     /// The last committed log id openraft told us; written with the next hard-state record.
     committed: Arc<Mutex<Option<LogId<NodeId>>>>,
     flusher: Arc<Flusher>,
+    /// Where timings go ([`LogStore::observe`]); shared with the flusher thread and the
+    /// state machine store of the same data dir.
+    hook: Hook,
 }
 
 impl fmt::Debug for LogStore {
@@ -74,17 +79,38 @@ impl LogStore {
         wal: Wal,
         hard: HardState,
         committed: Option<LogId<NodeId>>,
+        hook: Hook,
     ) -> Result<LogStore, StoreError> {
         let committed = Arc::new(Mutex::new(hard.value().committed.or(committed)));
         let hard = Arc::new(Mutex::new(hard));
         Ok(LogStore {
-            flusher: Arc::new(Flusher::start(hard.clone(), committed.clone())?),
+            flusher: Arc::new(Flusher::start(
+                hard.clone(),
+                committed.clone(),
+                hook.clone(),
+            )?),
+            hook,
             db,
             meta,
             wal: Arc::new(Mutex::new(wal)),
             hard,
             committed,
         })
+    }
+
+    /// Report the storage's timings (WAL fsyncs and appends, snapshots built) to `observer`
+    /// from now on: this store, its clones and the state machine store opened with it share
+    /// it. Only the first call installs one; `false` if an observer was there already.
+    pub fn observe(&self, observer: Arc<dyn StorageObserver>) -> bool {
+        self.hook.set(observer)
+    }
+
+    /// The index of the last committed entry openraft reported (`save_committed`), if any.
+    pub fn committed_index(&self) -> Option<u64> {
+        self.committed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|c| c.index)
     }
 
     fn wal(&self) -> MutexGuard<'_, Wal> {
@@ -231,6 +257,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        let since = Instant::now();
         let entries: Vec<_> = entries.into_iter().collect();
         let overwrites = {
             let last = self.wal().last_log_id();
@@ -248,7 +275,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             Ok(Some((last, file))) => {
                 // Acknowledged by the flusher once an fdatasync covering these entries is done
                 // and the hard state records them.
-                self.flusher.sync(file, last, callback);
+                self.flusher.sync(file, last, callback, since);
                 Ok(())
             }
             Ok(None) => {

@@ -38,12 +38,14 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::storage::LogFlushed;
 use openraft::{Entry, LogId};
 
 use crate::hardstate::HardState;
+use crate::observe::Hook;
 use crate::StoreError;
 
 /// Directory of the segments inside the data dir.
@@ -703,6 +705,8 @@ enum Job {
         file: Arc<File>,
         last: LogId<NodeId>,
         callback: LogFlushed<TypeConfig>,
+        /// When openraft called `append` (for [`StorageObserver::wal_append`]).
+        since: Instant,
     },
     /// Answered once every append queued before it is acknowledged.
     Barrier(tokio::sync::oneshot::Sender<()>),
@@ -711,26 +715,36 @@ enum Job {
 impl Flusher {
     /// Start the thread; it ends when the last [`Flusher`] handle is dropped.
     /// `committed` is written with every hard-state record (see
-    /// [`HardStateValue::committed`](crate::hardstate::HardStateValue)).
-    pub fn start(
+    /// [`HardStateValue::committed`](crate::hardstate::HardStateValue)). The thread reports
+    /// its fsync and append timings to the observer in `hook`, once one is installed.
+    pub(crate) fn start(
         hard: Arc<Mutex<HardState>>,
         committed: Arc<Mutex<Option<LogId<NodeId>>>>,
+        hook: Hook,
     ) -> Result<Flusher, StoreError> {
         let (jobs, rx) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("fenced-wal".into())
-            .spawn(move || flush_loop(&rx, &hard, &committed))
+            .spawn(move || flush_loop(&rx, &hard, &committed, &hook))
             .map_err(|e| StoreError::file(Path::new("fenced-wal thread"), e))?;
         Ok(Flusher { jobs })
     }
 
     /// Acknowledge `callback` once the entries up to `last`, written to `file`, are durable.
     /// If the thread is gone, the callback is dropped, which openraft reports as an error.
-    pub fn sync(&self, file: Arc<File>, last: LogId<NodeId>, callback: LogFlushed<TypeConfig>) {
+    /// `since`: when the append began (its duration is reported once it is durable).
+    pub fn sync(
+        &self,
+        file: Arc<File>,
+        last: LogId<NodeId>,
+        callback: LogFlushed<TypeConfig>,
+        since: Instant,
+    ) {
         let _ = self.jobs.send(Job::Append {
             file,
             last,
             callback,
+            since,
         });
     }
 
@@ -759,6 +773,7 @@ fn flush_loop(
     rx: &mpsc::Receiver<Job>,
     hard: &Mutex<HardState>,
     committed: &Mutex<Option<LogId<NodeId>>>,
+    hook: &Hook,
 ) {
     let mut failed: Option<String> = None;
     let mut batch = Vec::new();
@@ -778,7 +793,14 @@ fn flush_loop(
         if failed.is_none() && last.is_some() {
             let synced = files
                 .iter()
-                .try_for_each(|f| f.sync_data())
+                .try_for_each(|f| {
+                    let started = Instant::now();
+                    f.sync_data()?;
+                    if let Some(o) = hook.get() {
+                        o.wal_fsync(started.elapsed());
+                    }
+                    Ok::<(), io::Error>(())
+                })
                 .map_err(|e| format!("log fsync failed: {e}"))
                 .and_then(|()| {
                     let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
@@ -792,14 +814,20 @@ fn flush_loop(
                 failed = Some(e);
             }
         }
+        let observer = hook.get().filter(|_| failed.is_none());
         for job in batch.drain(..) {
             match job {
-                Job::Append { callback, .. } => {
+                Job::Append {
+                    callback, since, ..
+                } => {
                     let result = match &failed {
                         None => Ok(()),
                         Some(e) => Err(io::Error::other(e.clone())),
                     };
                     callback.log_io_completed(result);
+                    if let Some(o) = observer {
+                        o.wal_append(since.elapsed());
+                    }
                 }
                 Job::Barrier(done) => {
                     let _ = done.send(());

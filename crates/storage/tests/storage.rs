@@ -787,3 +787,55 @@ fn stored_membership_roundtrips_through_bincode() {
     let back: StoredMembership<NodeId, openraft::BasicNode> = bincode::deserialize(&bytes).unwrap();
     assert_eq!(back, m);
 }
+
+/// What [`fenced_storage::StorageObserver`] was told.
+#[derive(Default)]
+struct Timings {
+    fsyncs: Mutex<Vec<std::time::Duration>>,
+    appends: Mutex<Vec<std::time::Duration>>,
+    snapshots: Mutex<Vec<(u64, std::time::Duration)>>,
+}
+
+impl fenced_storage::StorageObserver for Timings {
+    fn wal_fsync(&self, took: std::time::Duration) {
+        self.fsyncs.lock().unwrap().push(took);
+    }
+    fn wal_append(&self, took: std::time::Duration) {
+        self.appends.lock().unwrap().push(took);
+    }
+    fn snapshot_built(&self, bytes: u64, took: std::time::Duration) {
+        self.snapshots.lock().unwrap().push((bytes, took));
+    }
+}
+
+#[tokio::test]
+async fn the_observer_sees_every_append_its_fsyncs_and_snapshots_built() {
+    let dir = TempDir::new().unwrap();
+    let (mut log, mut sm) = open(dir.path(), no_events()).unwrap();
+    let timings = Arc::new(Timings::default());
+    assert!(log.observe(timings.clone()));
+    assert!(
+        !log.clone().observe(Arc::new(Timings::default())),
+        "one observer per data dir"
+    );
+    let entries = history();
+    for e in &entries {
+        log.blocking_append([e.clone()]).await.unwrap();
+    }
+    let appends = timings.appends.lock().unwrap().len();
+    assert_eq!(appends, entries.len(), "one timing per acknowledged append");
+    let fsyncs = timings.fsyncs.lock().unwrap().len();
+    // Appended one at a time and waited for: one group-commit round (one fsync) each.
+    assert_eq!(fsyncs, entries.len());
+    assert!(timings.snapshots.lock().unwrap().is_empty());
+
+    sm.apply(entries.clone()).await.unwrap();
+    sm.get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let snapshots = timings.snapshots.lock().unwrap().clone();
+    assert_eq!(snapshots.len(), 1, "{snapshots:?}");
+    assert!(snapshots[0].0 > 0, "snapshot size {snapshots:?}");
+}
