@@ -49,6 +49,15 @@ impl Node {
     /// Hand leadership to a caught-up voter (module docs). Refused on a non-leader
     /// (`NotLeader` with the leader's address) and when no other voter is reachable.
     pub async fn step_down(&self) -> Result<HandOff, NodeError> {
+        // A task of its own: a caller that goes away (a client hanging up) must not leave the
+        // hand-off half done, with heartbeats off and nothing served.
+        let node = self.clone();
+        tokio::spawn(async move { node.hand_off().await })
+            .await
+            .map_err(|e| NodeError::Unknown(format!("the hand-off task failed: {e}")))?
+    }
+
+    async fn hand_off(&self) -> Result<HandOff, NodeError> {
         let started = Instant::now();
         self.check_leader()?;
         let (to, addr) = self.handoff_target()?;
