@@ -10,6 +10,8 @@
 #   DURATION=10 ROUNDS=3 bench/run.sh
 #   BACKENDS=fenced,etcd CLIENTS=64 KEYS=c bench/run.sh
 #   FENCED_ONLY=1 bench/run.sh          # issue 2's numbers: fenced, 1/16/64 uncontended
+#   THROTTLE=0 bench/run.sh             # skip the rate-limit table (CL.THROTTLE and the Lua
+#                                       # token bucket on fenced, Redis, Redis AOF; 64 clients)
 #   REDIS_BENCH=20000 bench/run.sh      # also redis-benchmark SET/GET/INCR (-c 50, -P 1 and
 #                                       # -P 16, N requests each) against fenced's leader, Redis
 #                                       # and Redis AOF (needs fenced, redis, redis-aof)
@@ -213,5 +215,24 @@ if [ -n "${REDIS_BENCH:-}" ]; then
             done
         done
     } | tee "$OUT/redis-benchmark.md"
+fi
+
+# --- rate-limit decisions, same run (issue 14) ---------------------------------------------
+# fenced's CL.THROTTLE (if this build has it) and the unchanged Lua token bucket against
+# fenced, Redis and Redis AOF: decisions/s, latency and server CPU per decision.
+# THROTTLE=0 skips it; THROTTLE_CLIENTS / THROTTLE_KEYS choose the cells (default 64, c,1).
+if [ "${THROTTLE:-1}" != 0 ] && need fenced && need redis && need redis-aof; then
+    TB=(fenced-lua redis-lua redis-aof-lua)
+    if [ "$(redis-cli -p "$((FR + 1))" COMMAND INFO cl.throttle | head -1)" != "" ]; then
+        TB=(fenced-throttle "${TB[@]}")
+    else
+        echo "# this fenced build has no CL.THROTTLE: the throttle table has the Lua rows only" >&2
+    fi
+    "$BENCH" --compare "$(IFS=,; echo "${TB[*]}")" --duration "$DURATION" --rounds "$ROUNDS" \
+        --clients "${THROTTLE_CLIENTS:-64}" --keys "${THROTTLE_KEYS:-c,1}" \
+        --fenced-resp "$RESP" --redis "127.0.0.1:$RP" --redis-aof "127.0.0.1:$((RP + 1))" \
+        --pids "fenced-throttle=$F" --pids "fenced-lua=$F" \
+        --pids "redis-lua=$REDIS_PID" --pids "redis-aof-lua=$AOF_PID" \
+        --json "$OUT/throttle.json" --markdown "$OUT/throttle.md"
 fi
 echo "results in $OUT" >&2

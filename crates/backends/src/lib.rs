@@ -8,7 +8,9 @@
 //!   end as [`RedisLock::fenced_setnx`] (token = `FENCE.TOKEN key value`); also the redis-rs
 //!   connection and scripts shared with [`fenced_resp`] and [`redlock`];
 //! * [`redlock`]: Redlock over N independent Redis masters ([`Redlock`]);
-//! * [`etcd`]: etcd's session lease and mutex protocol ([`EtcdLock`]).
+//! * [`etcd`]: etcd's session lease and mutex protocol ([`EtcdLock`]);
+//! * [`throttle`]: rate-limiter decisions (`CL.THROTTLE`, the Lua token bucket) for the load
+//!   generator's throttle workload ([`Throttle`]).
 //!
 //! The trait is object-safe (`Box<dyn DistLock>`), so a load generator or a fault-injection
 //! harness can hold any backend behind one type. A backend is one *client*: it owns its
@@ -28,12 +30,14 @@ pub mod fenced_grpc;
 pub mod fenced_resp;
 pub mod redis;
 pub mod redlock;
+pub mod throttle;
 
 pub use crate::redis::{RedisConfig, RedisLock};
 pub use etcd::EtcdLock;
 pub use fenced_grpc::FencedGrpc;
 pub use fenced_resp::FencedResp;
 pub use redlock::{Redlock, RedlockConfig, Verdict};
+pub use throttle::Throttle;
 
 /// Errors of a lock backend. `Ok(None)`/`Ok(false)` mean "definitely not"; an error means the
 /// outcome is unknown or the backend is unusable.

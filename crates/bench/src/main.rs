@@ -18,12 +18,12 @@ use anyhow::{bail, Context};
 use clap::Parser;
 use fenced_backends::{
     random_id, DistLock, EtcdLock, FencedGrpc, FencedResp, RedisConfig, RedisLock, Redlock,
-    RedlockConfig, RetryPolicy,
+    RedlockConfig, RetryPolicy, Throttle,
 };
 use fenced_bench::load::{run, Measured, Summary, Workload};
 use serde::Serialize;
 
-const BACKENDS: [&str; 7] = [
+const BACKENDS: [&str; 11] = [
     "fenced",
     "fenced-resp",
     "fenced-setnx",
@@ -31,7 +31,20 @@ const BACKENDS: [&str; 7] = [
     "redis-aof",
     "redlock",
     "etcd",
+    // Rate-limit decisions (`fenced_backends::throttle`): one decision is one "pair".
+    "fenced-throttle",
+    "fenced-lua",
+    "redis-lua",
+    "redis-aof-lua",
 ];
+
+/// Backends of the throttle workload: each "pair" is one rate-limit decision.
+fn is_throttle(backend: &str) -> bool {
+    matches!(
+        backend,
+        "fenced-throttle" | "fenced-lua" | "redis-lua" | "redis-aof-lua"
+    )
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -100,6 +113,14 @@ struct Cli {
     /// Redlock per-instance timeout.
     #[arg(long, default_value_t = 50)]
     redlock_timeout_ms: u64,
+    /// Throttle backends: `CL.THROTTLE key BURST RATE 1` (RATE decisions per second), and the
+    /// Lua token bucket with capacity BURST and RATE tokens/s. Keep BURST / RATE ≥ 0.5 s: the
+    /// Lua script stores nothing (and so decides nothing) when its refill time rounds to a
+    /// TTL of 0 s.
+    #[arg(long, default_value_t = 100_000)]
+    throttle_burst: u64,
+    #[arg(long, default_value_t = 10_000)]
+    throttle_rate: u64,
     /// Write every cell's results as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -158,6 +179,31 @@ fn make(cli: &Cli, backend: &str, i: usize) -> anyhow::Result<Box<dyn DistLock>>
                 .context("no --etcd")?;
             Box::new(EtcdLock::connect(ep)?)
         }
+        "fenced-throttle" => Box::new(Throttle::cl_throttle(
+            "fenced-throttle",
+            pick(&cli.fenced_resp, i)?,
+            cli.throttle_burst,
+            cli.throttle_rate,
+            1,
+        )?),
+        "fenced-lua" => Box::new(Throttle::lua_token_bucket(
+            "fenced-lua",
+            pick(&cli.fenced_resp, i)?,
+            cli.throttle_rate,
+            cli.throttle_burst,
+        )?),
+        "redis-lua" => Box::new(Throttle::lua_token_bucket(
+            "redis-lua",
+            &cli.redis,
+            cli.throttle_rate,
+            cli.throttle_burst,
+        )?),
+        "redis-aof-lua" => Box::new(Throttle::lua_token_bucket(
+            "redis-aof-lua",
+            &cli.redis_aof,
+            cli.throttle_rate,
+            cli.throttle_burst,
+        )?),
         other => bail!("unknown backend {other:?} (known: {})", BACKENDS.join(", ")),
     })
 }
@@ -386,9 +432,16 @@ fn markdown(
 ) -> String {
     let base = &backends[0];
     let mut out = String::new();
-    out.push_str(&format!(
-        "| clients | keys | backend | pairs/s | {base} ÷ this | failed tries/s | acquire p50 / p99 / p99.9 (ms) | release p50 / p99 (ms) | server CPU µs/pair | bench CPU µs/pair | errors |\n"
-    ));
+    if backends.iter().all(|b| is_throttle(b)) {
+        // One decision per "pair"; the release is no call.
+        out.push_str(&format!(
+            "| clients | keys | backend | decisions/s | {base} ÷ this | limited/s | decision p50 / p99 / p99.9 (ms) | (no release) | server CPU µs/decision | bench CPU µs/decision | errors |\n"
+        ));
+    } else {
+        out.push_str(&format!(
+            "| clients | keys | backend | pairs/s | {base} ÷ this | failed tries/s | acquire p50 / p99 / p99.9 (ms) | release p50 / p99 (ms) | server CPU µs/pair | bench CPU µs/pair | errors |\n"
+        ));
+    }
     out.push_str("|---:|---:|---|---:|---:|---:|---|---|---:|---:|---:|\n");
     let us = |v: Option<f64>| v.map_or("n/a".to_owned(), |v| format!("{v:.0}"));
     for cell in cells {
