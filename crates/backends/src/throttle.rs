@@ -23,7 +23,11 @@ const TOKEN_BUCKET_LUA: &str = include_str!("../../../tests/resp/token_bucket.lu
 
 enum Algo {
     /// `CL.THROTTLE key burst count period 1`.
-    ClThrottle { burst: u64, count: u64, period_s: u64 },
+    ClThrottle {
+        burst: u64,
+        count: u64,
+        period_s: u64,
+    },
     /// The Lua token bucket: `rate` tokens/s, `capacity`.
     LuaTokenBucket {
         script: redis::Script,

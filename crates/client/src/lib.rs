@@ -36,10 +36,12 @@
 //! `Code::Unauthenticated`; a call the user may not make, `Code::PermissionDenied`.
 
 mod guard;
+mod limiter;
 mod session;
 
 pub use fenced_proto::v1::{LockMode, SessionEvent};
 pub use guard::{LockGuard, LockOptions};
+pub use limiter::{Decision, Limiter, Policy};
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;

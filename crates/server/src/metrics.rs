@@ -605,7 +605,13 @@ pub async fn watch_leader(
             } else {
                 tonic_health::ServingStatus::NotServing
             };
-            for service in ["", "fenced.v1.Lock", "fenced.v1.Session", "fenced.v1.Kv"] {
+            for service in [
+                "",
+                "fenced.v1.Lock",
+                "fenced.v1.Session",
+                "fenced.v1.Kv",
+                "fenced.v1.Limiter",
+            ] {
                 health.set_service_status(service, status).await;
             }
         }

@@ -217,6 +217,7 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
             .add_service(crate::api::lock_server(node.clone(), users.clone()))
             .add_service(crate::api::session_server(node.clone(), users.clone()))
             .add_service(crate::api::kv_server(node.clone(), users.clone()))
+            .add_service(crate::api::limiter_server(node.clone(), users.clone()))
             .add_service(crate::api::cluster_server(node.clone(), users.clone()))
             .add_service(crate::api::auth_server(node.clone(), users))
             .add_service(health_service);

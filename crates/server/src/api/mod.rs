@@ -7,6 +7,7 @@
 mod auth;
 mod cluster;
 mod kv;
+mod limiter;
 mod lock;
 mod session;
 
@@ -17,6 +18,7 @@ use fenced_proto::v1 as pb;
 use fenced_proto::v1::auth_server::AuthServer;
 use fenced_proto::v1::cluster_server::ClusterServer;
 use fenced_proto::v1::kv_server::KvServer;
+use fenced_proto::v1::limiter_server::LimiterServer;
 use fenced_proto::v1::lock_server::LockServer;
 use fenced_proto::v1::session_server::SessionServer;
 use rand::Rng;
@@ -41,6 +43,10 @@ pub fn session_server(node: Node, users: Arc<Users>) -> SessionServer<Api> {
 
 pub fn kv_server(node: Node, users: Arc<Users>) -> KvServer<Api> {
     KvServer::new(Api { node, users }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
+}
+
+pub fn limiter_server(node: Node, users: Arc<Users>) -> LimiterServer<Api> {
+    LimiterServer::new(Api { node, users }).max_decoding_message_size(MAX_CLIENT_MESSAGE)
 }
 
 pub fn cluster_server(node: Node, users: Arc<Users>) -> ClusterServer<Api> {
