@@ -224,14 +224,14 @@ fi
 if [ "${THROTTLE:-1}" != 0 ] && need fenced && need redis && need redis-aof; then
     TB=(fenced-lua redis-lua redis-aof-lua)
     if [ "$(redis-cli -p "$((FR + 1))" COMMAND INFO cl.throttle | head -1)" != "" ]; then
-        TB=(fenced-throttle "${TB[@]}")
+        TB=(fenced-throttle fenced-tokenbucket "${TB[@]}")
     else
         echo "# this fenced build has no CL.THROTTLE: the throttle table has the Lua rows only" >&2
     fi
     "$BENCH" --compare "$(IFS=,; echo "${TB[*]}")" --duration "$DURATION" --rounds "$ROUNDS" \
         --clients "${THROTTLE_CLIENTS:-64}" --keys "${THROTTLE_KEYS:-c,1}" \
         --fenced-resp "$RESP" --redis "127.0.0.1:$RP" --redis-aof "127.0.0.1:$((RP + 1))" \
-        --pids "fenced-throttle=$F" --pids "fenced-lua=$F" \
+        --pids "fenced-throttle=$F" --pids "fenced-tokenbucket=$F" --pids "fenced-lua=$F" \
         --pids "redis-lua=$REDIS_PID" --pids "redis-aof-lua=$AOF_PID" \
         --json "$OUT/throttle.json" --markdown "$OUT/throttle.md"
 fi

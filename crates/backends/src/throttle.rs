@@ -5,6 +5,7 @@
 //!
 //! * [`Throttle::cl_throttle`]: redis-cell's `CL.THROTTLE key max_burst count period 1`, as
 //!   fenced serves it (decided with the leader's log time, replicated and fsynced);
+//! * [`Throttle::token_bucket`]: fenced's `LIMIT.TOKENBUCKET key capacity rate 1000 1`;
 //! * [`Throttle::lua_token_bucket`]: Spring Cloud Gateway's token-bucket script
 //!   (`tests/resp/token_bucket.lua`, unchanged), `now` from this client's clock, against Redis
 //!   or against fenced's RESP port.
@@ -27,6 +28,12 @@ enum Algo {
         burst: u64,
         count: u64,
         period_s: u64,
+    },
+    /// fenced's `LIMIT.TOKENBUCKET key capacity refill_tokens refill_period_ms 1`.
+    TokenBucketCmd {
+        capacity: u64,
+        refill_tokens: u64,
+        refill_period_ms: u64,
     },
     /// The Lua token bucket: `rate` tokens/s, `capacity`.
     LuaTokenBucket {
@@ -62,6 +69,24 @@ impl Throttle {
                 burst,
                 count,
                 period_s,
+            },
+        )
+    }
+
+    /// fenced's `LIMIT.TOKENBUCKET` against `addr`: `capacity`, `rate` tokens back per second.
+    pub fn token_bucket(
+        name: &'static str,
+        addr: &str,
+        capacity: u64,
+        rate: u64,
+    ) -> Result<Throttle, LockError> {
+        Throttle::new(
+            name,
+            addr,
+            Algo::TokenBucketCmd {
+                capacity,
+                refill_tokens: rate,
+                refill_period_ms: 1_000,
             },
         )
     }
@@ -114,6 +139,21 @@ impl Throttle {
                         .query_async(&mut conn)
                         .await?;
                     Ok(reply.first() == Some(&0))
+                }
+                Algo::TokenBucketCmd {
+                    capacity,
+                    refill_tokens,
+                    refill_period_ms,
+                } => {
+                    let reply: Vec<i64> = redis::cmd("LIMIT.TOKENBUCKET")
+                        .arg(key)
+                        .arg(capacity)
+                        .arg(refill_tokens)
+                        .arg(refill_period_ms)
+                        .arg(1)
+                        .query_async(&mut conn)
+                        .await?;
+                    Ok(reply.first() == Some(&1))
                 }
                 Algo::LuaTokenBucket {
                     script,

@@ -23,7 +23,7 @@ use fenced_backends::{
 use fenced_bench::load::{run, Measured, Summary, Workload};
 use serde::Serialize;
 
-const BACKENDS: [&str; 11] = [
+const BACKENDS: [&str; 12] = [
     "fenced",
     "fenced-resp",
     "fenced-setnx",
@@ -33,6 +33,7 @@ const BACKENDS: [&str; 11] = [
     "etcd",
     // Rate-limit decisions (`fenced_backends::throttle`): one decision is one "pair".
     "fenced-throttle",
+    "fenced-tokenbucket",
     "fenced-lua",
     "redis-lua",
     "redis-aof-lua",
@@ -42,7 +43,7 @@ const BACKENDS: [&str; 11] = [
 fn is_throttle(backend: &str) -> bool {
     matches!(
         backend,
-        "fenced-throttle" | "fenced-lua" | "redis-lua" | "redis-aof-lua"
+        "fenced-throttle" | "fenced-tokenbucket" | "fenced-lua" | "redis-lua" | "redis-aof-lua"
     )
 }
 
@@ -185,6 +186,12 @@ fn make(cli: &Cli, backend: &str, i: usize) -> anyhow::Result<Box<dyn DistLock>>
             cli.throttle_burst,
             cli.throttle_rate,
             1,
+        )?),
+        "fenced-tokenbucket" => Box::new(Throttle::token_bucket(
+            "fenced-tokenbucket",
+            pick(&cli.fenced_resp, i)?,
+            cli.throttle_burst,
+            cli.throttle_rate,
         )?),
         "fenced-lua" => Box::new(Throttle::lua_token_bucket(
             "fenced-lua",
