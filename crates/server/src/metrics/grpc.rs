@@ -57,10 +57,10 @@ pub const CLIENT_METHODS: &[(&str, &str)] = &[
     ),
     ("/fenced.v1.Kv/FencedPut", "Kv.FencedPut"),
     ("/fenced.v1.Kv/Get", "Kv.Get"),
+    ("/fenced.v1.Auth/Authenticate", "Auth.Authenticate"),
     ("/fenced.v1.Limiter/Acquire", "Limiter.Acquire"),
     ("/fenced.v1.Limiter/Peek", "Limiter.Peek"),
     ("/fenced.v1.Limiter/Reset", "Limiter.Reset"),
-    ("/fenced.v1.Auth/Authenticate", "Auth.Authenticate"),
 ];
 
 /// The `method` label of a path under [`CLIENT_API`] that no method has.
