@@ -216,10 +216,10 @@ fn check_key(key: &str, policy: Policy, ops: &[&Op]) -> KeyResult {
             .take(40)
             .map(|x| {
                 format!(
-                    "p{} [{}, {}]",
+                    "p{} [{:.4}, {:.4}]",
                     x.op.process,
-                    ms(x.inv) / 1000.0,
-                    ms(x.end) / 1000.0
+                    x.inv as f64 / 1e9,
+                    x.end as f64 / 1e9
                 )
             })
             .collect();
