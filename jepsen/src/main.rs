@@ -444,6 +444,7 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
         ));
     }
     rows.sort_by_key(|r| (r.1.clone(), r.0));
+    let has_rows = !rows.is_empty();
     let mut out = String::from(
         "| system | workload | nemesis | runs | invalid runs | mutual-exclusion violations | \
          stale writes accepted | lost updates | fencing violations | non-linearizable keys | \
@@ -451,6 +452,10 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
     );
     for r in rows {
         out.push_str(&r.2);
+    }
+    if !has_rows {
+        // Only limiter rows: no lock/register table.
+        out.clear();
     }
     if !limiter_rows.is_empty() {
         limiter_rows.sort_by(|a, b| (&a.1, a.0).cmp(&(&b.1, b.0)));
