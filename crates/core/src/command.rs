@@ -2,6 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::kv::limit::{Decision, LimitMode, Policy};
 use crate::kv::{KvCommand, KvEvent, KvResponse};
 use crate::CoreError;
 
@@ -134,6 +135,17 @@ pub enum Command {
         value: Vec<u8>,
         token: Token,
     },
+    /// A rate-limiter request on keyspace key `key` (what `CL.THROTTLE` and the `LIMIT.*`
+    /// commands do, typed): [`Response::Limited`], or [`Response::Rejected`] with
+    /// [`CoreError::Limit`] for a bad policy or quantity, or a key of another type (nothing
+    /// consumed). Decided at the command's log time; a retry with the same request id gets
+    /// the first decision and consumes nothing. Appended last.
+    Limit {
+        key: Vec<u8>,
+        policy: Policy,
+        quantity: u64,
+        mode: LimitMode,
+    },
 }
 
 impl Command {
@@ -152,6 +164,7 @@ impl Command {
             Command::Tick => "tick",
             Command::Kv(_) => "kv",
             Command::FencedPut { .. } => "fenced_put",
+            Command::Limit { .. } => "limit",
         }
     }
 }
@@ -228,6 +241,8 @@ pub enum Response {
         accepted: bool,
         highest: Token,
     },
+    /// The answer to [`Command::Limit`]. Appended last.
+    Limited(Decision),
 }
 
 /// Why a grant ended.

@@ -22,6 +22,7 @@ pub use command::{
     AcquireSpec, Applied, AppliedBatch, Batch, Command, Event, Index, Millis, Mode, ReleaseReason,
     Request, RequestId, Response, Revision, SessionId, Token,
 };
+pub use kv::limit::{Decision, LimitError, LimitMode, LogPolicy, Policy};
 pub use machine::{HolderInfo, LockInfo, LockKind, SessionInfo, StateMachine};
 
 use serde::{Deserialize, Serialize};
@@ -73,6 +74,9 @@ pub enum CoreError {
     /// Appended last (the enum is part of the dedup table's encoding).
     #[error("value must be at most {max} bytes, got {len}")]
     ValueTooLarge { len: usize, max: usize },
+    /// A refused rate-limiter request ([`Command::Limit`]). Appended last.
+    #[error("{0}")]
+    Limit(LimitError),
 }
 
 /// Errors decoding a snapshot of the state machine.

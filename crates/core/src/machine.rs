@@ -559,6 +559,16 @@ impl StateMachine {
                     }),
                 }
             }
+            Command::Limit {
+                key,
+                policy,
+                quantity,
+                mode,
+            } => self
+                .kv
+                .limit(revision, self.now, key, policy, *quantity, *mode)
+                .map(Response::Limited)
+                .map_err(CoreError::Limit),
         };
         result.unwrap_or_else(Response::Rejected)
     }

@@ -38,6 +38,9 @@ pub(crate) fn size(cmd: &Command) -> usize {
         Command::Kv(kv) => BASE + kv_size(kv),
         Command::AcquireWith(spec) => BASE + spec.names.iter().map(|n| n.len() + 8).sum::<usize>(),
         Command::FencedPut { key, value, .. } => BASE + key.len() + value.len(),
+        Command::Limit { key, .. } => {
+            BASE + key.len() + 16 * fenced_core::kv::limit::MAX_LOG_POLICIES
+        }
         _ => BASE,
     }
 }

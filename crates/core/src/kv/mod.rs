@@ -20,6 +20,8 @@
 //!   and the table everything reads (lookup, dispatch, keys, ACL restrictions);
 //! * `spec` — what a row says; `exec` — the context a write runs in;
 //! * `apply` — a [`KvCommand`] (batch, `MULTI`, restricted) applied to the keyspace;
+//! * [`limit`] — rate limiters (GCRA, buckets, windows, sliding log): [`limit::Policy`],
+//!   [`Keyspace::limit`];
 //! * `script/` — the Lua sandbox and cjson; `args` — argument parsing; [`error`] — typed
 //!   errors with Redis's texts; `glob` — Redis glob patterns.
 
@@ -29,6 +31,7 @@ mod cmd;
 pub mod error;
 mod exec;
 mod glob;
+pub mod limit;
 mod script;
 mod spec;
 pub mod store;

@@ -100,6 +100,7 @@ pub mod cat {
     pub const TRANSACTION: u32 = 1 << 12;
     pub const SCRIPTING: u32 = 1 << 13;
     pub const FENCING: u32 = 1 << 14;
+    pub const RATELIMIT: u32 = 1 << 15;
 }
 
 /// The ACL categories in the order `ACL CAT` lists them (`all` is accepted but not listed,
@@ -120,6 +121,7 @@ pub const CATEGORIES: &[(&str, u32)] = &[
     ("transaction", cat::TRANSACTION),
     ("scripting", cat::SCRIPTING),
     ("fencing", cat::FENCING),
+    ("ratelimit", cat::RATELIMIT),
 ];
 
 /// Everything about one command.

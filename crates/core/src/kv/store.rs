@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use super::error::{FenceError, KvError, KvResult, Stale};
+use super::limit::Limiter;
 use super::script::LuaCache;
 use super::types::{Bytes, MAX_VALUE_LEN};
 use crate::cow::{CowMap, CowSet};
@@ -73,6 +74,9 @@ pub enum Value {
     Hash(BTreeMap<Bytes, Bytes>),
     List(VecDeque<Bytes>),
     ZSet(ZSet),
+    /// A rate limiter's state (`CL.THROTTLE`, `LIMIT.*`). Appended last, so snapshots written
+    /// before it existed still decode.
+    Limiter(Limiter),
 }
 
 impl Value {
@@ -82,6 +86,7 @@ impl Value {
             Value::Hash(_) => "hash",
             Value::List(_) => "list",
             Value::ZSet(_) => "zset",
+            Value::Limiter(_) => "ratelimit",
         }
     }
     pub(super) fn is_empty_container(&self) -> bool {
@@ -90,6 +95,7 @@ impl Value {
             Value::Hash(h) => h.is_empty(),
             Value::List(l) => l.is_empty(),
             Value::ZSet(z) => z.is_empty(),
+            Value::Limiter(_) => false,
         }
     }
 }

@@ -1333,3 +1333,326 @@ fn the_state_machine_keeps_its_traits_with_the_interpreter_cache() {
     let back: Keyspace = bincode::deserialize(&bytes).unwrap_or_default();
     assert_eq!(back, t.ks);
 }
+
+// ---- rate limiters ---------------------------------------------------------------------
+
+fn ints(v: &[i64]) -> Reply {
+    Reply::Array(v.iter().map(|i| Reply::Int(*i)).collect())
+}
+
+/// redis-cell's own test table (`src/cell/mod.rs`, `it_rate_limits`: burst 4, 1 per second),
+/// through `CL.THROTTLE`, with its durations in whole seconds as the command reports them.
+#[test]
+fn cl_throttle_matches_redis_cell_table() {
+    let mut t = T::new();
+    let start = t.now;
+    // (ms after start, quantity, [limited, limit, remaining, retry_after, reset_after])
+    let cases: &[(u64, u64, [i64; 5])] = &[
+        (0, 6, [1, 5, 5, -1, 0]),
+        (0, 1, [0, 5, 4, -1, 1]),
+        (0, 1, [0, 5, 3, -1, 2]),
+        (0, 1, [0, 5, 2, -1, 3]),
+        (0, 1, [0, 5, 1, -1, 4]),
+        (0, 1, [0, 5, 0, -1, 5]),
+        (0, 1, [1, 5, 0, 1, 5]),
+        (3000, 1, [0, 5, 2, -1, 3]),
+        (3100, 1, [0, 5, 1, -1, 4]),
+        (4000, 1, [0, 5, 1, -1, 4]),
+        (8000, 1, [0, 5, 4, -1, 1]),
+        (9500, 1, [0, 5, 4, -1, 1]),
+        (9500, 0, [0, 5, 4, -1, 1]),
+        (9500, 2, [0, 5, 2, -1, 3]),
+        (9500, 5, [1, 5, 2, 3, 3]),
+    ];
+    for (i, (at, q, want)) in cases.iter().enumerate() {
+        t.now = start + at;
+        assert_eq!(
+            t.run(&format!("CL.THROTTLE foo 4 1 1 {q}")),
+            ints(want),
+            "case {i}"
+        );
+    }
+    // The README's example.
+    assert_eq!(
+        t.run("CL.THROTTLE user123 15 30 60 1"),
+        ints(&[0, 16, 15, -1, 2])
+    );
+    assert_eq!(
+        t.run("CL.THROTTLE user123 15 30 60"),
+        ints(&[0, 16, 14, -1, 4])
+    );
+    // Quantity 0 is a read (peek) and changes nothing.
+    let rev = t.ks.mod_revision(b"user123", t.now);
+    assert_eq!(
+        t.read("CL.THROTTLE user123 15 30 60 0"),
+        ints(&[0, 16, 14, -1, 4])
+    );
+    assert_eq!(
+        t.run("CL.THROTTLE user123 15 30 60 0"),
+        ints(&[0, 16, 14, -1, 4])
+    );
+    assert_eq!(t.ks.mod_revision(b"user123", t.now), rev);
+    // The key is a ratelimit value that expires when the state is fresh again (tat).
+    assert_eq!(t.read("TYPE user123"), Reply::Status("ratelimit".into()));
+    assert_eq!(t.read("PTTL user123"), Reply::Int(4000));
+    assert_eq!(t.read("EXISTS user123"), Reply::Int(1));
+    t.now += 4000;
+    assert_eq!(t.read("EXISTS user123"), Reply::Int(0));
+    assert_eq!(
+        t.run("CL.THROTTLE user123 15 30 60"),
+        ints(&[0, 16, 15, -1, 2])
+    );
+    assert_eq!(t.run("DEL user123"), Reply::Int(1));
+    assert_eq!(
+        t.run("CL.THROTTLE user123 15 30 60"),
+        ints(&[0, 16, 15, -1, 2])
+    );
+}
+
+#[test]
+fn token_bucket_steps_peek_and_reset() {
+    let mut t = T::new();
+    for left in (0..5).rev() {
+        assert_eq!(
+            t.run("LIMIT.TOKENBUCKET tb 5 1 1000"),
+            ints(&[1, left, -1, (5 - left) * 1000, -1])
+        );
+    }
+    assert_eq!(
+        t.run("LIMIT.TOKENBUCKET tb 5 1 1000"),
+        ints(&[0, 0, 1000, 5000, -1])
+    );
+    assert_eq!(t.read("PTTL tb"), Reply::Int(5000));
+    t.now += 1500;
+    // One step back (at +1000); the next at +2000.
+    assert_eq!(
+        t.read("LIMIT.TOKENBUCKET tb 5 1 1000 PEEK"),
+        ints(&[1, 0, -1, 4500, -1])
+    );
+    assert_eq!(
+        t.run("LIMIT.TOKENBUCKET tb 5 1 1000 2 PEEK"),
+        ints(&[0, 1, 500, 3500, -1])
+    );
+    assert_eq!(
+        t.run("LIMIT.TOKENBUCKET tb 5 1 1000"),
+        ints(&[1, 0, -1, 4500, -1])
+    );
+    assert_eq!(
+        t.run("LIMIT.TOKENBUCKET tb 5 1 1000"),
+        ints(&[0, 0, 500, 4500, -1])
+    );
+    assert_eq!(t.run("LIMIT.RESET tb"), Reply::Int(1));
+    assert_eq!(t.run("LIMIT.RESET tb"), Reply::Int(0));
+    assert_eq!(
+        t.run("LIMIT.TOKENBUCKET tb 5 1 1000 5"),
+        ints(&[1, 0, -1, 5000, -1])
+    );
+}
+
+#[test]
+fn leaky_bucket_drains_continuously() {
+    let mut t = T::new();
+    // Capacity 3, draining 1 per 300 ms.
+    assert_eq!(
+        t.run("LIMIT.LEAKYBUCKET lb 3 1 300 3"),
+        ints(&[1, 0, -1, 900, -1])
+    );
+    assert_eq!(
+        t.run("LIMIT.LEAKYBUCKET lb 3 1 300"),
+        ints(&[0, 0, 300, 900, -1])
+    );
+    t.now += 100;
+    // Level 2⅔: one unit fits in 200 ms; remaining rounds down.
+    assert_eq!(
+        t.run("LIMIT.LEAKYBUCKET lb 3 1 300"),
+        ints(&[0, 0, 200, 800, -1])
+    );
+    t.now += 200;
+    assert_eq!(
+        t.run("LIMIT.LEAKYBUCKET lb 3 1 300"),
+        ints(&[1, 0, -1, 900, -1])
+    );
+    assert_eq!(t.read("PTTL lb"), Reply::Int(900));
+}
+
+#[test]
+fn fixed_and_sliding_windows() {
+    let mut t = T::new();
+    t.now = 1_000_000; // a window boundary for 1000 ms windows
+    assert_eq!(
+        t.run("LIMIT.FIXEDWINDOW fw 2 1000"),
+        ints(&[1, 1, -1, 1000, -1])
+    );
+    t.now += 400;
+    assert_eq!(
+        t.run("LIMIT.FIXEDWINDOW fw 2 1000"),
+        ints(&[1, 0, -1, 600, -1])
+    );
+    assert_eq!(
+        t.run("LIMIT.FIXEDWINDOW fw 2 1000"),
+        ints(&[0, 0, 600, 600, -1])
+    );
+    assert_eq!(t.read("PTTL fw"), Reply::Int(600));
+    t.now += 600;
+    assert_eq!(
+        t.run("LIMIT.FIXEDWINDOW fw 2 1000 2"),
+        ints(&[1, 0, -1, 1000, -1])
+    );
+    assert_eq!(
+        t.run("LIMIT.FIXEDWINDOW fw 2 500"),
+        Reply::err("ERR the key's window is 1000 ms, not 500 ms (LIMIT.RESET it first)")
+    );
+
+    // Sliding: 4 per 1000 ms; 4 in the first window, then 25 % into the next the previous
+    // window still weighs 3.
+    t.now = 2_000_000;
+    assert_eq!(
+        t.run("LIMIT.SLIDINGWINDOW sw 4 1000 4"),
+        ints(&[1, 0, -1, 2000, -1])
+    );
+    t.now += 1250;
+    assert_eq!(
+        t.run("LIMIT.SLIDINGWINDOW sw 4 1000"),
+        ints(&[1, 0, -1, 1750, -1])
+    );
+    // prev 4 · 750/1000 + 1 = 4: full. One more fits once prev · (1000 − e) ≤ 2000 → e ≥ 500.
+    assert_eq!(
+        t.run("LIMIT.SLIDINGWINDOW sw 4 1000"),
+        ints(&[0, 0, 250, 1750, -1])
+    );
+    t.now += 250;
+    assert_eq!(
+        t.run("LIMIT.SLIDINGWINDOW sw 4 1000"),
+        ints(&[1, 0, -1, 1500, -1])
+    );
+    assert_eq!(t.read("PTTL sw"), Reply::Int(1500));
+}
+
+#[test]
+fn sliding_log_reports_the_violated_policy() {
+    let mut t = T::new();
+    // At most 2 per second and 3 per 10 seconds.
+    let cmd = "LIMIT.LOG lg 1000 2 10000 3";
+    assert_eq!(t.run(cmd), ints(&[1, 1, -1, 10000, -1]));
+    assert_eq!(t.run(cmd), ints(&[1, 0, -1, 10000, -1]));
+    assert_eq!(t.run(cmd), ints(&[0, 0, 1000, 10000, 0]));
+    t.now += 1000;
+    assert_eq!(t.run(cmd), ints(&[1, 0, -1, 10000, -1]));
+    assert_eq!(t.run(cmd), ints(&[0, 0, 9000, 10000, 1]));
+    assert_eq!(t.run(&format!("{cmd} PEEK")), ints(&[0, 0, 9000, 10000, 1]));
+    t.now += 9000;
+    assert_eq!(t.run(&format!("{cmd} 2")), ints(&[1, 0, -1, 10000, -1]));
+    assert_eq!(t.read("PTTL lg"), Reply::Int(10000));
+}
+
+#[test]
+fn limiters_refuse_bad_input_and_consume_nothing() {
+    let mut t = T::new();
+    assert_eq!(
+        t.run("LIMIT.TOKENBUCKET k 5 1 1000 2"),
+        ints(&[1, 3, -1, 2000, -1])
+    );
+    let rev = t.ks.mod_revision(b"k", t.now);
+    for (cmd, err) in [
+        ("CL.THROTTLE c -1 30 60", "ERR max_burst must be in 0..=1000000000, got -1"),
+        ("CL.THROTTLE c 15 0 60", "ERR count must be in 1..=1000000000, got 0"),
+        ("CL.THROTTLE c 15 30 0", "ERR period must be in 1..=86400, got 0"),
+        ("CL.THROTTLE c 15 30 86401", "ERR period must be in 1..=86400, got 86401"),
+        ("CL.THROTTLE c 15 30 60 -1", "ERR quantity must be in 0..=9223372036854775807, got -1"),
+        ("CL.THROTTLE c 15 30 1.5", "ERR value is not an integer or out of range"),
+        ("CL.THROTTLE c 15 30 60 1 2", "ERR wrong number of arguments for 'cl.throttle' command"),
+        ("LIMIT.TOKENBUCKET k 0 1 1000", "ERR capacity must be in 1..=1000000000, got 0"),
+        ("LIMIT.TOKENBUCKET k 5 -3 1000", "ERR refill_tokens must be in 1..=1000000000, got -3"),
+        ("LIMIT.TOKENBUCKET k 5 1 0", "ERR refill_period_ms must be in 1..=86400000, got 0"),
+        ("LIMIT.TOKENBUCKET k 5 1 86400001", "ERR refill_period_ms must be in 1..=86400000, got 86400001"),
+        ("LIMIT.TOKENBUCKET k 5 1 1000 6", "ERR quantity must be in 1..=5, got 6"),
+        ("LIMIT.TOKENBUCKET k 5 1 1000 0", "ERR quantity must be in 1..=5, got 0"),
+        ("LIMIT.TOKENBUCKET k 5 1 1000 x", "ERR value is not an integer or out of range"),
+        ("LIMIT.TOKENBUCKET k 5 1 1000 1 2", "ERR wrong number of arguments for 'limit.tokenbucket' command"),
+        ("LIMIT.LEAKYBUCKET k 5 0 1000", "ERR leak_tokens must be in 1..=1000000000, got 0"),
+        ("LIMIT.FIXEDWINDOW k 0 1000", "ERR limit must be in 1..=1000000000, got 0"),
+        ("LIMIT.SLIDINGWINDOW k 10 -1", "ERR window_ms must be in 1..=86400000, got -1"),
+        ("LIMIT.GCRA k 3 1 1000 5", "ERR quantity must be in 1..=4, got 5"),
+        ("LIMIT.LOG k 1000 0", "ERR limit must be in 1..=10000, got 0"),
+        ("LIMIT.LOG k 1000 10001", "ERR limit must be in 1..=10000, got 10001"),
+        ("LIMIT.LOG k 1000 5 10000 20 6", "ERR quantity must be in 1..=5, got 6"),
+        ("LIMIT.LOG k 1 1 2 1 3 1 4 1 5 1 6 1 7 1 8 1 9 1", "ERR a sliding log takes 1..=8 policies, got 9"),
+        ("LIMIT.LOG k 1000", "ERR wrong number of arguments for 'limit.log' command"),
+        // Another algorithm on the same key.
+        ("LIMIT.LEAKYBUCKET k 5 1 1000", "ERR the key holds a token-bucket limiter, not a leaky-bucket one (LIMIT.RESET it first)"),
+        ("CL.THROTTLE k 4 1 1", "ERR the key holds a token-bucket limiter, not a gcra one (LIMIT.RESET it first)"),
+    ] {
+        assert_eq!(t.run(cmd), Reply::err(err), "{cmd}");
+    }
+    assert_eq!(t.ks.mod_revision(b"k", t.now), rev, "nothing consumed");
+    assert_eq!(
+        t.read("LIMIT.TOKENBUCKET k 5 1 1000 PEEK"),
+        ints(&[1, 2, -1, 3000, -1])
+    );
+    assert_eq!(t.read("EXISTS c"), Reply::Int(0));
+
+    // Keys of other types: WRONGTYPE, and other commands on a limiter key too.
+    t.run("SET s v");
+    t.run("RPUSH l a");
+    for cmd in [
+        "CL.THROTTLE s 1 1 1",
+        "LIMIT.TOKENBUCKET l 5 1 1000",
+        "LIMIT.LOG s 1000 5",
+        "LIMIT.RESET s",
+        "GET k",
+        "INCR k",
+        "HSET k f v",
+        "LPUSH k x",
+    ] {
+        assert_eq!(t.run(cmd), Reply::err(WRONGTYPE), "{cmd}");
+    }
+    assert_eq!(
+        t.read("LIMIT.FIXEDWINDOW s 5 1000 PEEK"),
+        Reply::err(WRONGTYPE)
+    );
+    assert_eq!(t.run("GET s"), bulk("v"));
+    assert_eq!(t.read("TYPE k"), Reply::Status("ratelimit".into()));
+    assert_eq!(
+        t.read("SCAN 0 TYPE ratelimit"),
+        Reply::Array(vec![bulk("0"), Reply::Array(vec![bulk("k")])])
+    );
+}
+
+#[test]
+fn limiters_inside_eval_and_multi() {
+    let mut t = T::new();
+    let r = t.runv(vec![
+        b"EVAL".to_vec(),
+        b"local a = redis.call('CL.THROTTLE', KEYS[1], 1, 1, 60) \
+          local b = redis.call('CL.THROTTLE', KEYS[1], 1, 1, 60) \
+          local c = redis.call('CL.THROTTLE', KEYS[1], 1, 1, 60) \
+          return {a[1], b[1], c[1], c[4]}"
+            .to_vec(),
+        b"1".to_vec(),
+        b"api".to_vec(),
+    ]);
+    assert_eq!(r, ints(&[0, 0, 1, 60]));
+    let mut revision = 100;
+    let r = t.ks.apply(
+        &mut revision,
+        true,
+        t.now,
+        &KvCommand::Multi {
+            watches: vec![],
+            cmds: vec![
+                argv("LIMIT.FIXEDWINDOW m 1 60000"),
+                argv("LIMIT.FIXEDWINDOW m 1 60000"),
+                argv("LIMIT.FIXEDWINDOW m 1 60000 PEEK"),
+                argv("LIMIT.RESET m"),
+            ],
+        },
+        &mut t.events,
+    );
+    let Reply::Array(replies) = &r.replies[0] else {
+        panic!("{r:?}")
+    };
+    assert_eq!(replies[0].clone(), ints(&[1, 0, -1, 20000, -1]));
+    assert_eq!(replies[1].clone(), ints(&[0, 0, 20000, 20000, -1]));
+    assert_eq!(replies[2].clone(), ints(&[0, 0, 20000, 20000, -1]));
+    assert_eq!(replies[3].clone(), Reply::Int(1));
+}

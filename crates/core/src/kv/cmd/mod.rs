@@ -9,6 +9,7 @@ mod fence;
 mod frontend;
 mod hash;
 mod keys;
+mod limit;
 mod list;
 mod prelude;
 mod pubsub;
@@ -36,6 +37,7 @@ const GROUPS: &[&[CommandSpec]] = &[
     script::COMMANDS,
     pubsub::COMMANDS,
     fence::COMMANDS,
+    limit::COMMANDS,
     frontend::COMMANDS,
 ];
 
