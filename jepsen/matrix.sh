@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The long runs behind docs/jepsen.md: every system × nemesis, 5 runs each (seeds 1..5),
 # the counter workload (mutual exclusion, fencing, stale writes, lost updates, availability),
-# the lock workload for fenced's three clients (gRPC, RESP LOCK.*, RESP SET NX), and the
-# register workload (linearizability).
+# the lock workload for fenced's three clients (gRPC, RESP LOCK.*, RESP SET NX), the
+# register workload (linearizability), and the limiter workload (over-admission: fenced's
+# CL.THROTTLE vs the token-bucket Lua script with the client's clock, on fenced and on Redis).
 # About 30 s per run; LANES runs in parallel (each in its own namespaces).
 # Results: $OUT/<system>-<workload>-<nemesis>/summary.json.
 #   OUT=/tmp/fj-matrix LANES=3 bash jepsen/matrix.sh
@@ -64,6 +65,10 @@ jobs_list() {
     for s in fenced-resp fenced-setnx; do echo "$s lock membership"; done
     echo "fenced lock membership,kill"
     for n in pause restart-empty; do echo "redis register $n"; done
+    # Rate limiting (one key hammered by every client; see docs/jepsen.md, "limiter").
+    for n in none partition kill pause clock; do echo "fenced limiter $n"; done
+    for n in none kill clock; do echo "fenced-lua limiter $n"; done
+    for n in none restart-empty kill clock; do echo "redis limiter $n"; done
 }
 
 lane() { # lane number

@@ -60,6 +60,11 @@ pub struct ClientSpec {
     /// members come and go. Read at every (re)connect; `None`: every endpoint serves.
     #[serde(default)]
     pub members_file: Option<PathBuf>,
+    /// Clock nemesis for clients (limiter workload): a signed integer of milliseconds that
+    /// this client adds to the wall clock it hands the Lua limiter as "now". Re-read before
+    /// every op; absent or unreadable: 0.
+    #[serde(default)]
+    pub clock_file: Option<PathBuf>,
 }
 
 impl ClientSpec {
@@ -130,12 +135,23 @@ impl Recorder {
 
     /// Record the completion of the op invoked as `inv`.
     fn complete(&mut self, inv: &Event, r: &Res) -> Result<(), ClientError> {
+        self.complete_admitted(inv, r, None)
+    }
+
+    /// [`Recorder::complete`] for a `throttle`, with the limiter's decision on the `ok`.
+    fn complete_admitted(
+        &mut self,
+        inv: &Event,
+        r: &Res,
+        admitted: Option<bool>,
+    ) -> Result<(), ClientError> {
         let mut e = Event::new(inv.process.clone(), Kind::Ok, &inv.f, self.clock.now());
         e.key = inv.key.clone();
         match r {
             Res::Ok(v, t) => {
                 e.value = v.clone();
                 e.token = *t;
+                e.admitted = admitted;
             }
             Res::Fail(err) => {
                 e.kind = Kind::Fail;
@@ -266,6 +282,11 @@ fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, Client
                 },
             )?)
         }
+        System::FencedLua => {
+            return Err(ClientError::Other(
+                "fenced-lua runs only the limiter workload".into(),
+            ))
+        }
         System::Redlock => Box::new(Redlock::new(
             &spec.lock_endpoints,
             RedlockConfig {
@@ -394,7 +415,7 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
             guard.conn = None;
         }
         match spec.workload.as_str() {
-            "register" => {
+            "register" | "limiter" => {
                 if resp.is_none() {
                     let i = spec.index as usize + incarnation as usize;
                     let eps = spec.endpoints_from(&spec.resp_endpoints, i);
@@ -407,7 +428,11 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
                     ));
                 }
                 if let Some((_, c)) = resp.as_mut() {
-                    register_op(&spec, &mut rec, &mut rng, c, op_timeout).await?;
+                    if spec.workload == "limiter" {
+                        limiter_op(&spec, system, &mut rec, c, op_timeout).await?;
+                    } else {
+                        register_op(&spec, &mut rec, &mut rng, c, op_timeout).await?;
+                    }
                 }
                 let pause = rng.gen_range(5..30);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -632,6 +657,140 @@ async fn register_op(
     rec.complete(&inv, &res)
 }
 
+/// The limiter workload's policy, in redis-cell's terms: `max_burst` 5, 20 per 2 s (one every
+/// 100 ms, bursts of up to 6). The Lua token bucket gets the same policy: capacity
+/// `max_burst + 1`, refilled at `count / period`.
+pub const LIMIT_KEY: &str = "rl";
+pub const LIMIT_MAX_BURST: u64 = 5;
+pub const LIMIT_COUNT: u64 = 20;
+pub const LIMIT_PERIOD_S: u64 = 2;
+
+/// The unchanged Spring Cloud Gateway token-bucket script (tests/resp/token_bucket.lua).
+pub const TOKEN_BUCKET_LUA: &str = include_str!("../../tests/resp/token_bucket.lua");
+
+/// This client's clock offset (ms) from its clock file (0 without one).
+fn clock_offset_ms(spec: &ClientSpec) -> i64 {
+    spec.clock_file
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Wall-clock milliseconds since the Unix epoch (what a deployed client passes as "now").
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// How a limiter call ended. For fenced every transport error is `info` (the node forwards
+/// and retries inside the cluster), as are `-TIMEOUT`/`-TRYAGAIN`; for Redis a refused
+/// connection is a `fail` (the command never left). Other error replies (`ERR unknown
+/// command`, `WRONGTYPE`, a script error) are definite: `fail`.
+fn limiter_res<T>(
+    system: System,
+    r: Result<Result<T, redis::RedisError>, tokio::time::error::Elapsed>,
+) -> Result<T, Res> {
+    match r {
+        Ok(Err(e))
+            if system.is_fenced_cluster()
+                && (e.is_connection_refusal()
+                    || e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_timeout()) =>
+        {
+            Err(Res::Info(e.to_string()))
+        }
+        r => redis_res(r),
+    }
+}
+
+/// One `throttle`: `CL.THROTTLE rl 5 20 2 1` (fenced), or the token-bucket script with
+/// `now` = this client's wall clock + its nemesis offset, in ms (Lua systems). The script
+/// takes "now" in whatever unit `rate` is per: ms here, rate = count / period per ms,
+/// capacity = max_burst + 1. (Spring passes whole seconds; a bucket that refills in
+/// one-second steps lets `rate` tokens through at each second boundary on top of the
+/// capacity, an over-admission of its own that would drown what the faults do.)
+async fn limiter_op(
+    spec: &ClientSpec,
+    system: System,
+    rec: &mut Recorder,
+    c: &mut redis::aio::ConnectionManager,
+    op_timeout: Duration,
+) -> Result<(), ClientError> {
+    let mut policy = json!({
+        "max_burst": LIMIT_MAX_BURST,
+        "count": LIMIT_COUNT,
+        "period_s": LIMIT_PERIOD_S,
+        "quantity": 1,
+    });
+    let res = if system.limiter_uses_lua() {
+        let offset = clock_offset_ms(spec);
+        // Stamp the invoke first: the client's "now" is read inside the op's interval.
+        let mut inv = rec.ev("throttle").key(LIMIT_KEY);
+        let now = wall_ms().saturating_add(offset);
+        let rate = LIMIT_COUNT as f64 / (LIMIT_PERIOD_S * 1000) as f64;
+        policy["now_ms"] = json!(now);
+        policy["clock_offset_ms"] = json!(offset);
+        inv.value = Some(policy);
+        rec.invoke(inv.clone())?;
+        let script = redis::Script::new(TOKEN_BUCKET_LUA);
+        let r = tokio::time::timeout(
+            op_timeout,
+            script
+                .key(format!("{LIMIT_KEY}.tokens"))
+                .key(format!("{LIMIT_KEY}.ts"))
+                .arg(rate.to_string())
+                .arg(LIMIT_MAX_BURST + 1)
+                .arg(now)
+                .arg(1)
+                .invoke_async::<Vec<i64>>(c),
+        )
+        .await;
+        let res = match limiter_res(system, r) {
+            Ok(v) if v.len() == 2 => Res::Ok(Some(json!(v)), None),
+            Ok(v) => Res::Info(format!("unexpected reply {v:?}")),
+            Err(r) => r,
+        };
+        (inv, res)
+    } else {
+        let inv = rec.ev("throttle").key(LIMIT_KEY).value(policy);
+        rec.invoke(inv.clone())?;
+        let r = tokio::time::timeout(
+            op_timeout,
+            redis::cmd("CL.THROTTLE")
+                .arg(LIMIT_KEY)
+                .arg(LIMIT_MAX_BURST)
+                .arg(LIMIT_COUNT)
+                .arg(LIMIT_PERIOD_S)
+                .arg(1)
+                .query_async::<Vec<i64>>(c),
+        )
+        .await;
+        let res = match limiter_res(system, r) {
+            Ok(v) if v.len() == 5 => Res::Ok(Some(json!(v)), None),
+            Ok(v) => Res::Info(format!("unexpected reply {v:?}")),
+            Err(r) => r,
+        };
+        (inv, res)
+    };
+    let (inv, res) = res;
+    // Admitted: CL.THROTTLE's `limited` is 0; the script's `allowed_num` is 1.
+    let admitted = match &res {
+        Res::Ok(Some(Value::Array(v)), _) => {
+            let first = v.first().and_then(Value::as_i64);
+            Some(if system.limiter_uses_lua() {
+                first == Some(1)
+            } else {
+                first == Some(0)
+            })
+        }
+        _ => None,
+    };
+    rec.complete_admitted(&inv, &res, admitted)
+}
+
 /// After the run: read the counter once (retrying a bounded number of times).
 async fn final_read(rec: &mut Recorder, guard: &mut Guard) -> Result<(), ClientError> {
     for _ in 0..10 {
@@ -663,6 +822,10 @@ pub async fn probe(spec: ClientSpec) -> Result<(), ClientError> {
         }
         match probe_once(&spec, t).await {
             Ok(()) => return Ok(()),
+            // No point waiting for a command this build does not have.
+            Err(e) if e.contains("unknown command") => {
+                return Err(ClientError::Other(format!("not ready: {e}")))
+            }
             Err(e) => last = e,
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -747,6 +910,47 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
             ping(ep, t).await.map_err(|e| format!("RESP {e}"))?;
         }
     }
+    if spec.workload == "limiter" {
+        // Every node takes a limiter call (a write, forwarded to the leader) on a key of its
+        // own: CL.THROTTLE exists, or the script runs.
+        for (i, ep) in spec.resp_endpoints.iter().enumerate() {
+            let mut c =
+                fenced_backends::redis::connect(ep, Some(t), t).map_err(|e| e.to_string())?;
+            let key = format!("probe-{LIMIT_KEY}-{i}");
+            let r = if system.limiter_uses_lua() {
+                tokio::time::timeout(
+                    t,
+                    redis::Script::new(TOKEN_BUCKET_LUA)
+                        .key(format!("{key}.tokens"))
+                        .key(format!("{key}.ts"))
+                        .arg(1)
+                        .arg(1)
+                        .arg(wall_ms())
+                        .arg(1)
+                        .invoke_async::<Vec<i64>>(&mut c),
+                )
+                .await
+            } else {
+                tokio::time::timeout(
+                    t,
+                    redis::cmd("CL.THROTTLE")
+                        .arg(&key)
+                        .arg(LIMIT_MAX_BURST)
+                        .arg(LIMIT_COUNT)
+                        .arg(LIMIT_PERIOD_S)
+                        .arg(1)
+                        .query_async::<Vec<i64>>(&mut c),
+                )
+                .await
+            };
+            match r {
+                Err(_) => return Err(format!("{ep}: limiter probe timed out")),
+                Ok(Err(e)) => return Err(format!("{ep}: limiter probe: {e}")),
+                Ok(Ok(v)) if v.len() == 5 || (v.len() == 2 && system.limiter_uses_lua()) => {}
+                Ok(Ok(v)) => return Err(format!("{ep}: limiter probe: unexpected reply {v:?}")),
+            }
+        }
+    }
     Ok(())
 }
 
@@ -798,6 +1002,7 @@ mod tests {
             op_timeout_ms: 1,
             seed: 1,
             members_file: None,
+            clock_file: None,
         };
         // No file: every endpoint, rotated to the client's start, as before the file existed.
         assert_eq!(spec.endpoints_from(&eps, 6)[0], "n2:7380");

@@ -81,6 +81,9 @@ pub struct Event {
     pub time: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `throttle` (limiter workload), on the `ok`: whether the limiter admitted the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admitted: Option<bool>,
 }
 
 impl Event {
@@ -95,6 +98,7 @@ impl Event {
             ttl_ms: None,
             time,
             error: None,
+            admitted: None,
         }
     }
 

@@ -78,12 +78,13 @@ enum Cmd {
 
 #[derive(clap::Args)]
 struct TestArgs {
-    /// fenced (gRPC) | fenced-resp (RESP LOCK.*) | fenced-setnx (RESP SET NX PX + Lua,
-    /// FENCE.TOKEN key value) | redis | redlock. The three fenced systems share one cluster
-    /// setup.
+    /// fenced (gRPC; limiter: RESP CL.THROTTLE) | fenced-resp (RESP LOCK.*) | fenced-setnx
+    /// (RESP SET NX PX + Lua, FENCE.TOKEN key value) | fenced-lua (limiter only: the
+    /// token-bucket Lua script over RESP) | redis | redlock. The fenced systems share one
+    /// cluster setup.
     #[arg(long)]
     system: String,
-    /// lock | counter | counter-unfenced | register
+    /// lock | counter | counter-unfenced | register | limiter (fenced, fenced-lua, redis)
     #[arg(long, default_value = "lock")]
     workload: String,
     /// Comma-separated: partition,kill,pause,clock,restart-empty,restart-delayed,membership
@@ -131,11 +132,16 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
     let Some(system) = System::parse(&a.system) else {
         bail!("unknown system {:?} ({})", a.system, System::names());
     };
-    if !["lock", "counter", "counter-unfenced", "register"].contains(&a.workload.as_str()) {
+    if !["lock", "counter", "counter-unfenced", "register", "limiter"]
+        .contains(&a.workload.as_str())
+    {
         bail!(
-            "unknown workload {:?} (lock, counter, counter-unfenced, register)",
+            "unknown workload {:?} (lock, counter, counter-unfenced, register, limiter)",
             a.workload
         );
+    }
+    if let Some(why) = system.unsupported(&a.workload) {
+        bail!("{why}");
     }
     if a.clients == 0 || a.clients > 40 || !(1..=7).contains(&a.nodes) {
         bail!("--clients must be 1..=40 and --nodes 1..=7");
@@ -310,7 +316,10 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
     let order = |s: &str| System::parse(s).map_or(System::ALL.len(), System::order);
     let mut rows = vec![];
     let mut member_rows = vec![];
+    let mut limiter_rows = vec![];
     for f in folders {
+        // Limiter workload: over-admission figures over the runs.
+        let mut lim = Limiter::default();
         // Membership nemesis: changes completed, of them with the leader or a dead node
         // removed, and changes that failed.
         let mut ch = [0u64; 4];
@@ -351,6 +360,7 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
                     }
                 }
             }
+            lim.add(&r);
             meta = r["meta"].clone();
             for c in meta["membership"].as_array().into_iter().flatten() {
                 if c["completed"] == true {
@@ -390,6 +400,27 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
             system = format!("{system} ({} nodes)", meta["nodes"]);
         }
         let workload = meta["workload"].as_str().unwrap_or("?").to_owned();
+        if workload == "limiter" {
+            limiter_rows.push((
+                order(&system),
+                nem.clone(),
+                format!(
+                    "| {system} | {nem} | {runs}{} | {invalid} | {} | {} | {} | {} | {} / {} |\n",
+                    if errors > 0 {
+                        format!(" (+{errors} failed)")
+                    } else {
+                        String::new()
+                    },
+                    cell("over-admission"),
+                    lim.period(),
+                    lim.worst(),
+                    lim.rate(),
+                    pct(ok),
+                    pct(answered),
+                ),
+            ));
+            continue;
+        }
         if meta["membership"].is_array() {
             member_rows.push(format!(
                 "| {system} | {workload} | {nem} | {runs} | {} | {} | {} | {} |\n",
@@ -413,6 +444,7 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
         ));
     }
     rows.sort_by_key(|r| (r.1.clone(), r.0));
+    let has_rows = !rows.is_empty();
     let mut out = String::from(
         "| system | workload | nemesis | runs | invalid runs | mutual-exclusion violations | \
          stale writes accepted | lost updates | fencing violations | non-linearizable keys | \
@@ -420,6 +452,22 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
     );
     for r in rows {
         out.push_str(&r.2);
+    }
+    if !has_rows {
+        // Only limiter rows: no lock/register table.
+        out.clear();
+    }
+    if !limiter_rows.is_empty() {
+        limiter_rows.sort_by(|a, b| (&a.1, a.0).cmp(&(&b.1, b.0)));
+        out.push_str(
+            "\n| system | nemesis | runs | invalid runs | over-admitted ops | most admitted in \
+             one period / bound | worst window: admitted / bound (len) | admitted / allowed \
+             over the run (with info) | throttle ok / answered |\n|---|---|---|---|---|---|---|\
+             ---|---|\n",
+        );
+        for r in limiter_rows {
+            out.push_str(&r.2);
+        }
     }
     if !member_rows.is_empty() {
         out.push_str(
@@ -431,6 +479,86 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
         }
     }
     Ok(out)
+}
+
+/// The limiter workload's figures over a row's runs (from the over-admission verdicts).
+#[derive(Default)]
+struct Limiter {
+    /// Largest excess over the bound in one window: (excess, admitted, bound, len ms).
+    worst: Option<(u64, u64, u64, f64)>,
+    /// Most admitted in any window of one period, and the bound for it.
+    period: Option<(u64, u64, u64)>,
+    admitted: u64,
+    allowed: u64,
+    with_info: u64,
+}
+
+impl Limiter {
+    fn add(&mut self, r: &serde_json::Value) {
+        for c in r["checkers"].as_array().into_iter().flatten() {
+            if c["checker"] != "over-admission" {
+                continue;
+            }
+            for k in c["stats"]["keys"]
+                .as_object()
+                .into_iter()
+                .flat_map(|m| m.values())
+            {
+                let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+                self.admitted += n(&k["admitted"]);
+                self.with_info += n(&k["admitted"]) + n(&k["info_possibly_admitted"]);
+                self.allowed += n(&k["rate"]["allowed_over_span"]);
+                let period = n(&k["policy"]["period_ms"]);
+                for w in k["windows"].as_array().into_iter().flatten() {
+                    if n(&w["len_ms"]) == period
+                        && self.period.is_none_or(|(m, ..)| n(&w["max_admitted"]) > m)
+                    {
+                        self.period = Some((n(&w["max_admitted"]), n(&w["bound"]), period));
+                    }
+                }
+                let w = &k["worst_window"];
+                if w.is_object() {
+                    let e = n(&w["excess"]);
+                    if self.worst.is_none_or(|(x, ..)| e > x) {
+                        self.worst = Some((
+                            e,
+                            n(&w["admitted"]),
+                            n(&w["bound"]),
+                            w["len_ms"].as_f64().unwrap_or(0.0),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    fn worst(&self) -> String {
+        match self.worst {
+            Some((_, a, b, l)) => format!("{a} / {b} ({l:.0} ms)"),
+            None => "–".into(),
+        }
+    }
+
+    fn period(&self) -> String {
+        match self.period {
+            Some((m, b, p)) => format!("{m} / {b} ({:.0} s)", p as f64 / 1000.0),
+            None => "–".into(),
+        }
+    }
+
+    fn rate(&self) -> String {
+        if self.allowed == 0 {
+            return "–".into();
+        }
+        let pct = |x: u64| x as f64 / self.allowed as f64 * 100.0;
+        format!(
+            "{} / {} = {:.0}% ({:.0}%)",
+            self.admitted,
+            self.allowed,
+            pct(self.admitted),
+            pct(self.with_info)
+        )
+    }
 }
 
 fn read_spec(p: &PathBuf) -> anyhow::Result<ClientSpec> {

@@ -130,6 +130,9 @@ pub struct Topology {
     pub ttl_ms: u64,
     /// Partitions cut clients from servers only (loopback mode: links are proxies).
     pub client_partitions: bool,
+    /// The clock nemesis also steps some *clients'* clocks (the limiter workload: the Lua
+    /// limiter takes "now" from its client). Off: the draws are those of before the flag.
+    pub client_clocks: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -285,6 +288,21 @@ fn some_nodes(rng: &mut StdRng, t: &Topology) -> Vec<String> {
     pick(rng, &t.nodes, k)
 }
 
+/// Some clients, never all of them (their clocks must disagree): one up to half, or (30 %)
+/// a bare majority when that leaves one out.
+fn some_clients(rng: &mut StdRng, t: &Topology) -> Vec<String> {
+    let n = t.clients.len();
+    if n < 2 {
+        return t.clients.clone();
+    }
+    let k = if rng.gen_bool(0.3) && n / 2 + 1 < n {
+        n / 2 + 1
+    } else {
+        rng.gen_range(1..=n / 2)
+    };
+    pick(rng, &t.clients, k)
+}
+
 /// Draw the schedule for a run of `limit_ms`.
 pub fn generate(seed: u64, kinds: &[String], t: &Topology, limit_ms: u64) -> Vec<Scheduled> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -323,11 +341,12 @@ pub fn generate(seed: u64, kinds: &[String], t: &Topology, limit_ms: u64) -> Vec
             "clock" => {
                 let mag = rng.gen_range(t.ttl_ms.max(1_000)..=30_000) as i64;
                 let offset_ms = if rng.gen_bool(0.75) { mag } else { -mag };
+                let mut targets = some_nodes(&mut rng, t);
+                if t.client_clocks {
+                    targets.extend(some_clients(&mut rng, t));
+                }
                 (
-                    Fault::Clock {
-                        targets: some_nodes(&mut rng, t),
-                        offset_ms,
-                    },
+                    Fault::Clock { targets, offset_ms },
                     rng.gen_range(3_000..=8_000),
                 )
             }
@@ -396,6 +415,43 @@ mod tests {
             clients: (1..=4).map(|i| format!("c{i}")).collect(),
             ttl_ms: 2_000,
             client_partitions: false,
+            client_clocks: false,
+        }
+    }
+
+    #[test]
+    fn limiter_clock_faults_step_some_clients_too() {
+        let k = kinds(&["clock", "kill"]);
+        let mut t = topo("fenced", 3);
+        t.client_clocks = true;
+        let mut clients_stepped = 0;
+        for seed in 1..50 {
+            let a = generate(seed, &k, &t, 60_000);
+            assert_eq!(a, generate(seed, &k, &t, 60_000));
+            let mut lua = topo("fenced-lua", 3);
+            lua.client_clocks = true;
+            assert_eq!(
+                a,
+                generate(seed, &k, &lua, 60_000),
+                "same cluster, same faults"
+            );
+            for s in &a {
+                if let Fault::Clock { targets, .. } = &s.fault {
+                    let c = targets.iter().filter(|x| x.starts_with('c')).count();
+                    assert!(c >= 1 && c < t.clients.len(), "{targets:?}");
+                    assert!(targets.iter().any(|x| x.starts_with('n')));
+                    clients_stepped += c;
+                }
+            }
+        }
+        assert!(clients_stepped > 0);
+        // Without the flag no clock fault names a client.
+        for seed in 1..20 {
+            for s in generate(seed, &k, &topo("redis", 1), 60_000) {
+                if let Fault::Clock { targets, .. } = &s.fault {
+                    assert!(targets.iter().all(|x| x.starts_with('n')));
+                }
+            }
         }
     }
 
@@ -444,6 +500,7 @@ mod tests {
             let a = generate(seed, &kinds, &topo("fenced", 3), 30_000);
             assert_eq!(a, generate(seed, &kinds, &topo("fenced-resp", 3), 30_000));
             assert_eq!(a, generate(seed, &kinds, &topo("fenced-setnx", 3), 30_000));
+            assert_eq!(a, generate(seed, &kinds, &topo("fenced-lua", 3), 30_000));
             for s in &a {
                 if let Fault::Partition { grudge, .. } = &s.fault {
                     assert!(grudge.keys().all(|k| k.starts_with('n')), "node↔node only");

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::checker::{self, availability, counter, fencing, linear, mutex, Op, Verdict};
+use crate::checker::{self, availability, counter, fencing, limiter, linear, mutex, Op, Verdict};
 use crate::history::{Event, Kind};
 
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +27,10 @@ pub fn check(events: &[Event], system: &str, workload: &str) -> (Vec<Op>, Vec<Ve
         "register" => {
             v.push(linear::check(&ops, linear::DEFAULT_BUDGET));
             v.push(availability::check(&ops, &windows, &[]));
+        }
+        "limiter" => {
+            v.push(limiter::check(&ops));
+            v.push(availability::check(&ops, &windows, &["throttle"]));
         }
         _ => {
             v.push(mutex::check(&ops));

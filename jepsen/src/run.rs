@@ -257,6 +257,8 @@ fn client_spec(o: &TestOpts, l: &Layout, run_start: u64, k: u64, workload: &str)
         op_timeout_ms: o.op_timeout_ms,
         seed: o.seed,
         members_file: None,
+        // The limiter's Lua clients add this file's offset to their "now" (clock nemesis).
+        clock_file: Some(l.clock_dir.join(format!("c{k}"))),
     }
 }
 
@@ -442,6 +444,9 @@ pub(crate) fn watchdog(
 
 /// Run one test; returns its results (also written to `o.out`).
 pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
+    if let Some(why) = o.system.unsupported(&o.workload) {
+        bail!("{why}");
+    }
     let out = &o.out;
     std::fs::create_dir_all(out.join("hist"))?;
     let l_data = out.join("data");
@@ -498,6 +503,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         clients: clients.clone(),
         ttl_ms: o.ttl_ms,
         client_partitions: o.net == NetMode::Loopback,
+        client_clocks: o.workload == "limiter",
     };
     let limit_ms = o.time_limit_s * 1000;
     let schedule = nemesis::generate(o.seed, &o.nemeses, &topo, limit_ms);
@@ -529,7 +535,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     // servers.
     let port = match o.system {
         System::Fenced => GRPC_PORT,
-        s if s.is_fenced_resp() => RESP_PORT,
+        s if s.is_fenced_resp() || s == System::FencedLua => RESP_PORT,
         _ => REDIS_PORT,
     };
     let lock_endpoints: Vec<String> = nodes
@@ -606,6 +612,14 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     )?;
     if !ready {
         let why = std::fs::read_to_string(out.join("logs/probe.log")).unwrap_or_default();
+        if o.workload == "limiter" && why.contains("unknown command") {
+            bail!(
+                "limiter workload: {} does not implement CL.THROTTLE at this build (it answered \
+                 \"ERR unknown command\"); the fenced limiter rows cannot run ({})",
+                o.system,
+                why.trim()
+            );
+        }
         if o.workload == "register" && why.contains("RESP") {
             bail!(
                 "register workload pending: the RESP endpoints of {} do not answer ({})",

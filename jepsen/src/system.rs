@@ -12,6 +12,12 @@
 //!   (`fenced_backends::RedisLock::fenced_setnx`).
 //!
 //! A RESP client talks to one node at a time, as Redis clients do (see `client.rs`).
+//!
+//! The `limiter` workload runs `CL.THROTTLE` (fenced's log-time GCRA) over RESP for `fenced`,
+//! and the unchanged token-bucket Lua script (`tests/resp/token_bucket.lua`, "now" from the
+//! client's clock) for `redis` and for `fenced-lua` — the same script against fenced's RESP
+//! port, on the same cluster and schedules as the other fenced systems. `fenced-lua` runs
+//! only that workload.
 
 use std::fmt;
 
@@ -20,16 +26,18 @@ pub enum System {
     Fenced,
     FencedResp,
     FencedSetnx,
+    FencedLua,
     Redis,
     Redlock,
 }
 
 impl System {
     /// Every system, in the order results tables list them.
-    pub const ALL: [System; 5] = [
+    pub const ALL: [System; 6] = [
         System::Fenced,
         System::FencedResp,
         System::FencedSetnx,
+        System::FencedLua,
         System::Redis,
         System::Redlock,
     ];
@@ -43,6 +51,7 @@ impl System {
             System::Fenced => "fenced",
             System::FencedResp => "fenced-resp",
             System::FencedSetnx => "fenced-setnx",
+            System::FencedLua => "fenced-lua",
             System::Redis => "redis",
             System::Redlock => "redlock",
         }
@@ -59,7 +68,7 @@ impl System {
     pub fn is_fenced_cluster(self) -> bool {
         matches!(
             self,
-            System::Fenced | System::FencedResp | System::FencedSetnx
+            System::Fenced | System::FencedResp | System::FencedSetnx | System::FencedLua
         )
     }
 
@@ -71,6 +80,29 @@ impl System {
     /// Grants carry fencing tokens (the fencing checker applies).
     pub fn issues_tokens(self) -> bool {
         self.is_fenced_cluster()
+    }
+
+    /// Why `workload` cannot run against this system, if it cannot: `fenced-lua` runs only
+    /// the limiter workload, and the limiter workload runs against `fenced` (`CL.THROTTLE`),
+    /// `fenced-lua` and `redis` (the Lua script) only.
+    pub fn unsupported(self, workload: &str) -> Option<String> {
+        match (self, workload) {
+            (System::Fenced | System::FencedLua | System::Redis, "limiter") => None,
+            (_, "limiter") => Some(format!(
+                "the limiter workload runs against fenced (CL.THROTTLE), fenced-lua or redis \
+                 (the token-bucket Lua script), not {self}"
+            )),
+            (System::FencedLua, w) => Some(format!(
+                "fenced-lua runs only the limiter workload, not {w}"
+            )),
+            _ => None,
+        }
+    }
+
+    /// The limiter workload sends the token-bucket Lua script (with the client's "now")
+    /// instead of `CL.THROTTLE`.
+    pub fn limiter_uses_lua(self) -> bool {
+        matches!(self, System::FencedLua | System::Redis | System::Redlock)
     }
 
     /// Position in results tables.
@@ -105,7 +137,16 @@ mod tests {
             .filter(|s| s.is_fenced_cluster())
             .map(System::name)
             .collect();
-        assert_eq!(cluster, ["fenced", "fenced-resp", "fenced-setnx"]);
+        assert_eq!(
+            cluster,
+            ["fenced", "fenced-resp", "fenced-setnx", "fenced-lua"]
+        );
+        assert!(System::FencedLua.unsupported("lock").is_some());
+        assert!(System::FencedLua.unsupported("limiter").is_none());
+        assert!(System::Redis.unsupported("limiter").is_none());
+        assert!(System::Redlock.unsupported("limiter").is_some());
+        assert!(System::FencedSetnx.unsupported("counter").is_none());
+        assert!(System::Redis.limiter_uses_lua() && !System::Fenced.limiter_uses_lua());
         assert!(issues_tokens("fenced-setnx") && !issues_tokens("redlock"));
         assert!(System::FencedResp.is_fenced_resp() && !System::Fenced.is_fenced_resp());
     }

@@ -15,6 +15,7 @@ use crate::history::{Event, Kind, Process};
 pub mod availability;
 pub mod counter;
 pub mod fencing;
+pub mod limiter;
 pub mod linear;
 pub mod mutex;
 
@@ -37,6 +38,8 @@ pub struct Op {
     pub token: Option<u64>,
     pub ttl_ms: Option<u64>,
     pub error: Option<String>,
+    /// `throttle` ops that completed `ok`: admitted by the limiter or not.
+    pub admitted: Option<bool>,
 }
 
 impl Op {
@@ -76,6 +79,7 @@ pub fn pair(history: &[Event]) -> Vec<Op> {
                     token: e.token,
                     ttl_ms: e.ttl_ms,
                     error: None,
+                    admitted: None,
                 };
                 if let Some(prev) = open.insert(p, op) {
                     // A process with two outstanding ops breaks the contract; keep the first as
@@ -92,6 +96,7 @@ pub fn pair(history: &[Event]) -> Vec<Op> {
                         op.token = e.token;
                     }
                     op.error = e.error.clone();
+                    op.admitted = e.admitted;
                     done.push(op);
                 }
             }
