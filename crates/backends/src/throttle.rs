@@ -120,8 +120,11 @@ impl Throttle {
         })
     }
 
-    /// One decision on `key`: `true` if admitted.
+    /// One decision on `key`: `true` if admitted. The key is prefixed with this backend's
+    /// name: two backends of one run (say `CL.THROTTLE` and `LIMIT.TOKENBUCKET` against the
+    /// same fenced) never share a limiter, which fenced would refuse as the wrong kind.
     pub async fn decide(&self, key: &str) -> Result<bool, LockError> {
+        let key = &format!("{}:{key}", self.name);
         let mut conn = self.conn.clone();
         let call = async {
             match &self.algo {
