@@ -523,3 +523,20 @@ fn reset_after_reaches_a_fresh_state() {
         assert_eq!(run.sm.kv().read(at, &key), Some(Reply::Int(0)), "{p:?}");
     }
 }
+
+/// Every policy names a `LIMIT.*` command of the table (the gRPC API checks permissions as it).
+#[test]
+fn every_policy_names_a_command_of_the_table() {
+    for p in [
+        Policy::gcra(1, 1, 1_000),
+        Policy::token_bucket(1, 1, 1_000),
+        Policy::leaky_bucket(1, 1, 1_000),
+        Policy::fixed_window(1, 1_000),
+        Policy::sliding_window(1, 1_000),
+        Policy::sliding_log(&[(1_000, 1)]),
+    ] {
+        let spec = fenced_core::kv::lookup(p.command().as_bytes())
+            .unwrap_or_else(|| panic!("{} is not in the command table", p.command()));
+        assert_eq!(spec.name, p.command());
+    }
+}

@@ -38,18 +38,6 @@ fn policy(p: Option<pb::LimitPolicy>) -> Result<Policy, Status> {
     })
 }
 
-/// The RESP command a policy stands for: what a user must be allowed on the key.
-fn command_of(policy: &Policy) -> &'static str {
-    match policy {
-        Policy::Gcra { .. } => "LIMIT.GCRA",
-        Policy::TokenBucket { .. } => "LIMIT.TOKENBUCKET",
-        Policy::LeakyBucket { .. } => "LIMIT.LEAKYBUCKET",
-        Policy::FixedWindow { .. } => "LIMIT.FIXEDWINDOW",
-        Policy::SlidingWindow { .. } => "LIMIT.SLIDINGWINDOW",
-        Policy::SlidingLog { .. } => "LIMIT.LOG",
-    }
-}
-
 fn to_pb(d: Decision) -> pb::LimitDecision {
     pb::LimitDecision {
         allowed: d.allowed,
@@ -74,7 +62,7 @@ impl Api {
         let command = if mode == LimitMode::Reset {
             "LIMIT.RESET"
         } else {
-            command_of(&p)
+            p.command()
         };
         self.users
             .permit(&req, command, &[req.get_ref().key.as_bytes()])?;
@@ -106,7 +94,7 @@ impl Limiter for Api {
     async fn peek(&self, req: Request<pb::LimitRequest>) -> Reply<pb::LimitDecision> {
         let p = policy(req.get_ref().policy.clone())?;
         self.users
-            .permit(&req, command_of(&p), &[req.get_ref().key.as_bytes()])?;
+            .permit(&req, p.command(), &[req.get_ref().key.as_bytes()])?;
         let r = req.into_inner();
         let key = r.key.into_bytes();
         // Judged at the leader's log time of the read, like `Kv.Get`.

@@ -315,6 +315,19 @@ impl Policy {
             Policy::SlidingLog { .. } => "sliding-log",
         }
     }
+
+    /// The `LIMIT.*` command of this algorithm: what a typed request (gRPC's `Limiter`)
+    /// stands for when a user's permissions are checked.
+    pub fn command(&self) -> &'static str {
+        match self {
+            Policy::Gcra { .. } => "LIMIT.GCRA",
+            Policy::TokenBucket { .. } => "LIMIT.TOKENBUCKET",
+            Policy::LeakyBucket { .. } => "LIMIT.LEAKYBUCKET",
+            Policy::FixedWindow { .. } => "LIMIT.FIXEDWINDOW",
+            Policy::SlidingWindow { .. } => "LIMIT.SLIDINGWINDOW",
+            Policy::SlidingLog { .. } => "LIMIT.LOG",
+        }
+    }
 }
 
 /// What an algorithm decided: the answer, and the state to store with its expiry (only when
