@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
 use support::{
-    follower_of, require, resp_cmd as cmd, resp_connect as connect, run_bounded, wait_for, within,
+    follower_of, require, resp_cmd as cmd, resp_connect as connect, run_bounded, within,
     TestCluster, LEADER_TIMEOUT,
 };
 
@@ -407,17 +407,7 @@ async fn resp_locks_survive_leader_sigkill_with_their_tokens() {
     assert!(fence > 0);
 
     c.kill(leader);
-    let new_leader = wait_for("a new leader", LEADER_TIMEOUT, || async {
-        for id in c.ids().filter(|i| *i != leader) {
-            if let Ok(s) = c.status(id).await {
-                if s.state == "leader" && s.leader == id {
-                    return Ok(id);
-                }
-            }
-        }
-        Err("no leader yet".to_string())
-    })
-    .await;
+    let new_leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     assert_ne!(new_leader, leader);
     for id in c.ids().filter(|i| *i != leader) {
         let mut n = connect(&c, id).await;

@@ -9,8 +9,7 @@ mod support;
 
 use redis::Value;
 use support::{
-    follower_of, resp_cmd as cmd, resp_connect as connect, wait_for, within, TestCluster,
-    LEADER_TIMEOUT,
+    follower_of, resp_cmd as cmd, resp_connect as connect, within, TestCluster, LEADER_TIMEOUT,
 };
 
 const STEP: std::time::Duration = std::time::Duration::from_secs(20);
@@ -82,17 +81,7 @@ async fn cl_throttle_through_a_follower_survives_a_leader_kill() {
 
     // SIGKILL the leader: the survivors still limit.
     c.kill(leader);
-    let new_leader = wait_for("a new leader", LEADER_TIMEOUT, || async {
-        for id in c.ids().filter(|i| *i != leader) {
-            if let Ok(s) = c.status(id).await {
-                if s.state == "leader" && s.leader == id {
-                    return Ok(id);
-                }
-            }
-        }
-        Err("no leader yet".to_string())
-    })
-    .await;
+    let new_leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     assert_ne!(new_leader, leader);
     for id in c.ids().filter(|i| *i != leader) {
         let mut n = connect(&c, id).await;
