@@ -58,6 +58,21 @@ fn cli_refused(args: &[&str], needle: &str) {
     );
 }
 
+/// `fenced snapshot restore FILE --data-dir DIR --id ID --initial-cluster CLUSTER`.
+fn restore_args<'a>(file: &'a str, dir: &'a str, id: &'a str, cluster: &'a str) -> [&'a str; 9] {
+    [
+        "snapshot",
+        "restore",
+        file,
+        "--data-dir",
+        dir,
+        "--id",
+        id,
+        "--initial-cluster",
+        cluster,
+    ]
+}
+
 fn is_empty_or_missing(dir: &Path) -> bool {
     std::fs::read_dir(dir).map_or(true, |mut d| d.next().is_none())
 }
@@ -157,32 +172,12 @@ async fn a_restored_backup_never_reissues_a_token() {
     let dir1 = c.data_dir(1);
     let dir1_s = dir1.to_str().expect("utf-8 path");
     cli_refused(
-        &[
-            "snapshot",
-            "restore",
-            corrupt.to_str().expect("utf-8"),
-            "--data-dir",
-            dir1_s,
-            "--id",
-            "1",
-            "--initial-cluster",
-            &cluster,
-        ],
+        &restore_args(corrupt.to_str().expect("utf-8"), dir1_s, "1", &cluster),
         "crc32",
     );
     assert!(is_empty_or_missing(&dir1), "a refused restore left files");
     cli_refused(
-        &[
-            "snapshot",
-            "restore",
-            file_s,
-            "--data-dir",
-            dir1_s,
-            "--id",
-            "9",
-            "--initial-cluster",
-            &cluster,
-        ],
+        &restore_args(file_s, dir1_s, "9", &cluster),
         "does not list --id 9",
     );
     assert!(is_empty_or_missing(&dir1), "a refused restore left files");
@@ -190,17 +185,12 @@ async fn a_restored_backup_never_reissues_a_token() {
     let mut cluster_ids = Vec::new();
     for id in c.ids().collect::<Vec<_>>() {
         let dir = c.data_dir(id);
-        let report = cli_ok(&[
-            "snapshot",
-            "restore",
+        let report = cli_ok(&restore_args(
             file_s,
-            "--data-dir",
             dir.to_str().expect("utf-8 path"),
-            "--id",
             &id.to_string(),
-            "--initial-cluster",
             &cluster,
-        ]);
+        ));
         assert_eq!(
             report["revision_after"].as_u64(),
             Some(backup_revision + 1_000_000_000_000),
@@ -213,20 +203,7 @@ async fn a_restored_backup_never_reissues_a_token() {
         "members restored from one file disagree on the cluster id: {cluster_ids:?}"
     );
     // A second restore into a data dir that now has state: refused, unchanged.
-    cli_refused(
-        &[
-            "snapshot",
-            "restore",
-            file_s,
-            "--data-dir",
-            dir1_s,
-            "--id",
-            "1",
-            "--initial-cluster",
-            &cluster,
-        ],
-        "not empty",
-    );
+    cli_refused(&restore_args(file_s, dir1_s, "1", &cluster), "not empty");
 
     for id in c.ids().collect::<Vec<_>>() {
         c.restart(id);
