@@ -428,6 +428,18 @@ impl Node {
         self.read_barrier_time().await.map(|_| ())
     }
 
+    /// A linearizable read judged at the leader's log time: `f` gets the state machine and
+    /// `now`, the later of the leader's log clock at the read-index check and the state
+    /// machine's own log time (the last applied entry can be up to a lease old on an idle
+    /// cluster, which would overstate leases left and keep expired keys alive).
+    pub async fn read_at_leader_time<T>(
+        &self,
+        f: impl FnOnce(&StateMachine, u64) -> T,
+    ) -> Result<T, NodeError> {
+        let leader_now = self.read_barrier_time().await?;
+        Ok(self.local(|sm| f(sm, leader_now.max(sm.now()))))
+    }
+
     /// [`Node::read_barrier`], returning the leader's log clock at the read-index check:
     /// a state machine whose next deadline is at or before it has expiries due that are not
     /// applied yet (the RESP front end ticks before reading then).

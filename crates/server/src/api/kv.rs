@@ -32,14 +32,14 @@ impl Kv for Api {
         self.users
             .permit(&req, "GET", &[req.get_ref().key.as_bytes()])?;
         let key = req.into_inner().key.into_bytes();
-        // Expiry is judged at the leader's log time of the read, not at the last applied
-        // entry's (which may be old on an idle cluster).
-        let leader_now = self.node.read_barrier_time().await?;
-        let (value, fence) = self.node.local(|sm| {
-            let argv = [b"GET".to_vec(), key.clone()];
-            let now = leader_now.max(sm.now());
-            (sm.kv().read(now, &argv), sm.kv().fence(&key))
-        });
+        // Expiry is judged at the leader's log time of the read.
+        let (value, fence) = self
+            .node
+            .read_at_leader_time(|sm, now| {
+                let argv = [b"GET".to_vec(), key.clone()];
+                (sm.kv().read(now, &argv), sm.kv().fence(&key))
+            })
+            .await?;
         let out = match value {
             Some(KvReply::Bulk(v)) => pb::GetResponse {
                 found: true,

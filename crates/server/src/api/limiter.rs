@@ -97,12 +97,10 @@ impl Limiter for Api {
             .permit(&req, p.command(), &[req.get_ref().key.as_bytes()])?;
         let r = req.into_inner();
         let key = r.key.into_bytes();
-        // Judged at the leader's log time of the read, like `Kv.Get`.
-        let leader_now = self.node.read_barrier_time().await?;
-        let decision = self.node.local(|sm| {
-            sm.kv()
-                .limit_peek(leader_now.max(sm.now()), &key, &p, r.quantity.max(1))
-        });
+        let decision = self
+            .node
+            .read_at_leader_time(|sm, now| sm.kv().limit_peek(now, &key, &p, r.quantity.max(1)))
+            .await?;
         match decision {
             Ok(d) => Ok(self.reply(to_pb(d))),
             Err(e) => {

@@ -125,13 +125,11 @@ impl Lock for Api {
         self.users
             .permit(&req, "LOCK.INFO", &[req.get_ref().name.as_bytes()])?;
         let name = req.into_inner().name;
-        let read_time = self.node.read_barrier_time().await?;
-        let (info, waiters, applied) = self
+        // The lease left counts from the leader's log clock at the read.
+        let (info, waiters, now) = self
             .node
-            .local(|sm| (sm.lock_info(&name), sm.waiter_count(&name), sm.now()));
-        // Count the lease left from the leader's log clock at the read: the last applied
-        // entry can be up to a lease old on an idle cluster, which would overstate it.
-        let now = applied.max(read_time);
+            .read_at_leader_time(|sm, now| (sm.lock_info(&name), sm.waiter_count(&name), now))
+            .await?;
         let Some(i) = info else {
             return Ok(self.reply(pb::InfoResponse {
                 waiters: waiters as u32,
