@@ -824,10 +824,12 @@ fn flush_loop(
                         None => Ok(()),
                         Some(e) => Err(io::Error::other(e.clone())),
                     };
-                    callback.log_io_completed(result);
+                    // Observed before the acknowledgement, so that every acknowledged
+                    // append has been counted by the time its caller goes on.
                     if let Some(o) = observer {
                         o.wal_append(since.elapsed());
                     }
+                    callback.log_io_completed(result);
                 }
                 Job::Barrier(done) => {
                     let _ = done.send(());
