@@ -285,16 +285,37 @@ pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStor
     })
 }
 
+/// How long [`open_sled`] waits for a just-closed handle of the same data dir to let go of
+/// its file lock.
+const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// sled's refusal while another handle holds the data dir's file lock.
+fn is_lock_held(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
 fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
     // sled may panic on some damaged files instead of returning an error.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        sled::Config::new()
-            .path(dir)
-            .cache_capacity(CACHE_CAPACITY)
-            .open()
-    }))
-    .unwrap_or_else(|_| Err(sled::Error::Corruption { at: None, bt: () }))
-    .map_err(|e| match e {
+    let attempt = || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sled::Config::new()
+                .path(dir)
+                .cache_capacity(CACHE_CAPACITY)
+                .open()
+        }))
+        .unwrap_or_else(|_| Err(sled::Error::Corruption { at: None, bt: () }))
+    };
+    // A handle dropped in this process releases the lock only when sled's background thread
+    // has ended: a data dir opened again right after (a restore or `--force-new-cluster`
+    // that then starts the node, or a test) waits for it, briefly. Another process that
+    // holds the lock still gets the error.
+    let give_up = std::time::Instant::now() + SLED_LOCK_WAIT;
+    let mut opened = attempt();
+    while opened.as_ref().is_err_and(is_lock_held) && std::time::Instant::now() < give_up {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        opened = attempt();
+    }
+    opened.map_err(|e| match e {
         sled::Error::Io(error) => StoreError::File {
             path: dir.to_owned(),
             error,
