@@ -31,7 +31,13 @@ fn keyspace(c: &mut Criterion) {
     c.bench_function("kv_write_pipeline_10", |b| {
         b.iter(|| {
             revision += 1;
-            let r = ks.apply(&mut revision, true, now, black_box(&writes), &mut events);
+            let r = ks.apply(
+                &mut revision,
+                fenced_core::Semantics::NEWEST,
+                now,
+                black_box(&writes),
+                &mut events,
+            );
             events.clear();
             r
         })

@@ -6,7 +6,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use fenced_core::kv::{Argv, Keyspace, KvCommand};
-use fenced_core::{LimitMode, Policy};
+use fenced_core::{LimitMode, Policy, Semantics};
 
 fn argv(words: &[&str]) -> Argv {
     words.iter().map(|w| w.as_bytes().to_vec()).collect()
@@ -24,7 +24,13 @@ fn one(c: &mut Criterion, name: &str, cmds: Vec<KvCommand>) {
             now += 1;
             i = (i + 1) % cmds.len();
             ks.expire_due(now);
-            let r = ks.apply(&mut revision, true, now, black_box(&cmds[i]), &mut events);
+            let r = ks.apply(
+                &mut revision,
+                Semantics::NEWEST,
+                now,
+                black_box(&cmds[i]),
+                &mut events,
+            );
             events.clear();
             r
         })

@@ -20,7 +20,7 @@ fn eval_compare_and_delete(c: &mut Criterion) {
     let mut events = Vec::new();
     ks.apply(
         &mut 1,
-        true,
+        fenced_core::Semantics::NEWEST,
         now,
         &KvCommand::Batch(vec![argv(&["SET", "lock", "owner-2"])]),
         &mut events,
@@ -30,7 +30,13 @@ fn eval_compare_and_delete(c: &mut Criterion) {
     c.bench_function("eval_cad_miss", |b| {
         b.iter(|| {
             index += 1;
-            let r = ks.apply(&mut index, true, now, black_box(&miss), &mut events);
+            let r = ks.apply(
+                &mut index,
+                fenced_core::Semantics::NEWEST,
+                now,
+                black_box(&miss),
+                &mut events,
+            );
             events.clear();
             r
         })
@@ -43,7 +49,13 @@ fn eval_compare_and_delete(c: &mut Criterion) {
     c.bench_function("eval_cad_hit", |b| {
         b.iter(|| {
             index += 1;
-            let r = ks.apply(&mut index, true, now, black_box(&hit), &mut events);
+            let r = ks.apply(
+                &mut index,
+                fenced_core::Semantics::NEWEST,
+                now,
+                black_box(&hit),
+                &mut events,
+            );
             events.clear();
             r
         })

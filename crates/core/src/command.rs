@@ -31,27 +31,69 @@ pub struct RequestId {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
 pub struct Batch {
     pub requests: Vec<Request>,
-    /// Set only on entries written by fenced before tokens were revisions (log format 1),
-    /// when they are read back: such an entry is one command whose tokens (and session id)
-    /// were its log index, and applying it again must give the same ones. It raises the
-    /// revision to the index, so every later token exceeds every token issued before.
-    pub index_tokens: bool,
+    /// Which rules apply the entry ([`Semantics`]). Encoded as one byte where entries of
+    /// earlier versions had the `index_tokens` flag (`false` = 0, `true` = 1), so every entry
+    /// ever written decodes unchanged.
+    pub semantics: Semantics,
+}
+
+/// The apply rules an entry was written for. New code may render some commands differently
+/// (a Lua script's `tostring({})`), so the leader stamps every entry with the newest rules
+/// *every* member runs: a cluster in a rolling upgrade keeps applying the old rules until the
+/// last member runs the new code, and replicas never diverge. Entries are applied by the
+/// rules they carry, forever (a replay of the log gives the same state).
+///
+/// Encoded as one byte (a newtype of `u8`): 0 and 1 are the two values of the `bool` that
+/// preceded it, so an older node decodes 0 and 1 and refuses anything newer — which it never
+/// receives, since the leader waits until every member supports it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Semantics(pub u8);
+
+impl Semantics {
+    /// Tokens are revisions (log format 2); Lua as in Redis, which can show addresses.
+    pub const REVISIONS: Semantics = Semantics(0);
+    /// An entry written by fenced before tokens were revisions (log format 1), read back:
+    /// such an entry is one command whose tokens (and session id) were its log index, and
+    /// applying it again must give the same ones. It raises the revision to the index, so
+    /// every later token exceeds every token issued before.
+    pub const INDEX_TOKENS: Semantics = Semantics(1);
+    /// Everything a command computes is replica-independent: Lua's `tostring` of tables,
+    /// functions, threads and userdata shows no address, iteration over tables with table
+    /// or function keys is refused, a returned function is nil.
+    pub const DETERMINISTIC: Semantics = Semantics(2);
+    /// The newest rules this build applies (what it advertises to the leader).
+    pub const NEWEST: Semantics = Semantics::DETERMINISTIC;
+
+    /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
+    pub fn index_tokens(self) -> bool {
+        self == Semantics::INDEX_TOKENS
+    }
+
+    /// Commands must not show anything replica-dependent ([`Semantics::DETERMINISTIC`]).
+    pub fn deterministic(self) -> bool {
+        self.0 >= Semantics::DETERMINISTIC.0
+    }
+
+    /// This build knows how to apply entries stamped `self`.
+    pub fn supported(self) -> bool {
+        self.0 <= Semantics::NEWEST.0
+    }
 }
 
 impl Batch {
-    /// A batch of one request.
+    /// A batch of one request, under the newest rules.
     pub fn one(req: Request) -> Batch {
         Batch {
             requests: vec![req],
-            index_tokens: false,
+            semantics: Semantics::NEWEST,
         }
     }
 
-    /// An entry written before revisions (see [`Batch::index_tokens`]).
+    /// An entry written before revisions (see [`Semantics::INDEX_TOKENS`]).
     pub fn legacy(req: Request) -> Batch {
         Batch {
             requests: vec![req],
-            index_tokens: true,
+            semantics: Semantics::INDEX_TOKENS,
         }
     }
 }

@@ -20,7 +20,7 @@ pub mod small_map;
 
 pub use command::{
     AcquireSpec, Applied, AppliedBatch, Batch, Command, Event, Index, Millis, Mode, ReleaseReason,
-    Request, RequestId, Response, Revision, SessionId, Token,
+    Request, RequestId, Response, Revision, Semantics, SessionId, Token,
 };
 pub use kv::limit::{Decision, LimitError, LimitMode, LogPolicy, Policy};
 pub use machine::{HolderInfo, LockInfo, LockKind, SessionInfo, StateMachine};

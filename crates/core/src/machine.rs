@@ -349,10 +349,10 @@ impl StateMachine {
             .requests
             .iter()
             .map(|req| {
-                if batch.index_tokens {
+                if batch.semantics.index_tokens() {
                     self.apply_legacy(index, req, &mut events)
                 } else {
-                    self.apply_request(req, &mut events)
+                    self.apply_request(req, batch.semantics, &mut events)
                 }
             })
             .collect();
@@ -374,7 +374,12 @@ impl StateMachine {
     /// to their waiters (tokens of that revision). Then, unless its request id was seen
     /// before (the first outcome is returned again, and nothing happens), the command takes
     /// the next revision, runs, and locks it freed pass to their waiters at that revision.
-    fn apply_request(&mut self, req: &Request, events: &mut Vec<Event>) -> Response {
+    fn apply_request(
+        &mut self,
+        req: &Request,
+        semantics: Semantics,
+        events: &mut Vec<Event>,
+    ) -> Response {
         self.now = self.now.max(req.time_ms);
         if self.next_deadline().is_some_and(|t| t <= self.now) {
             self.revision += 1;
@@ -386,7 +391,7 @@ impl StateMachine {
             return previous;
         }
         self.revision += 1;
-        let response = self.execute(req.client, &req.cmd, false, events);
+        let response = self.execute(req.client, &req.cmd, semantics, events);
         if let Some(rid) = req.client {
             self.dedup_store(rid, response.clone());
         }
@@ -394,7 +399,7 @@ impl StateMachine {
         response
     }
 
-    /// An entry written before revisions ([`Batch::index_tokens`]), applied exactly as then:
+    /// An entry written before revisions ([`Semantics::INDEX_TOKENS`]), applied exactly as then:
     /// one revision for the expiry, the command and the hand-over, equal to the log index
     /// (or the next revision, should the revision already have passed it).
     fn apply_legacy(&mut self, index: Index, req: &Request, events: &mut Vec<Event>) -> Response {
@@ -407,11 +412,12 @@ impl StateMachine {
         self.expire_due(events);
         self.kv.expire_due(self.now);
         let response = match req.client {
-            None => self.execute(None, &req.cmd, true, events),
+            None => self.execute(None, &req.cmd, Semantics::INDEX_TOKENS, events),
             Some(rid) => match self.dedup_lookup(rid) {
                 Some(previous) => previous,
                 None => {
-                    let response = self.execute(Some(rid), &req.cmd, true, events);
+                    let response =
+                        self.execute(Some(rid), &req.cmd, Semantics::INDEX_TOKENS, events);
                     self.dedup_store(rid, response.clone());
                     response
                 }
@@ -479,13 +485,12 @@ impl StateMachine {
     // -----------------------------------------------------------------------------------
     // Commands
 
-    /// Run `cmd` at the current revision. `legacy`: an entry from before revisions
-    /// ([`Batch::index_tokens`]).
+    /// Run `cmd` at the current revision, by the rules of `semantics` (the entry's).
     fn execute(
         &mut self,
         rid: Option<RequestId>,
         cmd: &Command,
-        legacy: bool,
+        semantics: Semantics,
         events: &mut Vec<Event>,
     ) -> Response {
         let revision = self.revision;
@@ -538,7 +543,7 @@ impl StateMachine {
                 let mut kv_events = Vec::new();
                 let reply = self
                     .kv
-                    .apply(&mut rev, !legacy, self.now, cmd, &mut kv_events);
+                    .apply(&mut rev, semantics, self.now, cmd, &mut kv_events);
                 events.extend(kv_events.into_iter().map(Event::Kv));
                 self.revision = rev;
                 Ok(Response::Kv(reply))

@@ -512,7 +512,7 @@ fn commands_of_one_entry_take_distinct_revisions() {
             req(rid(4, 1), 1_000, permit("b")),
             req(rid(5, 1), 1_000, acquire("L", "c", 5_000, 0)),
         ],
-        index_tokens: false,
+        semantics: Semantics::REVISIONS,
     };
     let out = sm.apply_batch(1, &batch);
     let sessions: Vec<_> = out.responses[..2]
@@ -538,7 +538,7 @@ fn a_retry_inside_one_entry_returns_the_first_outcome() {
             req(rid(1, 1), 1_000, acquire("L", "a", 5_000, 0)),
             req(rid(1, 1), 1_000, acquire("L", "a", 5_000, 0)),
         ],
-        index_tokens: false,
+        semantics: Semantics::REVISIONS,
     };
     let out = sm.apply_batch(1, &batch);
     assert_eq!(out.responses[0], out.responses[1]);

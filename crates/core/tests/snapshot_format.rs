@@ -8,7 +8,7 @@
 //! for a deliberate format change, which also needs a new format version.
 
 use fenced_core::kv::KvCommand;
-use fenced_core::{AcquireSpec, Batch, Command, Mode, Request, RequestId, StateMachine};
+use fenced_core::{AcquireSpec, Batch, Command, Mode, Request, RequestId, Semantics, StateMachine};
 
 const GOLDEN: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -39,7 +39,7 @@ fn rich_state() -> StateMachine {
             index,
             &Batch {
                 requests,
-                index_tokens: false,
+                semantics: Semantics::REVISIONS,
             },
         );
     };

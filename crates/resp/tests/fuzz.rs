@@ -224,7 +224,7 @@ fn fuzz_command_arguments() {
             let _ = ks.read(now, c);
             let r = ks.apply(
                 &mut (i as u64 + 1),
-                true,
+                fenced_core::Semantics::NEWEST,
                 now,
                 &KvCommand::Batch(vec![c.clone()]),
                 &mut events,
@@ -235,7 +235,13 @@ fn fuzz_command_arguments() {
             watches: vec![(b"k".to_vec(), 0)],
             cmds: cmds.clone(),
         };
-        let _ = ks.apply(&mut 1000, true, now, &multi, &mut events);
+        let _ = ks.apply(
+            &mut 1000,
+            fenced_core::Semantics::NEWEST,
+            now,
+            &multi,
+            &mut events,
+        );
         Ok(())
     });
     eprintln!("command arguments: {n} cases");

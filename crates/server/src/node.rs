@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::NodeConfig;
-use fenced_core::{Batch, Command, Event, Request, RequestId, Response, StateMachine};
+use fenced_core::{Batch, Command, Event, Request, RequestId, Response, Semantics, StateMachine};
 use fenced_network::PeerGate;
 use fenced_proto::raft::PeerIdentity;
 use fenced_raft_types::{NodeId, Raft};
@@ -346,7 +346,7 @@ impl Node {
                     cmd,
                 })
                 .collect(),
-            index_tokens: false,
+            semantics: Semantics::REVISIONS,
         };
         let metrics = &self.inner.metrics;
         metrics.batch_size.observe(n as f64);

@@ -5,19 +5,19 @@ use super::cmd;
 use super::exec::Ctx;
 use super::store::Keyspace;
 use super::types::{Bytes, KvCommand, KvEvent, KvResponse, Reply};
-use crate::{Millis, Revision};
+use crate::{Millis, Revision, Semantics};
 
 impl Keyspace {
-    /// Apply `cmd` at log time `now`; `revision` is the command's revision. A
-    /// [`KvCommand::Batch`] (a pipeline) is several commands: with `per_command`, each one
-    /// after the first takes the next revision, and `revision` is left at the last one used
-    /// (without, all share it — entries from before revisions). `MULTI`/`EXEC` and a script
+    /// Apply `cmd` at log time `now` by the rules of `semantics` (the entry's); `revision` is
+    /// the command's revision. A [`KvCommand::Batch`] (a pipeline) is several commands: each
+    /// one after the first takes the next revision, and `revision` is left at the last one
+    /// used (except in entries from before revisions, where all share it). `MULTI`/`EXEC` and a script
     /// are one command. Events for the front ends (pub/sub messages, list pushes) are
     /// appended to `events`.
     pub fn apply(
         &mut self,
         revision: &mut Revision,
-        per_command: bool,
+        semantics: Semantics,
         now: Millis,
         cmd: &KvCommand,
         events: &mut Vec<KvEvent>,
@@ -30,8 +30,9 @@ impl Keyspace {
             in_script: false,
             limits: Vec::new(),
             dispatch: cmd::exec,
+            semantics,
         };
-        let replies = Self::run(&mut ctx, cmd, per_command);
+        let replies = Self::run(&mut ctx, cmd, !semantics.index_tokens());
         *revision = ctx.revision;
         KvResponse { replies }
     }

@@ -3,7 +3,7 @@
 use super::error::{KvError, KvResult};
 use super::store::{Keyspace, Kind};
 use super::types::{Bytes, KvEvent, Reply, Restriction};
-use crate::{Millis, Revision};
+use crate::{Millis, Revision, Semantics};
 
 /// Runs one command in a context: the command table's dispatcher (`cmd::exec`), passed in so
 /// that commands which run other commands (`EVAL`) need not know the table.
@@ -22,6 +22,10 @@ pub(crate) struct Ctx<'a> {
     /// apply): checked before every command, `redis.call` inside scripts included.
     pub limits: Vec<&'a Restriction>,
     pub dispatch: Dispatch,
+    /// The entry's apply rules: with [`Semantics::deterministic`], a script sees nothing
+    /// replica-dependent.
+    #[allow(dead_code)] // read by the Lua sandbox once it honours the rules
+    pub semantics: Semantics,
 }
 
 impl Ctx<'_> {

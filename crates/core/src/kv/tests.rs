@@ -1,6 +1,6 @@
 use super::script::sha1hex;
 use super::*;
-use crate::{Millis, Revision};
+use crate::{Millis, Revision, Semantics};
 
 fn argv(s: &str) -> Argv {
     s.split_whitespace()
@@ -32,7 +32,7 @@ impl T {
         self.ks.expire_due(self.now);
         let mut r = self.ks.apply(
             &mut self.revision,
-            true,
+            Semantics::NEWEST,
             self.now,
             &KvCommand::Batch(vec![a]),
             &mut self.events,
@@ -270,12 +270,14 @@ fn multi_aborts_on_watched_change() {
         watches: vec![(b"w".to_vec(), rev)],
         cmds: vec![argv("INCR w"), argv("GET w")],
     };
-    let r = t.ks.apply(&mut 10, true, t.now, &m, &mut vec![]);
+    let r =
+        t.ks.apply(&mut 10, Semantics::NEWEST, t.now, &m, &mut vec![]);
     assert_eq!(
         r.replies,
         vec![Reply::Array(vec![Reply::Int(2), bulk("2")])]
     );
-    let r = t.ks.apply(&mut 11, true, t.now, &m, &mut vec![]);
+    let r =
+        t.ks.apply(&mut 11, Semantics::NEWEST, t.now, &m, &mut vec![]);
     assert_eq!(r.replies, vec![Reply::NilArray]);
 }
 
@@ -814,7 +816,13 @@ impl T {
         self.revision += 1;
         self.ks.expire_due(self.now);
         self.ks
-            .apply(&mut self.revision, true, self.now, cmd, &mut self.events)
+            .apply(
+                &mut self.revision,
+                Semantics::NEWEST,
+                self.now,
+                cmd,
+                &mut self.events,
+            )
             .replies
     }
 }
@@ -1635,7 +1643,7 @@ fn limiters_inside_eval_and_multi() {
     let mut revision = 100;
     let r = t.ks.apply(
         &mut revision,
-        true,
+        Semantics::NEWEST,
         t.now,
         &KvCommand::Multi {
             watches: vec![],
