@@ -13,6 +13,7 @@
 
 pub mod command;
 pub mod cow;
+pub mod digest;
 pub mod kv;
 pub mod limits;
 pub mod machine;
@@ -22,6 +23,7 @@ pub use command::{
     AcquireSpec, Applied, AppliedBatch, Batch, Command, Event, Index, Millis, Mode, ReleaseReason,
     Request, RequestId, Response, Revision, Semantics, SessionId, Token,
 };
+pub use digest::StateDigest;
 pub use kv::limit::{Decision, LimitError, LimitMode, LogPolicy, Policy};
 pub use machine::{HolderInfo, LockInfo, LockKind, SessionInfo, StateMachine};
 
