@@ -1163,6 +1163,9 @@ const REUSE_SCRIPTS: &[&str] = &[
     // cjson, with settings that last one run.
     "cjson.encode_number_precision(3) return cjson.encode({a = ARGV[1], n = math.pi, l = {1, 2, ARGV[1]}})",
     "local d = cjson.decode('{\"x\":[1,2,{\"y\":\"' .. ARGV[1] .. '\"}]}') return {d.x[3].y, cjson.encode(math.pi)}",
+    // Objects shown and iterated under the deterministic rules (numbered per run; refused).
+    "local t = {a = ARGV[1]} t[{}] = 1 local ok, e = pcall(next, t) \
+       return {tostring({}), tostring(t), tostring(print or type), tostring(ok), e}",
     // Errors after a write, caught and not.
     "redis.call('SET', 'e', ARGV[1]) error('boom ' .. ARGV[1])",
     "return {pcall(error, 'caught ' .. ARGV[1])}",
