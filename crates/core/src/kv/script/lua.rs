@@ -761,17 +761,18 @@ local function scan(t)
   if found then raw_error(REFUSED, 3) end
 end
 local function checked_next(...)
-  expect(1, "table", "next", ...)
   local t, k = ...
+  if type(t) ~= "table" then expect(1, "table", "next", ...) end
   if k == nil and next(t) ~= nil then scan(t) end
   local nk, v = next(t, k)
-  -- An object key added during the traversal.
-  if nk ~= nil and object[type(nk)] then raw_error(REFUSED, 2) end
+  -- An object key added during the traversal (object["nil"] is nil).
+  if object[type(nk)] then raw_error(REFUSED, 2) end
   return nk, v
 end
 local function checked_pairs(...)
-  expect(1, "table", "pairs", ...)
-  return checked_next, (...), nil
+  local t = ...
+  if type(t) ~= "table" then expect(1, "table", "pairs", ...) end
+  return checked_next, t, nil
 end
 local function checked_foreach(...)
   expect(1, "table", "foreach", ...)
