@@ -36,6 +36,9 @@ const SCRIPTS: &[&str] = &[
     // cjson's error names the first key it trips on.
     "local t = {a = 1} t[{}] = 1 t[type] = 2 t[true] = 3 \
        local ok, e = pcall(cjson.encode, t) redis.call('SET', KEYS[1], e) return e",
+    // An error a Rust helper raised, shown by its __tostring.
+    "local ok, e = pcall(redis.sha1hex) redis.call('SET', KEYS[1], tostring(e)) return e",
+    "local ok, e = pcall(cjson.encode, {[{}] = 1}) return {tostring(ok), e, tostring(cjson.null)}",
     // A table key moving other keys between a table's parts.
     "local t = {} for i = 1, 20 do t[i] = i end t[5] = nil t[{}] = 1 t[{}] = 2 t[9] = nil \
        local ok, e = pcall(function() local n = 0 for _ in pairs(t) do n = n + 1 end return n end) \
