@@ -62,9 +62,43 @@ fn eval_compare_and_delete(c: &mut Criterion) {
     });
 }
 
+/// Scripts that iterate a 100-key table with `pairs` (what the deterministic rules wrap):
+/// string keys (new strings: the interpreter is rebuilt after every run) and integer keys.
+fn eval_pairs(c: &mut Criterion) {
+    const PAIRS: &str = "local t = {} for i = 1, 100 do t['k' .. i] = i end \
+        local n = 0 for k, v in pairs(t) do n = n + v end return n";
+    const IPAIRS: &str = "local t = {} for i = 1, 100 do t[i] = i end \
+        local n = 0 for k, v in pairs(t) do n = n + v end return n";
+    for (name, script) in [("eval_pairs_100", PAIRS), ("eval_pairs_int_100", IPAIRS)] {
+        eval_bench(c, name, script);
+    }
+}
+
+fn eval_bench(c: &mut Criterion, name: &str, script: &str) {
+    let now = 1_000_000;
+    let mut ks = Keyspace::default();
+    let mut events = Vec::new();
+    let cmd = KvCommand::Batch(vec![argv(&["EVAL", script, "0"])]);
+    let mut index: u64 = 1;
+    c.bench_function(name, |b| {
+        b.iter(|| {
+            index += 1;
+            let r = ks.apply(
+                &mut index,
+                fenced_core::Semantics::NEWEST,
+                now,
+                black_box(&cmd),
+                &mut events,
+            );
+            events.clear();
+            r
+        })
+    });
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(50).measurement_time(std::time::Duration::from_secs(4));
-    targets = eval_compare_and_delete
+    targets = eval_compare_and_delete, eval_pairs
 }
 criterion_main!(benches);

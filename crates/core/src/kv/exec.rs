@@ -24,7 +24,6 @@ pub(crate) struct Ctx<'a> {
     pub dispatch: Dispatch,
     /// The entry's apply rules: with [`Semantics::deterministic`], a script sees nothing
     /// replica-dependent.
-    #[allow(dead_code)] // read by the Lua sandbox once it honours the rules
     pub semantics: Semantics,
 }
 

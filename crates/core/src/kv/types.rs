@@ -78,12 +78,14 @@ pub struct KvResponse {
 /// A reply in Redis's type system. Encoded as RESP2 or RESP3 by the front end.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum Reply {
+    // The text fields hash in a canonical form inside a state digest (see `crate::digest`);
+    // their encoding is unchanged.
     /// `+OK`.
-    Status(String),
+    Status(#[serde(serialize_with = "crate::digest::reply_text")] String),
     /// `-ERR …`: the full text after the `-`, starting with its prefix (`ERR`, `WRONGTYPE`, …).
-    Error(String),
+    Error(#[serde(serialize_with = "crate::digest::reply_text")] String),
     Int(i64),
-    Bulk(Bytes),
+    Bulk(#[serde(serialize_with = "crate::digest::reply_bytes")] Bytes),
     /// Nil bulk string (RESP2 `$-1`, RESP3 `_`).
     Nil,
     Array(Vec<Reply>),

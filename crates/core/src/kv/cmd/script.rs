@@ -94,9 +94,17 @@ fn eval(ctx: &mut Ctx<'_>, a: &[Bytes], by_sha: bool) -> KvResult<Reply> {
     let was = ctx.in_script;
     ctx.in_script = true;
     let vm = ctx.ks.lua.take(&sha, &src);
-    let (reply, vm) = run(vm, &sha, &src, ctx.revision, keys, args, |cmd| {
-        ctx.exec(cmd)
-    });
+    let deterministic = ctx.semantics.deterministic();
+    let (reply, vm) = run(
+        vm,
+        &sha,
+        &src,
+        ctx.revision,
+        deterministic,
+        keys,
+        args,
+        |cmd| ctx.exec(cmd),
+    );
     if let Some(vm) = vm {
         ctx.ks.lua.put(&sha, vm);
     }

@@ -57,6 +57,10 @@ struct Config {
     encode_invalid: i64,
     decode_invalid: bool,
     keep_buffer: bool,
+    /// The entry's rules hide memory addresses: a table with a key that is not a string,
+    /// number or boolean is refused before its keys are looked at in (address-dependent)
+    /// order. Not a lua-cjson setting: set per run from the entry.
+    deterministic: bool,
 }
 
 impl Default for Config {
@@ -71,6 +75,7 @@ impl Default for Config {
             encode_invalid: 0,
             decode_invalid: true,
             keep_buffer: true,
+            deterministic: false,
         }
     }
 }
@@ -239,8 +244,12 @@ pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<(Table, Se
 pub(super) struct Settings(Arc<Mutex<Config>>);
 
 impl Settings {
-    pub(super) fn reset(&self) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Config::default();
+    /// lua-cjson's defaults, under the entry's rules (`deterministic`).
+    pub(super) fn reset(&self, deterministic: bool) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Config {
+            deterministic,
+            ..Config::default()
+        };
     }
 }
 
@@ -490,6 +499,9 @@ impl Encoder<'_, '_> {
 
     /// Classify a table (lua-cjson's rules) and write its opening bracket.
     fn open(&mut self, t: Table) -> Res<Frame> {
+        if self.cfg.deterministic {
+            refuse_bad_keys(&t)?;
+        }
         // An array: only integer keys >= 1, and not excessively sparse.
         let (mut max, mut items, mut array) = (0.0f64, 0u64, true);
         for pair in t.pairs::<LV, LV>() {
@@ -666,6 +678,35 @@ impl Encoder<'_, '_> {
         self.out.extend_from_slice(&s[run..]);
         self.out.push(b'"');
         Ok(())
+    }
+}
+
+/// Under the deterministic rules, before anything else: refuse a table with a key lua-cjson
+/// cannot write (not a string or number), naming the first of boolean, userdata, table,
+/// function, thread that occurs — not the first in iteration order, which for table,
+/// function, thread and userdata keys depends on memory addresses. Nothing is charged (the
+/// charge would depend on where the bad key came), and a table that passes is then written
+/// exactly as before, its order being deterministic.
+fn refuse_bad_keys(t: &Table) -> Res<()> {
+    const ORDER: [&str; 5] = ["boolean", "userdata", "table", "function", "thread"];
+    let mut worst: Option<usize> = None;
+    for pair in t.pairs::<LV, LV>() {
+        let (k, _) = pair?;
+        let rank = match k {
+            LV::String(_) | LV::Integer(_) | LV::Number(_) => continue,
+            other => ORDER
+                .iter()
+                .position(|n| *n == type_name(&other))
+                .unwrap_or(ORDER.len() - 1),
+        };
+        worst = Some(worst.map_or(rank, |w| w.min(rank)));
+    }
+    match worst {
+        Some(rank) => user(format!(
+            "Cannot serialise {}: table key must be a number or string",
+            ORDER[rank]
+        )),
+        None => Ok(()),
     }
 }
 

@@ -63,8 +63,41 @@
 //!   bytes), so collection steps during the next run fall at the same allocations.
 //!
 //! Whether a VM is kept never changes a result, only the time the next run takes; so neither
-//! does the cache's eviction order. Table layout depends on object addresses for tables,
-//! functions and userdata used as keys, as it did with a fresh VM per run.
+//! does the cache's eviction order.
+//!
+//! # Nothing a script sees shows an address
+//!
+//! Lua 5.1 shows memory addresses — which differ between replicas (ASLR, allocation history)
+//! — in two places: `tostring` of a table, function, thread or userdata (`table: 0x55d0…`),
+//! and the hash slot of such a value used as a table key (the pointer's low bits), hence the
+//! order in which `next`/`pairs`/`table.foreach` (and cjson) visit a table with such keys.
+//! Strings hash without a seed (`luaS_newlstr` starts from the length), numbers and booleans
+//! by value, so tables whose keys are only those iterate in the same order everywhere. Under
+//! the entry's deterministic rules ([`crate::Semantics::deterministic`]) a run uses
+//! `det_driver` instead of `driver`, which installs, in that run's environment only:
+//!
+//! * `tostring` that shows an object without `__tostring` as `table: 1`, `function: 2`, …:
+//!   a number given at first sight, in a per-run table (every run, on every replica, numbers
+//!   from 1). The table holds its objects strongly, until the run ends: entries are only ever
+//!   added, so its growth depends only on how many there are. A weak table would lose entries
+//!   at collections, and a new key landing on a freed slot or not — by its address — would
+//!   change when the table grows, so the heap's size, so when the collector runs.
+//! * `next`, `pairs` and `table.foreach` that refuse a table with a table, function, thread
+//!   or userdata key, *before* its first key is visited (a scan of all its keys; a partial
+//!   iteration would already have acted in address order): a script error. A key of that kind
+//!   added during a traversal (which Lua leaves undefined) is refused when `next` meets it.
+//!   Only the keys there now are seen: a table that *had* object keys can still iterate its
+//!   remaining keys in the order those keys' addresses left; and `#t` of a table with holes
+//!   that has or had such keys depends on when it was resized, which their slots decided
+//!   (`#t` of a sequence is its one border, whatever the layout). Refusing object keys at
+//!   insertion would refuse common, harmless uses (sets of tables) and cannot be done without
+//!   patching the VM; keeping object keys in tables of their own avoids both cases.
+//! * cjson refuses a table with a key it cannot write before looking at its keys in order,
+//!   naming the key type by a fixed precedence (see `cjson.rs`).
+//!
+//! A returned function, thread or userdata is nil (Redis's conversion), never its `tostring`.
+//! Entries stamped before these rules run through the unchanged `driver`, with the same
+//! instructions, so replaying an old log gives the old results.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -123,12 +156,15 @@ pub(crate) fn compile_check(src: &str) -> Result<(), KvError> {
 /// Run script `src` (SHA1 `sha`) as the command of `revision`, in `vm` if the cache had one
 /// for it (else in a new interpreter). `call` runs one `redis.call`/`redis.pcall` command.
 /// Any failure becomes an error reply (earlier writes stay). The interpreter comes back if it
-/// may be kept for the next run.
+/// may be kept for the next run. `deterministic`: the entry's rules hide addresses (see the
+/// module docs); otherwise the script runs exactly as before those rules.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     vm: Option<Vm>,
     sha: &str,
     src: &str,
     revision: u64,
+    deterministic: bool,
     keys: &[Bytes],
     args: &[Bytes],
     call: impl FnMut(&[Bytes]) -> Reply,
@@ -140,7 +176,7 @@ pub(crate) fn run(
             Err(e) => return (Reply::Error(e.to_string()), None),
         },
     };
-    let (reply, reusable) = vm.run(&vm.func, sha, revision, keys, args, call);
+    let (reply, reusable) = vm.run(&vm.func, sha, revision, deterministic, keys, args, call);
     (reply, reusable.then_some(vm))
 }
 
@@ -259,6 +295,9 @@ pub(crate) struct Vm {
     func: Function,
     /// The body of every run's coroutine: `driver(f, dispatch, KEYS, ARGV)` → `pcall(f)`.
     driver: Function,
+    /// The same under the deterministic rules: `driver` with `tostring`, `next`, `pairs` and
+    /// `table.foreach` replaced for the run.
+    det_driver: Function,
     /// `normalize(pad)` concatenates `pad .. pad` (resets the concatenation buffer).
     normalize: Function,
     pad: LuaString,
@@ -312,7 +351,7 @@ impl Vm {
             .set_name("=warmup")
             .set_mode(ChunkMode::Text)
             .into_function()?;
-        self.invoke(&noop, 0, &[], &[], |_| Reply::Nil)?;
+        self.invoke(&noop, 0, false, &[], &[], |_| Reply::Nil)?;
         drop(noop);
         let mut last = self.cleanup()?;
         for _ in 0..CLEANUP_ROUNDS {
@@ -327,16 +366,18 @@ impl Vm {
 
     /// Run `f` (the script, or the warm-up chunk) once; the reply, and whether the VM is
     /// back at its baseline (may be reused).
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         f: &Function,
         sha: &str,
         index: u64,
+        det: bool,
         keys: &[Bytes],
         args: &[Bytes],
         exec: impl FnMut(&[Bytes]) -> Reply,
     ) -> (Reply, bool) {
-        let outcome = self.invoke(f, index, keys, args, exec);
+        let outcome = self.invoke(f, index, det, keys, args, exec);
         let over = self.budget.is_over();
         let reusable = outcome.is_ok() && !over && self.back_to_baseline().unwrap_or(false);
         let reply = match outcome {
@@ -362,13 +403,14 @@ impl Vm {
         &self,
         f: &Function,
         index: u64,
+        det: bool,
         keys: &[Bytes],
         args: &[Bytes],
         mut exec: impl FnMut(&[Bytes]) -> Reply,
     ) -> mlua::Result<(bool, Reply)> {
         self.budget.reset();
         self.rng.store(seed(index), Ordering::Relaxed);
-        self.cjson.reset();
+        self.cjson.reset(det);
         let lua = &self.lua;
         // The limit holds during the run only: restoring and collecting afterwards must not
         // fail (mlua makes some of those calls unprotected).
@@ -402,14 +444,15 @@ impl Vm {
                 let reply = exec(&cmd);
                 reply_to_lua(lua, &reply, 0)
             })?;
-            let thread = lua.create_thread(self.driver.clone())?;
+            let driver = if det { &self.det_driver } else { &self.driver };
+            let thread = lua.create_thread(driver.clone())?;
             let (ok, value): (bool, LV) = thread.resume((
                 f.clone(),
                 dispatch,
                 strings(lua, keys)?,
                 strings(lua, args)?,
             ))?;
-            Ok((ok, lua_to_reply(&value, 0)))
+            Ok((ok, lua_to_reply(&value, 0, det)))
         });
         let unlimited = lua.set_memory_limit(0);
         let restored = self.restore(f);
@@ -423,6 +466,7 @@ impl Vm {
     fn restore(&self, f: &Function) -> mlua::Result<()> {
         f.set_environment(self.neutral.clone())?;
         self.driver.set_environment(self.neutral.clone())?;
+        self.det_driver.set_environment(self.neutral.clone())?;
         self.lua
             .set_type_metatable::<LuaString>(Some(self.string_mt.clone()));
         Ok(())
@@ -580,14 +624,35 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
         Ok(())
     })?;
     let (cjson_raw, cjson) = cjson::install(&lua, budget.clone())?;
+    // Would Lua's `tostring` show this value's address (no `__tostring` in its metatable)?
+    let shows_address = lua.create_function(|_, v: LV| {
+        Ok(match v {
+            LV::Table(t) => match t.metatable() {
+                Some(mt) => mt.raw_get::<LV>("__tostring")?.is_nil(),
+                None => true,
+            },
+            LV::Function(_) | LV::Thread(_) | LV::UserData(_) => true,
+            LV::LightUserData(p) => !p.0.is_null(),
+            // Errors raised by Rust helpers are userdata whose `__tostring` is the message.
+            _ => false,
+        })
+    })?;
 
-    let (driver, normalize): (Function, Function) = lua
+    let (driver, det_driver, normalize): (Function, Function, Function) = lua
         .load(PRELUDE)
         .set_name("=fenced_prelude")
         .set_mode(ChunkMode::Text)
-        .call((g, over, set_string_mt, cjson_raw, cjson::null()))?;
+        .call((
+            g,
+            over,
+            set_string_mt,
+            cjson_raw,
+            cjson::null(),
+            shows_address,
+        ))?;
     let neutral = lua.create_table()?;
     driver.set_environment(neutral.clone())?;
+    det_driver.set_environment(neutral.clone())?;
     func.set_environment(neutral.clone())?;
     let string_mt = lua
         .type_metatable::<LuaString>()
@@ -598,6 +663,7 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
         src: src.to_owned(),
         func,
         driver,
+        det_driver,
         normalize,
         pad,
         neutral,
@@ -611,10 +677,10 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
 
 /// Run once per VM with the set-up globals; returns the per-run driver and `normalize`.
 const PRELUDE: &str = r#"
-local G, over, set_string_mt, cjson_raw, null = ...
+local G, over, set_string_mt, cjson_raw, null, shows_address = ...
 local raw_pcall, raw_xpcall, raw_error = pcall, xpcall, error
 local raw_resume, raw_running = coroutine.resume, coroutine.running
-local next, type, rawget, setfenv = next, type, rawget, setfenv
+local next, type, rawget, setfenv, getfenv = next, type, rawget, setfenv, getfenv
 local is_lib = { string = true, table = true, math = true, coroutine = true, redis = true }
 local base, libs = {}, {}
 for k, v in next, G do
@@ -665,10 +731,92 @@ local function driver(f, dispatch, keys, argv)
   setfenv(f, env)
   return raw_pcall(f)
 end
+-- The deterministic rules (Semantics::DETERMINISTIC). Locals are named after the functions
+-- they hold, so Lua's argument errors name them as before.
+local tostring, foreach = G.tostring, G.table.foreach
+local object = { table = true, ["function"] = true, thread = true, userdata = true }
+local REFUSED = "cannot iterate over a table with table, function, thread or userdata keys "
+  .. "(their order depends on memory addresses, which differ between replicas)"
+local select = G.select
+local function pass(...) return ... end
+-- Lua's argument error, raised at the caller of the function that checks (so the message,
+-- position included, is the one the C function gave when the script called it directly).
+local function typename(n, ...)
+  if select('#', ...) < n then return "no value" end
+  return type((select(n, ...)))
+end
+local function expect(n, want, fname, ...)
+  if typename(n, ...) ~= want then
+    raw_error("bad argument #" .. n .. " to '" .. fname .. "' (" .. want .. " expected, got "
+      .. typename(n, ...) .. ")", 3)
+  end
+end
+-- Refuse a table with an object key, before its first key is seen. Scans every key whatever
+-- it finds, so the instructions it costs do not depend on the order.
+local function scan(t)
+  local found = false
+  for k in next, t do
+    if object[type(k)] then found = true end
+  end
+  if found then raw_error(REFUSED, 3) end
+end
+local function checked_next(...)
+  local t, k = ...
+  if type(t) ~= "table" then expect(1, "table", "next", ...) end
+  if k == nil and next(t) ~= nil then scan(t) end
+  local nk, v = next(t, k)
+  -- An object key added during the traversal (object["nil"] is nil).
+  if object[type(nk)] then raw_error(REFUSED, 2) end
+  return nk, v
+end
+local function checked_pairs(...)
+  local t = ...
+  if type(t) ~= "table" then expect(1, "table", "pairs", ...) end
+  return checked_next, t, nil
+end
+local function checked_foreach(...)
+  expect(1, "table", "foreach", ...)
+  expect(2, "function", "foreach", ...)
+  local t, f = ...
+  if next(t) ~= nil then scan(t) end
+  return pass(foreach(t, f))
+end
+-- `tostring` numbering objects in the order the run first shows them: `table: 1`.
+local function numbering()
+  local ids, n = nil, 0
+  return function(...)
+    if select('#', ...) == 0 then
+      raw_error("bad argument #1 to 'tostring' (value expected)", 2)
+    end
+    local v = ...
+    if object[type(v)] and shows_address(v) then
+      if ids == nil then ids = {} end
+      local id = ids[v]
+      if id == nil then
+        n = n + 1
+        id = n
+        ids[v] = id
+      end
+      return type(v) .. ": " .. id
+    end
+    return pass(tostring(...))
+  end
+end
+local function det_driver(f, dispatch, keys, argv)
+  -- `driver` gives this closure the run's environment; it installs the rules there and
+  -- tail-calls the script (so no frame of its own stays on the stack).
+  return driver(function()
+    local env = getfenv(1)
+    env.tostring = numbering()
+    env.next, env.pairs, env.table.foreach = checked_next, checked_pairs, checked_foreach
+    setfenv(f, env)
+    return f()
+  end, dispatch, keys, argv)
+end
 local function normalize(pad)
   local s = pad .. pad
 end
-return driver, normalize
+return driver, det_driver, normalize
 "#;
 
 fn seed(x: u64) -> u64 {
@@ -718,8 +866,10 @@ fn reply_to_lua(lua: &Lua, r: &Reply, depth: usize) -> mlua::Result<LV> {
 }
 
 /// Lua → RESP, Redis's rules: numbers truncate to integers, `true` → 1, `false`/`nil` → nil,
-/// `{err=…}`/`{ok=…}` → error/status, other tables → arrays up to the first nil.
-fn lua_to_reply(v: &LV, depth: usize) -> Reply {
+/// `{err=…}`/`{ok=…}` → error/status, other tables → arrays up to the first nil; functions,
+/// threads and userdata → nil under the deterministic rules (`det`), else (before those rules)
+/// their `tostring` text, which shows an address.
+fn lua_to_reply(v: &LV, depth: usize, det: bool) -> Reply {
     match v {
         LV::Nil => Reply::Nil,
         LV::Boolean(true) => Reply::Int(1),
@@ -742,7 +892,7 @@ fn lua_to_reply(v: &LV, depth: usize) -> Reply {
             loop {
                 match t.raw_get::<LV>(i) {
                     Ok(LV::Nil) | Err(_) => break,
-                    Ok(item) => out.push(lua_to_reply(&item, depth + 1)),
+                    Ok(item) => out.push(lua_to_reply(&item, depth + 1, det)),
                 }
                 i += 1;
             }
@@ -750,6 +900,7 @@ fn lua_to_reply(v: &LV, depth: usize) -> Reply {
         }
         // Errors raised as non-tables (strings, budget failures) arrive as these.
         LV::Error(e) => Reply::Bulk(clean(&e.to_string()).into_bytes()),
+        _ if det => Reply::Nil,
         other => Reply::Bulk(
             other
                 .to_string()

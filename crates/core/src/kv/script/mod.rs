@@ -7,3 +7,6 @@ mod cjson;
 mod lua;
 
 pub(crate) use lua::{compile_check, run, sha1hex, LuaCache};
+
+#[cfg(test)]
+mod tests;
