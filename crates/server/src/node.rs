@@ -251,7 +251,9 @@ impl Node {
                 let addr = addr.clone();
                 attempt = self.inner.forwarder.forward_all(&addr, batch).await;
             }
-            let retry = Instant::now() < give_up;
+            // A stopped Raft core answers nothing again: give the answer now, while the
+            // node still serves (it is about to exit).
+            let retry = Instant::now() < give_up && !self.raft_stopped();
             for (i, result) in open.into_iter().zip(attempt) {
                 let has_id = proposals[i].0.is_some();
                 done[i] = outcomes[i].settle(result, has_id, retry);
@@ -441,9 +443,9 @@ impl Node {
             metrics.proposals_failed.inc_by(n as u64);
             vec![Err(e); n]
         };
-        if let Err(e) = &self.inner.raft.metrics().borrow().running_state {
+        if self.raft_stopped() {
             // Stopped before this entry was handed to it: nothing of it can apply.
-            return err(NodeError::Fatal(format!("raft stopped: {e}")));
+            return err(NodeError::Fatal("raft stopped".into()));
         }
         let started = Instant::now();
         let written =
@@ -472,6 +474,11 @@ impl Node {
             // may be in the log, and a new leader may commit it.
             Ok(Err(RaftError::Fatal(e))) => err(NodeError::Unknown(format!("node stopped: {e}"))),
         }
+    }
+
+    /// Whether the Raft core stopped (a storage write failed, a panic, shutdown).
+    fn raft_stopped(&self) -> bool {
+        self.inner.raft.metrics().borrow().running_state.is_err()
     }
 
     /// `Ok` if this node is the leader and serving, else `NotLeader` (with a hint if known).
