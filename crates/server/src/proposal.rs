@@ -133,6 +133,16 @@ impl Outcome {
     }
 }
 
+/// A leader's answer to a proposal this node forwarded, as this node's attempt: the leader's
+/// node stopping is, from here, an unknown outcome (whether the leader had handed the entry to
+/// its Raft core, this node cannot tell).
+pub(crate) fn forwarded(answer: Proposed) -> Proposed {
+    match answer {
+        Err(NodeError::Fatal(m)) => Err(NodeError::Unknown(format!("the leader stopped: {m}"))),
+        other => other,
+    }
+}
+
 /// Every proposal of a batch fails: the node is gone.
 pub(crate) fn stopped(n: usize) -> Vec<Proposed> {
     vec![Err(NodeError::Fatal("node stopped".into())); n]
@@ -288,6 +298,14 @@ mod tests {
         );
         // The wait's deadline passed unresolved: "retry with the same request id".
         assert_eq!(o.give_up(), Ok(Response::Pending));
+    }
+
+    #[test]
+    fn a_forwarded_attempt_whose_leader_stopped_is_unknown() {
+        let got = forwarded(Err(NodeError::Fatal("storage failed".into())));
+        assert!(matches!(got, Err(NodeError::Unknown(m)) if m.contains("storage failed")));
+        assert_eq!(forwarded(not_leader()), not_leader());
+        assert_eq!(forwarded(granted()), granted());
     }
 
     #[test]
