@@ -127,6 +127,7 @@ async fn a_resp_write_lost_to_a_full_disk_is_unknown_not_tryagain() {
         eprintln!("the node exited before answering: {text}");
         assert!(!text.to_ascii_uppercase().contains("TRYAGAIN"), "{text}");
     } else {
+        eprintln!("the SET lost to the full disk was answered: {text}");
         assert!(
             text.contains("TIMEOUT") && text.contains("outcome unknown"),
             "the SET lost to the full disk was not answered \"outcome unknown\": {text}"
