@@ -141,3 +141,56 @@ async fn a_waiting_acquire_whose_leader_is_lost_is_never_refused_nor_granted_twi
     let after = client.info("l").await.expect("info");
     assert!(after.is_none(), "one LOCK.RELEASE left l held: {after:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_resumes_its_wait_across_a_leader_kill_and_gets_its_token() {
+    let c = TestCluster::start("outcome-resume", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let follower = follower_of(leader);
+    let client = c.client();
+    let holder = client
+        .acquire("l", "a", TTL, Duration::ZERO, 0)
+        .await
+        .expect("acquire")
+        .expect("granted while free");
+    let mut con = slow_resp_connect(&c, follower).await;
+    let waiting = {
+        let mut con = con.clone();
+        tokio::spawn(async move { acquire_waiting(&mut con, "l", "b").await })
+    };
+    wait_for("b queued", Duration::from_secs(20), || async {
+        match client.info("l").await {
+            Ok(Some(i)) if i.waiters == 1 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+
+    // The leader the wait was forwarded to dies; the other two elect a new one, and `a` lets
+    // go there. The follower's wait resumes on the same request and hears of the grant.
+    c.kill(leader);
+    let client = c.client();
+    // (A retry after an unknown outcome may find it released already: b's grant tells.)
+    wait_for("a's release", Duration::from_secs(30), || async {
+        client
+            .release("l", "a", holder.token)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await;
+    let got = within("b's reply", Duration::from_secs(60), waiting)
+        .await
+        .expect("task");
+    let token = match got {
+        Ok(Some(t)) => t,
+        other => panic!("b's queued acquire was not granted: {other:?}"),
+    };
+    let info = client.info("l").await.expect("info").expect("held");
+    assert_eq!(
+        (info.owner.as_str(), info.token, info.holds),
+        ("b", token, 1)
+    );
+    let released: i64 =
+        support::resp_cmd(&mut con, &["LOCK.RELEASE", "l", "b", &token.to_string()]).await;
+    assert_eq!(released, 1);
+}

@@ -33,7 +33,7 @@ const TICK_MAX_SLEEP: Duration = Duration::from_millis(50);
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// A queued acquire whose wait should have ended but did not: how long to listen between
 /// asking its request's record again.
-const REASK_PAUSE: Duration = Duration::from_millis(250);
+const REASK_PAUSE: Duration = Duration::from_millis(500);
 /// Proposal batching on the leader: entries in flight at once, and the bounds of one entry.
 /// Commands arriving while these are in flight ride in the next entry. One at a time: every
 /// entry costs each node a replication round and two fsyncs, and on a loaded machine fewer,
