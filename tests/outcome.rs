@@ -15,7 +15,7 @@ use support::{follower_of, wait_for, within, TestCluster, LEADER_TIMEOUT, RESP_S
 const TTL: Duration = Duration::from_secs(60);
 /// The waiting acquire's wait (log time, which an outage does not count): long enough to
 /// outlive the election after the outage.
-const WAIT_MS: &str = "8000";
+const WAIT_MS: &str = "15000";
 
 /// `LOCK.ACQUIRE name owner ttl WAIT ms` on `con`: `Ok(token or nil)` or the error text.
 async fn acquire_waiting(
