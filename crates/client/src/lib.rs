@@ -68,10 +68,15 @@ pub enum ClientError {
     NoEndpoints,
     #[error("invalid endpoint {0:?}: {1}")]
     InvalidEndpoint(String, String),
-    /// The cluster refused the request (bad input, limits, ...).
+    /// The cluster refused the request (bad input, limits, ...), or the state machine's record
+    /// of it says it was refused. Nothing was done.
     #[error("{}: {}", .0.code(), .0.message())]
     Rejected(tonic::Status),
-    /// No node answered in time; the outcome of a mutating call is unknown.
+    /// The outcome of a mutating call is unknown: no node answered in time, or an attempt's
+    /// outcome was unknown (gRPC `UNAVAILABLE` other than "not the leader") and no later one
+    /// learnt it — a later attempt's refusal (overloaded, the node stopped, the request
+    /// older than the dedup window) says nothing about the earlier one. It may have taken
+    /// effect: look before acting again.
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
 }
@@ -221,6 +226,43 @@ fn is_retryable(s: &tonic::Status) -> bool {
     )
 }
 
+/// The server's rule for outcomes, across the client's own attempts of one call (the same
+/// request id each time): once an attempt may have taken effect, a later refusal is no
+/// answer — only the state machine's record of the request is.
+#[derive(Debug, Default)]
+struct Attempts {
+    /// Why an earlier attempt may have taken effect.
+    maybe_applied: Option<String>,
+}
+
+impl Attempts {
+    /// A retryable failure: did the attempt possibly take effect? Not if the node said it is
+    /// not the leader, or the connection was never made.
+    fn failed(&mut self, s: &tonic::Status) {
+        let m = s.message();
+        let certainly_not = m.starts_with("not the leader") || m.contains("tcp connect error");
+        if !certainly_not && self.maybe_applied.is_none() {
+            self.maybe_applied = Some(format!("{}: {m}", s.code()));
+        }
+    }
+
+    /// A final (non-retryable) answer `s`: passed on as a refusal unless an earlier attempt
+    /// may have taken effect and `s` is not the state machine's answer to the request
+    /// (`rejected: …`, which a repeat is given from the request's record).
+    fn refused(&self, s: tonic::Status) -> ClientError {
+        let from_record = s.message().starts_with("rejected: ")
+            && !s.message().contains("older than the dedup window");
+        match &self.maybe_applied {
+            Some(first) if !from_record => ClientError::Unavailable(format!(
+                "outcome unknown: {first}; then {}: {}",
+                s.code(),
+                s.message()
+            )),
+            _ => ClientError::Rejected(s),
+        }
+    }
+}
+
 impl Client {
     /// A client for the given `host:port` gRPC endpoints (any node of the cluster).
     /// Connections are made lazily.
@@ -348,6 +390,7 @@ impl Client {
         let give_up = Instant::now() + self.inner.options.retry_for + extra;
         let n = self.inner.channels.len();
         let mut relogins = 0;
+        let mut attempts = Attempts::default();
         loop {
             let i = self.inner.preferred.load(Ordering::Relaxed) % n;
             let answer = match self.authed(i).await {
@@ -373,6 +416,7 @@ impl Client {
                     continue;
                 }
                 Err(s) if is_retryable(&s) => {
+                    attempts.failed(&s);
                     self.inner.retries.fetch_add(1, Ordering::Relaxed);
                     self.inner.preferred.store((i + 1) % n, Ordering::Relaxed);
                     if Instant::now() >= give_up {
@@ -383,7 +427,7 @@ impl Client {
                         )));
                     }
                 }
-                Err(s) => return Err(ClientError::Rejected(s)),
+                Err(s) => return Err(attempts.refused(s)),
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -737,5 +781,47 @@ impl Client {
             );
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unknown() -> tonic::Status {
+        tonic::Status::unavailable("outcome unknown: raft write timed out")
+    }
+
+    #[test]
+    fn a_refusal_is_passed_on_until_an_attempt_may_have_taken_effect() {
+        let overloaded = || tonic::Status::resource_exhausted("overloaded: 10 requests wait");
+        let a = Attempts::default();
+        assert!(matches!(a.refused(overloaded()), ClientError::Rejected(_)));
+        let mut a = Attempts::default();
+        a.failed(&tonic::Status::unavailable(
+            "not the leader (leader: unknown)",
+        ));
+        a.failed(&tonic::Status::unavailable("tcp connect error"));
+        assert!(matches!(a.refused(overloaded()), ClientError::Rejected(_)));
+    }
+
+    #[test]
+    fn after_an_unknown_attempt_only_the_record_of_the_request_is_an_answer() {
+        let mut a = Attempts::default();
+        a.failed(&unknown());
+        for s in [
+            tonic::Status::resource_exhausted("overloaded: 10 requests wait"),
+            tonic::Status::internal("node stopped: raft stopped"),
+            tonic::Status::failed_precondition(
+                "rejected: request 3 of client 9 is older than the dedup window",
+            ),
+        ] {
+            match a.refused(s) {
+                ClientError::Unavailable(m) => assert!(m.contains("timed out"), "{m}"),
+                other => panic!("expected an unknown outcome, got {other:?}"),
+            }
+        }
+        let core = tonic::Status::resource_exhausted("rejected: lock l already has 8 waiters");
+        assert!(matches!(a.refused(core), ClientError::Rejected(_)));
     }
 }

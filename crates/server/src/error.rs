@@ -9,7 +9,7 @@ pub const LEADER_HINT: &str = "x-fenced-leader";
 
 /// `Serialize`: a leader answers each proposal of a follower's forwarded batch with a
 /// `Result<Response, NodeError>`.
-#[derive(Debug, Clone, thiserror::Error, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error, Serialize, Deserialize)]
 pub enum NodeError {
     /// This node is not the leader. `leader` is the leader's gRPC address when known.
     #[error("not the leader (leader: {})", .leader.as_deref().unwrap_or("unknown"))]

@@ -14,9 +14,15 @@ use tokio::sync::{broadcast, oneshot};
 /// (and loses some; a lagging lock-loss watcher tells its client).
 const EVENT_BUFFER: usize = 4096;
 
+/// The registrations waiting for one request id's resolution, each under its own key.
+type Waiters = HashMap<RequestId, Vec<(u64, oneshot::Sender<Event>)>>;
+
 #[derive(Clone)]
 pub struct Hub {
-    waiters: Arc<Mutex<HashMap<RequestId, oneshot::Sender<Event>>>>,
+    /// Several registrations may wait for one request id on one node (a client's retry
+    /// arrives while its first call still waits): each gets the event, and each drop
+    /// removes only its own.
+    waiters: Arc<Mutex<(u64, Waiters)>>,
     /// Keyspace events (pub/sub messages, list pushes) for the RESP front end of this node.
     kv: broadcast::Sender<KvEvent>,
     /// Ended grants (`Event::LockReleased`), for lock-loss watchers.
@@ -33,23 +39,40 @@ impl Default for Hub {
     }
 }
 
-/// Receives the resolution of one queued acquire; unregisters on drop.
+/// Receives the resolution of one queued acquire; unregisters (itself only) on drop.
 pub struct Registration {
     hub: Hub,
     rid: RequestId,
+    key: u64,
     rx: oneshot::Receiver<Event>,
+    /// The channel completed (a receiver must not be polled again).
+    done: bool,
 }
 
 impl Registration {
-    /// The event that resolves the wait; `None` if it does not come within `limit`.
+    /// The event that resolves the wait; `None` if it does not come within `limit` (or came
+    /// already: a wait is resolved once).
     pub async fn wait(&mut self, limit: std::time::Duration) -> Option<Event> {
-        tokio::time::timeout(limit, &mut self.rx).await.ok()?.ok()
+        if self.done {
+            tokio::time::sleep(limit).await;
+            return None;
+        }
+        let got = tokio::time::timeout(limit, &mut self.rx).await.ok()?;
+        self.done = true;
+        got.ok()
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.hub.lock().remove(&self.rid);
+        let mut guard = self.hub.lock();
+        let waiters = &mut guard.1;
+        if let Some(regs) = waiters.get_mut(&self.rid) {
+            regs.retain(|(key, _)| *key != self.key);
+            if regs.is_empty() {
+                waiters.remove(&self.rid);
+            }
+        }
     }
 }
 
@@ -58,7 +81,7 @@ impl Hub {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RequestId, oneshot::Sender<Event>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, Waiters)> {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -74,11 +97,19 @@ impl Hub {
 
     pub fn register(&self, rid: RequestId) -> Registration {
         let (tx, rx) = oneshot::channel();
-        self.lock().insert(rid, tx);
+        let key = {
+            let mut guard = self.lock();
+            guard.0 += 1;
+            let key = guard.0;
+            guard.1.entry(rid).or_default().push((key, tx));
+            key
+        };
         Registration {
             hub: self.clone(),
             rid,
+            key,
             rx,
+            done: false,
         }
     }
 
@@ -100,10 +131,72 @@ impl Hub {
                     continue;
                 }
             };
-            let tx = self.lock().remove(rid);
-            if let Some(tx) = tx {
+            let regs = self.lock().1.remove(rid).unwrap_or_default();
+            for (_, tx) in regs {
+                // A registration whose wait ended meanwhile is fine.
                 let _ = tx.send(e.clone());
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn granted(rid: RequestId) -> Event {
+        Event::WaiterGranted {
+            name: "l".into(),
+            request: rid,
+            token: 7,
+            deadline_ms: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn two_registrations_of_one_request_id_each_get_the_event() {
+        let hub = Hub::new();
+        let rid = RequestId {
+            client_id: 1,
+            seq: 1,
+        };
+        let first = hub.register(rid);
+        let mut second = hub.register(rid);
+        // The first wait ends (its caller gave up) before the grant is applied.
+        drop(first);
+        hub.deliver(&[granted(rid)]);
+        assert!(
+            second.wait(Duration::from_millis(100)).await.is_some(),
+            "the second registration missed the grant after the first one was dropped"
+        );
+        assert!(
+            hub.lock().1.is_empty(),
+            "a delivered registration stayed behind"
+        );
+    }
+
+    #[tokio::test]
+    async fn every_registration_of_a_request_id_gets_the_event_and_drops_only_itself() {
+        let hub = Hub::new();
+        let rid = RequestId {
+            client_id: 1,
+            seq: 2,
+        };
+        let other = RequestId {
+            client_id: 1,
+            seq: 3,
+        };
+        let mut a = hub.register(rid);
+        let mut b = hub.register(rid);
+        let c = hub.register(other);
+        drop(c);
+        assert_eq!(hub.lock().1.get(&rid).map(Vec::len), Some(2));
+        assert!(!hub.lock().1.contains_key(&other));
+        hub.deliver(&[granted(rid)]);
+        assert!(a.wait(Duration::from_millis(100)).await.is_some());
+        assert!(b.wait(Duration::from_millis(100)).await.is_some());
+        drop((a, b));
+        assert!(hub.lock().1.is_empty());
     }
 }

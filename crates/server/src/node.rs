@@ -21,7 +21,7 @@ use crate::error::NodeError;
 use crate::forward::client::Forwarder;
 use crate::hub::Hub;
 use crate::metrics::Metrics;
-use crate::proposal::{self, stopped, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
+use crate::proposal::{self, stopped, Outcome, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
 
 mod handoff;
 pub use handoff::HandOff;
@@ -31,6 +31,9 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often the ticker looks for due deadlines at most.
 const TICK_MAX_SLEEP: Duration = Duration::from_millis(50);
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// A queued acquire whose wait should have ended but did not: how long to listen between
+/// asking its request's record again.
+const REASK_PAUSE: Duration = Duration::from_millis(500);
 /// Proposal batching on the leader: entries in flight at once, and the bounds of one entry.
 /// Commands arriving while these are in flight ride in the next entry. One at a time: every
 /// entry costs each node a replication round and two fsyncs, and on a loaded machine fewer,
@@ -209,14 +212,37 @@ impl Node {
     /// the commands that must be tried again are, in their order, after those that were
     /// already applied.
     pub async fn propose_all(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
+        let outcomes = vec![Outcome::new(); proposals.len()];
+        self.propose_all_after(proposals, outcomes).await.0
+    }
+
+    /// [`Node::propose`] for a request whose earlier attempts told `outcome`.
+    async fn propose_after(&self, rid: RequestId, cmd: Command, outcome: &mut Outcome) -> Proposed {
+        let (mut out, mut told) = self
+            .propose_all_after(vec![(Some(rid), cmd)], vec![std::mem::take(outcome)])
+            .await;
+        if let Some(told) = told.pop() {
+            *outcome = told;
+        }
+        out.pop()
+            .unwrap_or_else(|| Err(NodeError::Unknown("no answer from the proposer".into())))
+    }
+
+    /// [`Node::propose_all`], each proposal's earlier attempts having told its `outcomes`
+    /// entry. Every attempt, local or forwarded, is settled by the one rule ([`Outcome`]).
+    /// Returns the answers and what the attempts told.
+    async fn propose_all_after(
+        &self,
+        proposals: Vec<Proposal>,
+        mut outcomes: Vec<Outcome>,
+    ) -> (Vec<Proposed>, Vec<Outcome>) {
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
         let n = proposals.len();
         let mut done: Vec<Option<Proposed>> = vec![None; n];
-        let mut unknown: Vec<Option<String>> = vec![None; n];
         loop {
             let open: Vec<usize> = (0..n).filter(|i| done[*i].is_none()).collect();
             if open.is_empty() {
-                return done.into_iter().flatten().collect();
+                return (done.into_iter().flatten().collect(), outcomes);
             }
             let batch: Vec<Proposal> = open.iter().map(|i| proposals[*i].clone()).collect();
             let mut attempt = self.propose_local_all(batch.clone()).await;
@@ -225,10 +251,12 @@ impl Node {
                 let addr = addr.clone();
                 attempt = self.inner.forwarder.forward_all(&addr, batch).await;
             }
-            let retry = Instant::now() < give_up;
+            // A stopped Raft core answers nothing again: give the answer now, while the
+            // node still serves (it is about to exit).
+            let retry = Instant::now() < give_up && !self.raft_stopped();
             for (i, result) in open.into_iter().zip(attempt) {
                 let has_id = proposals[i].0.is_some();
-                done[i] = settle(result, &mut unknown[i], has_id, retry);
+                done[i] = outcomes[i].settle(result, has_id, retry);
             }
             if done.iter().any(Option::is_none) {
                 tokio::time::sleep(RETRY_PAUSE).await;
@@ -236,61 +264,122 @@ impl Node {
         }
     }
 
-    /// Propose an [`Command::Acquire`] and, if it was queued (`Pending`), wait for the entry
-    /// that grants it or gives up (the wait's deadline is in the command; the leader's ticker
-    /// ends it). Returns `Granted`, `NotGranted`, `Rejected`, or `Pending` if the resolution
-    /// could not be learnt in time (outcome unknown; retry with the same request id).
+    /// Propose an acquire and, if it waits (`wait_ms > 0`) and was queued (`Pending`), wait
+    /// for the entry that grants it or gives up (the wait's deadline is in the command; the
+    /// leader's ticker ends it). Returns `Granted`, `NotGranted`, `Rejected`, or `Pending` if
+    /// the resolution could not be learnt in time (outcome unknown; retry with the same
+    /// request id). Once an attempt may have been applied, no answer says "refused"
+    /// ([`Outcome`]).
     pub async fn acquire(
         &self,
         rid: RequestId,
         cmd: Command,
         wait_ms: u64,
     ) -> Result<Response, NodeError> {
+        if wait_ms == 0 {
+            return self.propose(Some(rid), cmd).await;
+        }
+        let started = Instant::now();
+        // Listen before anything is proposed: the grant may be applied right after the
+        // queueing entry, and this node applies it whoever waits on the leader.
+        let registration = self.inner.hub.register(rid);
+        let mut outcome = Outcome::new();
         // A follower lets the leader do the waiting: the leader applies the granting entry
         // first, so the grant reaches the client one commit notification earlier. If that
-        // fails (the leader changed mid-wait), wait here; the request id makes it safe.
-        if wait_ms > 0 {
-            if let Err(NodeError::NotLeader { leader: Some(addr) }) = self.leader_term() {
-                match self
-                    .inner
-                    .forwarder
-                    .forward(&addr, Some(rid), &cmd, wait_ms)
-                    .await
-                {
-                    Ok(resp) if resp != Response::Pending => return Ok(resp),
-                    Ok(_) => {}
-                    Err(e) => tracing::debug!("forwarded wait: {e}; waiting here"),
+        // does not resolve it (the leader changed mid-wait), the wait resumes here on the
+        // same request id, knowing what the forwarded attempt told.
+        if let Err(NodeError::NotLeader { leader: Some(addr) }) = self.leader_term() {
+            let forwarded = self
+                .inner
+                .forwarder
+                .forward(&addr, Some(rid), &cmd, wait_ms)
+                .await;
+            match forwarded {
+                Ok(Response::Pending) => outcome.note_queued(),
+                other => {
+                    if let Some(answer) = outcome.settle(other, true, true) {
+                        return answer;
+                    }
+                    tracing::debug!(?outcome, "forwarded wait unresolved; waiting here");
                 }
             }
         }
-        self.acquire_here(rid, cmd, wait_ms).await
+        self.wait_here(rid, cmd, wait_ms, registration, started, outcome)
+            .await
     }
 
-    /// [`Node::acquire`], waiting for the resolution on this node.
+    /// [`Node::acquire`], waiting for the resolution on this node (the leader's half of a
+    /// forwarded wait).
     pub async fn acquire_here(
         &self,
         rid: RequestId,
         cmd: Command,
         wait_ms: u64,
     ) -> Result<Response, NodeError> {
-        // Listen before proposing: the grant may be applied right after the queueing entry.
-        let mut registration = (wait_ms > 0).then(|| self.inner.hub.register(rid));
-        let resp = self.propose(Some(rid), cmd.clone()).await?;
-        let Some(reg) = registration.as_mut().filter(|_| resp == Response::Pending) else {
-            return Ok(resp);
-        };
-        match reg.wait(Duration::from_millis(wait_ms) + WAIT_SLACK).await {
-            Some(Event::WaiterGranted {
-                token, deadline_ms, ..
-            }) => Ok(Response::Granted {
-                token,
-                holds: 1,
-                deadline_ms,
-            }),
-            Some(_) => Ok(Response::NotGranted),
-            // Missed (this node lagged, restarted, or caught up by snapshot): the dedup record
-            // of the request holds the resolution.
-            None => self.propose(Some(rid), cmd).await,
+        if wait_ms == 0 {
+            return self.propose(Some(rid), cmd).await;
+        }
+        let registration = self.inner.hub.register(rid);
+        self.wait_here(
+            rid,
+            cmd,
+            wait_ms,
+            registration,
+            Instant::now(),
+            Outcome::new(),
+        )
+        .await
+    }
+
+    /// Propose a waiting acquire (unless an attempt already queued it) and wait for its
+    /// resolution on `registration`. Once queued, the wait only listens and asks again
+    /// under the same request id (answered from the request's record, never acting again),
+    /// until it is resolved or [`PROPOSE_TIMEOUT`] past the wait's own deadline (plus
+    /// [`WAIT_SLACK`]); then `Pending`, "outcome unknown".
+    async fn wait_here(
+        &self,
+        rid: RequestId,
+        cmd: Command,
+        wait_ms: u64,
+        mut registration: crate::hub::Registration,
+        started: Instant,
+        mut outcome: Outcome,
+    ) -> Result<Response, NodeError> {
+        if !outcome.queued() {
+            match self.propose_after(rid, cmd.clone(), &mut outcome).await {
+                Ok(Response::Pending) => outcome.note_queued(),
+                other => return other,
+            }
+        }
+        let resolved_by = started + Duration::from_millis(wait_ms) + WAIT_SLACK;
+        let give_up = resolved_by + PROPOSE_TIMEOUT;
+        let mut listen_until = resolved_by;
+        loop {
+            let left = listen_until.saturating_duration_since(Instant::now());
+            match registration.wait(left).await {
+                Some(Event::WaiterGranted {
+                    token, deadline_ms, ..
+                }) => {
+                    return Ok(Response::Granted {
+                        token,
+                        holds: 1,
+                        deadline_ms,
+                    })
+                }
+                Some(_) => return Ok(Response::NotGranted),
+                None => {}
+            }
+            if Instant::now() >= give_up {
+                return outcome.give_up();
+            }
+            // Not heard (this node lagged, restarted, or caught up by snapshot; or the
+            // leader changed and its successor has not ended the wait yet): the request's
+            // record holds the resolution once there is one. Ask it, same request id.
+            let answer = self.propose_after(rid, cmd.clone(), &mut outcome).await;
+            if let Some(answer) = outcome.reask(answer) {
+                return answer;
+            }
+            listen_until = (Instant::now() + REASK_PAUSE).min(give_up);
         }
     }
 
@@ -354,6 +443,10 @@ impl Node {
             metrics.proposals_failed.inc_by(n as u64);
             vec![Err(e); n]
         };
+        if self.raft_stopped() {
+            // Stopped before this entry was handed to it: nothing of it can apply.
+            return err(NodeError::Fatal("raft stopped".into()));
+        }
         let started = Instant::now();
         let written =
             tokio::time::timeout(WRITE_TIMEOUT, self.inner.raft.client_write(batch)).await;
@@ -377,8 +470,15 @@ impl Node {
                 })
             }
             Ok(Err(RaftError::APIError(e))) => err(NodeError::Unknown(e.to_string())),
-            Ok(Err(RaftError::Fatal(e))) => err(NodeError::Fatal(e.to_string())),
+            // The core stopped (a storage write failed) after the entry was handed to it: it
+            // may be in the log, and a new leader may commit it.
+            Ok(Err(RaftError::Fatal(e))) => err(NodeError::Unknown(format!("node stopped: {e}"))),
         }
+    }
+
+    /// Whether the Raft core stopped (a storage write failed, a panic, shutdown).
+    fn raft_stopped(&self) -> bool {
+        self.inner.raft.metrics().borrow().running_state.is_err()
     }
 
     /// `Ok` if this node is the leader and serving, else `NotLeader` (with a hint if known).
@@ -620,10 +720,6 @@ impl Node {
     }
 }
 
-/// One attempt of [`Node::propose`]: `None` to try again, or the answer. `unknown` remembers
-/// that an earlier attempt may have taken effect: once it is set, giving up on "not the
-/// leader" must still say "outcome unknown" — "not the leader" alone tells clients (RESP
-/// `-TRYAGAIN`) that nothing was applied.
 /// The error of a request its batcher did not run.
 pub(crate) fn refused(why: Refused, stopped: &str) -> NodeError {
     match why {
@@ -632,71 +728,5 @@ pub(crate) fn refused(why: Refused, stopped: &str) -> NodeError {
             "{queued} requests already wait on this node (--max-pending-requests); retry \
              later or on another node"
         )),
-    }
-}
-
-fn settle(
-    attempt: Result<Response, NodeError>,
-    unknown: &mut Option<String>,
-    has_id: bool,
-    retry: bool,
-) -> Option<Result<Response, NodeError>> {
-    match attempt {
-        Err(NodeError::NotLeader { .. }) if retry => None,
-        Err(NodeError::Unknown(m)) if has_id && retry => {
-            *unknown = Some(m);
-            None
-        }
-        Err(NodeError::NotLeader { leader }) => Some(Err(match unknown.take() {
-            Some(m) => NodeError::Unknown(m),
-            None => NodeError::NotLeader { leader },
-        })),
-        // Refused now, but an earlier attempt may have been applied.
-        Err(NodeError::Overloaded(m)) => Some(Err(match unknown.take() {
-            Some(u) => NodeError::Unknown(u),
-            None => NodeError::Overloaded(m),
-        })),
-        other => Some(other),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn not_leader() -> Result<Response, NodeError> {
-        Err(NodeError::NotLeader { leader: None })
-    }
-
-    #[test]
-    fn giving_up_after_an_unknown_attempt_stays_unknown() {
-        let mut unknown = None;
-        let timed_out = Err(NodeError::Unknown("timed out on the leader".into()));
-        assert!(settle(timed_out, &mut unknown, true, true).is_none());
-        assert!(settle(not_leader(), &mut unknown, true, true).is_none());
-        match settle(not_leader(), &mut unknown, true, false) {
-            Some(Err(NodeError::Unknown(m))) => assert!(m.contains("timed out"), "{m}"),
-            other => panic!("expected outcome unknown, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn not_leader_throughout_means_not_applied() {
-        let mut unknown = None;
-        assert!(settle(not_leader(), &mut unknown, true, true).is_none());
-        assert!(matches!(
-            settle(not_leader(), &mut unknown, true, false),
-            Some(Err(NodeError::NotLeader { .. }))
-        ));
-        // Without a request id an unknown outcome is not retried: it is the answer.
-        let timed_out = Err(NodeError::Unknown("t".into()));
-        assert!(matches!(
-            settle(timed_out, &mut unknown, false, true),
-            Some(Err(NodeError::Unknown(_)))
-        ));
-        assert!(matches!(
-            settle(Ok(Response::Pending), &mut unknown, true, true),
-            Some(Ok(Response::Pending))
-        ));
     }
 }

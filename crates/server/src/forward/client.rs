@@ -235,14 +235,7 @@ impl Forwarder {
         };
         self.note_leader_log_time(reply.metadata());
         match codec::decode::<Vec<Proposed>>(&reply.into_inner().data) {
-            Ok(out) if out.len() == n => out
-                .into_iter()
-                .map(|r| match r {
-                    // The leader's node stopped: for this node, the outcome is unknown.
-                    Err(NodeError::Fatal(m)) => Err(NodeError::Unknown(m)),
-                    other => other,
-                })
-                .collect(),
+            Ok(out) if out.len() == n => out.into_iter().map(proposal::forwarded).collect(),
             Ok(out) => err(NodeError::Unknown(format!(
                 "the leader answered {} of {n} proposals",
                 out.len()
