@@ -215,3 +215,73 @@ async fn concurrent_reads_share_one_tick() {
         "{READS} concurrent PTTLs raised the revision from {before} to {after}"
     );
 }
+
+/// Not a check: the cost of a time-judging read, on an idle cluster (each read commits a tick)
+/// and on a busy one (writers keep entries coming), on the leader and on a follower.
+/// `cargo test -p fenced-server --test reads read_cost -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn read_cost() {
+    let c = TestCluster::start("reads_cost", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let follower = support::follower_of(leader);
+    let mut con = connect(&c, leader).await;
+    let _: String = cmd(&mut con, &["SET", "k", "v", "PX", "600000"]).await;
+    c.wait_all_caught_up(leader, CATCH_UP_TIMEOUT).await;
+    const N: usize = 300;
+    async fn run(con: &mut MultiplexedConnection) -> (f64, f64) {
+        let mut lat = Vec::with_capacity(N);
+        for _ in 0..N {
+            let t = Instant::now();
+            let _: i64 = cmd(con, &["PTTL", "k"]).await;
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        lat.sort_by(|a, b| a.total_cmp(b));
+        (lat.iter().sum::<f64>() / N as f64, lat[N / 2])
+    }
+    for (what, id) in [("leader", leader), ("follower", follower)] {
+        let mut con = connect(&c, id).await;
+        // Idle.
+        let before = c.status_ok(leader).await.revision;
+        let (mean, p50) = run(&mut con).await;
+        let after = c.status_ok(leader).await.revision;
+        eprintln!(
+            "idle, PTTL on the {what}: mean {mean:.0} µs, p50 {p50:.0} µs; revision +{} for {N} reads",
+            after - before
+        );
+        // Busy: 4 writers on the leader.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let mut writers = Vec::new();
+        for w in 0..4 {
+            let mut wc = connect(&c, leader).await;
+            let (stop, done) = (stop.clone(), done.clone());
+            writers.push(tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _: String = cmd(&mut wc, &["SET", &format!("w{w}"), "x"]).await;
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = c.status_ok(leader).await.revision;
+        let w0 = done.load(std::sync::atomic::Ordering::Relaxed);
+        let (mean, p50) = run(&mut con).await;
+        let w1 = done.load(std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for w in writers {
+            w.await.expect("writer");
+        }
+        // Every acknowledged SET is applied on the leader; those in flight at either end
+        // blur the count by at most the writers' number.
+        let after = c.status_ok(leader).await.revision;
+        let writes = done.load(std::sync::atomic::Ordering::Relaxed) - w0;
+        eprintln!(
+            "busy (4 writers, {} SETs meanwhile), PTTL on the {what}: mean {mean:.0} µs, \
+             p50 {p50:.0} µs; revision +{} for {writes} SETs in all: ~{} ticks for {N} reads",
+            w1 - w0,
+            after - before,
+            (after - before).saturating_sub(writes)
+        );
+    }
+}

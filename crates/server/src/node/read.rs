@@ -48,6 +48,11 @@ const READ_LIMITS: Limits = Limits {
     max_queued: usize::MAX,
 };
 
+/// How long a read that needs the log time committed waits for entries already in flight to
+/// bring it before it commits a tick (a few commit latencies; on an idle cluster it does not
+/// wait).
+const TRAFFIC_WAIT: Duration = Duration::from_millis(20);
+
 /// The shared rounds of the read path.
 pub(super) struct Reads {
     /// Read-index rounds, shared by the reads that arrived while the previous one ran:
@@ -189,6 +194,9 @@ impl Node {
     /// reads to wait for here.
     async fn read_tick(&self, needed: u64) -> Result<u64, NodeError> {
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
+        if let Some(applied) = self.carried_by_traffic(needed).await {
+            return Ok(applied);
+        }
         loop {
             let applied = self.inner.state.read(StateMachine::now);
             if applied >= needed {
@@ -204,6 +212,37 @@ impl Node {
             }
             tokio::time::sleep(RETRY_PAUSE).await;
         }
+    }
+
+    /// On a busy cluster the entries of other commands bring the log time to `needed`
+    /// without a tick: if an entry is in flight here (appended, not applied), wait up to
+    /// [`TRAFFIC_WAIT`] for the applied log time to reach `needed`. The applied log time
+    /// then, or `None` if it did not (an idle cluster does not wait at all).
+    async fn carried_by_traffic(&self, needed: u64) -> Option<u64> {
+        let applied = self.inner.state.read(StateMachine::now);
+        if applied >= needed {
+            return Some(applied);
+        }
+        let in_flight = {
+            let m = self.inner.raft.metrics();
+            let m = m.borrow();
+            m.last_log_index > m.last_applied.map(|l| l.index)
+        };
+        if !in_flight {
+            return None;
+        }
+        let state = self.inner.state.clone();
+        let reached = self
+            .inner
+            .raft
+            .wait(Some(TRAFFIC_WAIT))
+            .metrics(
+                move |_| state.read(StateMachine::now) >= needed,
+                "traffic to carry the log time",
+            )
+            .await
+            .is_ok();
+        reached.then(|| self.inner.state.read(StateMachine::now))
     }
 
     /// Wait until this node's state machine reached log time `t` (a committed one).
