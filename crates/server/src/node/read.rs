@@ -7,17 +7,18 @@
 //!   judge no time (`/ready`).
 //! * **The time committed first** ([`Node::read_timed`]), for reads that judge expiry or
 //!   report a lease or TTL left: after the barrier, if the state machine's log time is behind
-//!   the leader's log clock at the read-index check, a [`Command::Tick`] is committed (stamped
-//!   by the leader when its entry closes, so at or after that check) and applied here first;
-//!   the read is then judged at the state machine's own `now()`. Never at a clock reading no
+//!   the leader's log clock when the read-index check started (after every read it serves
+//!   arrived), a [`Command::Tick`] is committed (stamped by the leader when its entry closes,
+//!   so later) and applied here first; the read is then judged at the state machine's own
+//!   `now()`. Never at a clock reading no
 //!   entry committed: a new leader's clock continues from the last *committed* log time, so a
 //!   key judged expired (or lease time judged gone) at an uncommitted time could come back
 //!   after a failover. The tick is single-flight — every read that needs one while a tick
 //!   runs shares the next — and is retried like any proposal until it is applied (it has no
 //!   request id and changes nothing but the time and what is due), so reads never answer
 //!   "outcome unknown" and never burn a revision each. On a busy cluster the entries of other
-//!   commands usually carry the time already and no tick is needed; a needed tick rides in the
-//!   next entry with them.
+//!   commands carry the time: a read whose node has an entry in flight, or applied one
+//!   recently, first waits about as long as a tick takes for them, and rarely needs a tick.
 //! * **An O(1) copy-on-write clone** after either barrier ([`Node::read_clone`],
 //!   [`Node::backup`]), for reads that may scan the whole state (RESP's `KEYS`/`SCAN`, whose
 //!   reads the RESP front end cannot tell from point reads, and snapshot saves): the scan runs
@@ -26,6 +27,7 @@
 //! Every answer of a read is judged at a time the log holds, so it is the same on every node:
 //! a follower gets the tick committed through the leader and waits to apply it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Weak;
 use std::time::{Duration, Instant};
 
@@ -49,9 +51,12 @@ const READ_LIMITS: Limits = Limits {
 };
 
 /// How long a read that needs the log time committed waits for entries already in flight to
-/// bring it before it commits a tick (a few commit latencies; on an idle cluster it does not
-/// wait).
-const TRAFFIC_WAIT: Duration = Duration::from_millis(20);
+/// bring it before it commits a tick: about what a tick takes (its running average, as
+/// measured here, times 3/2), within these bounds. On an idle cluster it does not wait.
+const TRAFFIC_WAIT_MIN: Duration = Duration::from_millis(5);
+const TRAFFIC_WAIT_MAX: Duration = Duration::from_millis(100);
+/// The tick's cost assumed before one was measured.
+const TICK_COST_GUESS: Duration = Duration::from_millis(10);
 
 /// The shared rounds of the read path.
 pub(super) struct Reads {
@@ -62,6 +67,11 @@ pub(super) struct Reads {
     /// read gives the leader log time it needs; the answer is a committed log time to wait
     /// for locally.
     ticks: Batcher<u64, Result<u64, NodeError>>,
+    /// Running average of a successful read tick's duration, in µs.
+    tick_cost_us: AtomicU64,
+    /// The committed log time the last read tick answered: an entry applied at it is (most
+    /// likely) that tick, not traffic.
+    last_tick_at: AtomicU64,
 }
 
 impl Reads {
@@ -99,7 +109,23 @@ impl Reads {
                     }
                 }
             }),
+            tick_cost_us: AtomicU64::new(TICK_COST_GUESS.as_micros() as u64),
+            last_tick_at: AtomicU64::new(0),
         }
+    }
+
+    /// How long to wait for traffic to carry the time before ticking.
+    fn traffic_wait(&self) -> Duration {
+        let cost = Duration::from_micros(self.tick_cost_us.load(Ordering::Relaxed));
+        (cost * 3 / 2).clamp(TRAFFIC_WAIT_MIN, TRAFFIC_WAIT_MAX)
+    }
+
+    /// Account a successful tick that took `took`: average over about the last 8.
+    fn tick_took(&self, took: Duration) {
+        let took = took.as_micros().min(u64::MAX as u128) as u64;
+        let avg = self.tick_cost_us.load(Ordering::Relaxed);
+        self.tick_cost_us
+            .store(avg - avg / 8 + took / 8, Ordering::Relaxed);
     }
 }
 
@@ -133,8 +159,8 @@ impl Node {
     }
 
     /// A linearizable read that judges time: `f` gets the state machine and its own log time,
-    /// which the log holds and which is at or after the leader's log clock at the read-index
-    /// check (the module docs). Expiry, leases left and limiter state are judged at it.
+    /// which the log holds and which is at or after the leader's log clock when the read-index
+    /// check started (the module docs). Expiry, leases left and limiter state are judged at it.
     pub async fn read_timed<T>(
         &self,
         f: impl FnOnce(&StateMachine, u64) -> T,
@@ -168,7 +194,7 @@ impl Node {
 
     /// The read barrier, then the time committed: when this returns, the state machine here
     /// has applied up to the read index and its log time is at or after the leader's log
-    /// clock at the read-index check (or at a tick a later leader stamped after it).
+    /// clock when the read-index check started (or at a tick a later leader stamped after it).
     async fn time_barrier(&self) -> Result<(), NodeError> {
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
         let leader_now = self.read_barrier_time().await?;
@@ -202,10 +228,16 @@ impl Node {
             if applied >= needed {
                 return Ok(applied);
             }
+            let started = Instant::now();
             match self.propose(None, Command::Tick).await {
                 // Applied on the leader: its log time then, as the forwarded answer reported
                 // it, or this node's own if it leads.
-                Ok(_) => return Ok(self.log_time()),
+                Ok(_) => {
+                    let at = self.log_time();
+                    self.inner.reads.tick_took(started.elapsed());
+                    self.inner.reads.last_tick_at.store(at, Ordering::Relaxed);
+                    return Ok(at);
+                }
                 Err(e @ NodeError::Fatal(_)) => return Err(e),
                 Err(e) if Instant::now() >= give_up => return Err(e),
                 Err(e) => tracing::debug!("read tick: {e}; retrying"),
@@ -215,27 +247,34 @@ impl Node {
     }
 
     /// On a busy cluster the entries of other commands bring the log time to `needed`
-    /// without a tick: if an entry is in flight here (appended, not applied), wait up to
-    /// [`TRAFFIC_WAIT`] for the applied log time to reach `needed`. The applied log time
+    /// without a tick: if an entry is in flight here (appended, not applied) or the last one
+    /// applied is recent, wait up to about what a tick takes ([`TRAFFIC_WAIT_MAX`]) for the
+    /// applied log time to reach `needed`. The applied log time
     /// then, or `None` if it did not (an idle cluster does not wait at all).
     async fn carried_by_traffic(&self, needed: u64) -> Option<u64> {
         let applied = self.inner.state.read(StateMachine::now);
         if applied >= needed {
             return Some(applied);
         }
+        let wait = self.inner.reads.traffic_wait();
+        // Busy: an entry is in flight here, or the last one applied — not a read tick of
+        // this node — was stamped less than the wait before the time needed (so entries
+        // come about that often).
+        let recent = needed - applied <= wait.as_millis() as u64
+            && applied > self.inner.reads.last_tick_at.load(Ordering::Relaxed);
         let in_flight = {
             let m = self.inner.raft.metrics();
             let m = m.borrow();
             m.last_log_index > m.last_applied.map(|l| l.index)
         };
-        if !in_flight {
+        if !in_flight && !recent {
             return None;
         }
         let state = self.inner.state.clone();
         let reached = self
             .inner
             .raft
-            .wait(Some(TRAFFIC_WAIT))
+            .wait(Some(wait))
             .metrics(
                 move |_| state.read(StateMachine::now) >= needed,
                 "traffic to carry the log time",
@@ -264,7 +303,7 @@ impl Node {
             .map_err(|e| NodeError::Unknown(format!("applying the read tick: {e}")))
     }
 
-    /// The read barrier, returning the leader's log clock at the read-index check.
+    /// The read barrier, returning the leader's log clock when the read-index check started.
     async fn read_barrier_time(&self) -> Result<u64, NodeError> {
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
         loop {
@@ -302,9 +341,13 @@ impl Node {
 
     /// One read-index round: on the leader a quorum check, on a follower one forwarded
     /// round on the leader (which shares it with the leader's own reads the same way).
+    /// The leader log time is its clock when the round starts: after every read it serves
+    /// arrived, so a read judged at or after it is judged at a time after it was asked; any
+    /// later is more than a read needs, and costs waiting for a later entry.
     async fn read_round(&self) -> Result<(u64, u64), NodeError> {
+        let started = self.leader_time_now();
         match self.read_index_local().await {
-            Ok(index) => Ok((index, self.leader_time_now())),
+            Ok(index) => Ok((index, started)),
             Err(NodeError::NotLeader { leader: Some(addr) }) => {
                 self.inner.forwarder.read_index(&addr).await
             }
