@@ -45,6 +45,7 @@ pub const PROPOSE_LIMITS: Limits = Limits {
     // Set from `--max-pending-requests`.
     max_queued: usize::MAX,
 };
+
 /// A running node. Cheap to clone.
 #[derive(Clone)]
 pub struct Node {
