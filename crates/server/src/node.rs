@@ -1,6 +1,7 @@
 //! A running node as the front ends see it: the two paths every front end uses —
 //! [`Node::propose`] (writes, batched into entries on the leader, forwarded by a follower) and
-//! [`Node::read`] (linearizable reads) — and the leader's clock and expiry ticker.
+//! [`Node::read`] and its flavours (linearizable reads, in `node/read.rs`) — and the leader's
+//! clock and expiry ticker.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -11,7 +12,7 @@ use fenced_network::PeerGate;
 use fenced_proto::raft::PeerIdentity;
 use fenced_raft_types::{NodeId, Raft};
 use fenced_storage::SharedState;
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::error::{ClientWriteError, RaftError};
 use openraft::ServerState;
 use tokio::sync::watch;
 
@@ -24,6 +25,7 @@ use crate::metrics::Metrics;
 use crate::proposal::{self, stopped, Outcome, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
 
 mod handoff;
+mod read;
 pub use handoff::HandOff;
 
 /// How long one local `client_write` may take before it counts as unknown.
@@ -43,15 +45,6 @@ pub const PROPOSE_LIMITS: Limits = Limits {
     in_flight: 1,
     max_items: 1024,
     max_bytes: 1024 * 1024,
-    // Set from `--max-pending-requests`.
-    max_queued: usize::MAX,
-};
-/// Read-index rounds: one at a time, so every read waits for a round that starts after it
-/// arrived; all reads that arrive during a round share the next.
-const READ_LIMITS: Limits = Limits {
-    in_flight: 1,
-    max_items: usize::MAX,
-    max_bytes: usize::MAX,
     // Set from `--max-pending-requests`.
     max_queued: usize::MAX,
 };
@@ -75,9 +68,8 @@ struct Inner {
     /// The follower's half of forwarding: proposals and read rounds passed to the leader.
     forwarder: Arc<Forwarder>,
     metrics: Arc<Metrics>,
-    /// Read-index rounds, shared by the reads that arrived while the previous one ran:
-    /// `(read index, leader log time)`.
-    reader: Batcher<(), Result<(u64, u64), NodeError>>,
+    /// The read path's shared rounds: read-index checks and read ticks.
+    reads: read::Reads,
     /// A leadership hand-off runs ([`Node::step_down`]): the leader serves nothing new.
     handing_off: std::sync::atomic::AtomicBool,
 }
@@ -125,19 +117,7 @@ impl Node {
                         }
                     }
                 }),
-                reader: Batcher::spawn(bounded(READ_LIMITS), {
-                    let me = me.clone();
-                    move |batch: Vec<()>| {
-                        let node = Node::upgrade(&me);
-                        async move {
-                            let round = match node {
-                                Some(node) => node.read_round().await,
-                                None => Err(NodeError::Fatal("node stopped".into())),
-                            };
-                            vec![round; batch.len()]
-                        }
-                    }
-                }),
+                reads: read::Reads::new(me, cfg.max_pending_requests.max(1)),
             }),
         }
     }
@@ -520,117 +500,6 @@ impl Node {
                 .map(|n| n.addr.clone())
         });
         Err(NodeError::NotLeader { leader })
-    }
-
-    /// Wait until a read on this node's state machine is linearizable: the leader confirms
-    /// its leadership with a quorum (read-index) and this node has applied up to that index.
-    pub async fn read_barrier(&self) -> Result<(), NodeError> {
-        self.read_barrier_time().await.map(|_| ())
-    }
-
-    /// A linearizable read judged at the leader's log time: `f` gets the state machine and
-    /// `now`, the later of the leader's log clock at the read-index check and the state
-    /// machine's own log time (the last applied entry can be up to a lease old on an idle
-    /// cluster, which would overstate leases left and keep expired keys alive).
-    pub async fn read_at_leader_time<T>(
-        &self,
-        f: impl FnOnce(&StateMachine, u64) -> T,
-    ) -> Result<T, NodeError> {
-        let leader_now = self.read_barrier_time().await?;
-        Ok(self.local(|sm| f(sm, leader_now.max(sm.now()))))
-    }
-
-    /// [`Node::read_barrier`], returning the leader's log clock at the read-index check:
-    /// a state machine whose next deadline is at or before it has expiries due that are not
-    /// applied yet (the RESP front end ticks before reading then).
-    pub async fn read_barrier_time(&self) -> Result<u64, NodeError> {
-        let give_up = Instant::now() + PROPOSE_TIMEOUT;
-        loop {
-            let attempt = self.shared_read_round().await;
-            match attempt {
-                Ok((index, time)) => {
-                    let left = give_up.saturating_duration_since(Instant::now());
-                    return self
-                        .inner
-                        .raft
-                        .wait(Some(left.max(Duration::from_millis(100))))
-                        .applied_index_at_least(Some(index), "read barrier")
-                        .await
-                        .map(|_| time)
-                        .map_err(|e| NodeError::Unknown(format!("catching up: {e}")));
-                }
-                Err(NodeError::NotLeader { .. } | NodeError::Unknown(_))
-                    if Instant::now() < give_up => {}
-                Err(e) => return Err(e),
-            }
-            tokio::time::sleep(RETRY_PAUSE).await;
-        }
-    }
-
-    /// Read the state machine linearizably.
-    pub async fn read<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> Result<T, NodeError> {
-        self.read_barrier().await?;
-        Ok(self.inner.state.read(f))
-    }
-
-    /// A consistent copy of the state as of a linearizable read that started with this call,
-    /// with the meta of a snapshot of it (`fenced snapshot save`).
-    pub async fn backup(
-        &self,
-    ) -> Result<
-        (
-            openraft::SnapshotMeta<NodeId, openraft::BasicNode>,
-            StateMachine,
-        ),
-        NodeError,
-    > {
-        self.read_barrier().await?;
-        Ok(self.inner.state.backup())
-    }
-
-    /// A read-index round that started after this call: `(read index, leader log time)`.
-    /// Every caller that arrives while a round runs shares the next one ([`READ_LIMITS`]).
-    pub async fn shared_read_round(&self) -> Result<(u64, u64), NodeError> {
-        self.inner
-            .reader
-            .call((), 0, |why| Err(refused(why, "the read batcher stopped")))
-            .await
-    }
-
-    /// One read-index round: on the leader a quorum check, on a follower one forwarded
-    /// round on the leader (which shares it with the leader's own reads the same way).
-    async fn read_round(&self) -> Result<(u64, u64), NodeError> {
-        match self.read_index_local().await {
-            Ok(index) => Ok((index, self.leader_time_now())),
-            Err(NodeError::NotLeader { leader: Some(addr) }) => {
-                self.inner.forwarder.read_index(&addr).await
-            }
-            Err(e) => Err(e),
-        }
-    }
-
-    /// On the leader: the index a linearizable read must wait for.
-    pub async fn read_index_local(&self) -> Result<u64, NodeError> {
-        self.leader_term()?;
-        match self.inner.raft.get_read_log_id().await {
-            Ok((read, _applied)) => Ok(read.map_or(0, |l| l.index)),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(NodeError::NotLeader {
-                    leader: f.leader_node.map(|n| n.addr),
-                })
-            }
-            Err(RaftError::APIError(e)) => Err(NodeError::Unknown(e.to_string())),
-            Err(RaftError::Fatal(e)) => Err(NodeError::Fatal(e.to_string())),
-        }
-    }
-
-    /// The log time now: the leader's log clock on the leader, else the applied log time.
-    pub fn leader_time_now(&self) -> u64 {
-        let applied = self.inner.state.read(StateMachine::now);
-        match self.leader_term() {
-            Ok(term) => self.inner.clock.peek(term, || applied).max(applied),
-            Err(_) => applied,
-        }
     }
 
     /// Resolves when Raft stopped on a fatal error (a storage write failed, a panic), or when

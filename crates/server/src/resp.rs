@@ -2,12 +2,13 @@
 //!
 //! * Keyspace writes are `Command::Kv` proposals (forwarded to the leader, retried safely
 //!   under the connection's request id).
-//! * Reads run after a read-index barrier. Key expiry is decided in the log: the barrier
-//!   also brings the leader's log clock, and if a deadline (key expiry, lease) is due on it
-//!   but its `Tick` is not applied yet, the read first proposes that `Tick` and waits for it.
-//!   So a read never sees a key alive after its expiry because no entry happened to be
-//!   applied since, and an expiry a reader observed is in the log — a new leader cannot
-//!   un-expire it.
+//! * Reads take the node's read path with the time committed first ([`Node::read_clone`],
+//!   `node/read.rs`): after a read-index barrier, the log time reaches the leader's clock at
+//!   the check (a shared `Tick` if no other entry brought it) and the read is judged at the
+//!   state machine's own time — `PTTL`, `LOCK.INFO`'s `ttl_ms` and expiry count down on an
+//!   idle cluster, and an expiry a reader observed is in the log (a new leader cannot
+//!   un-expire it). Keyspace reads run on an O(1) clone of the state, since `KEYS`/`SCAN`
+//!   may walk all of it.
 //! * `LOCK.*` use the lock table's own commands (`Acquire`/`Release`/`Renew`) and
 //!   `StateMachine::lock_info`, so grants are shared with gRPC.
 
@@ -15,7 +16,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use fenced_core::kv::{KvCommand, KvEvent, KvResponse, Reply};
-use fenced_core::{Command, RequestId, Response, StateMachine};
+use fenced_core::{Command, RequestId, Response};
 use fenced_resp::{Backend, BackendError, LockOp, LockOpReply, LockView, ReadFn};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
@@ -72,22 +73,6 @@ fn unexpected(r: Response) -> BackendError {
     }
 }
 
-impl RespBackend {
-    /// A linearizable view with every due expiry applied (see the module docs).
-    async fn fresh<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> Result<T, BackendError> {
-        let leader_now = self.node.read_barrier_time().await.map_err(backend_error)?;
-        let due = self.node.local(|sm| sm.next_deadline());
-        if due.is_some_and(|d| d <= leader_now) {
-            self.node
-                .propose(None, Command::Tick)
-                .await
-                .map_err(backend_error)?;
-            self.node.read_barrier().await.map_err(backend_error)?;
-        }
-        Ok(self.node.local(f))
-    }
-}
-
 #[async_trait]
 impl Backend for RespBackend {
     async fn write(&self, rid: RequestId, cmd: KvCommand) -> Result<KvResponse, BackendError> {
@@ -99,7 +84,8 @@ impl Backend for RespBackend {
     }
 
     async fn read(&self, f: ReadFn) -> Result<Vec<Reply>, BackendError> {
-        self.fresh(|sm| f(sm, sm.now())).await
+        let sm = self.node.read_clone().await.map_err(backend_error)?;
+        Ok(f(&sm, sm.now()))
     }
 
     async fn lock_acquire(
@@ -183,15 +169,17 @@ impl Backend for RespBackend {
     }
 
     async fn lock_info(&self, name: String) -> Result<Option<LockView>, BackendError> {
-        self.fresh(|sm| {
-            sm.lock_info(&name).map(|l| LockView {
-                owner: l.owner,
-                token: l.token,
-                holds: l.holds,
-                ttl_ms: l.deadline_ms.saturating_sub(sm.now()),
+        self.node
+            .read_timed(|sm, now| {
+                sm.lock_info(&name).map(|l| LockView {
+                    owner: l.owner,
+                    token: l.token,
+                    holds: l.holds,
+                    ttl_ms: l.deadline_ms.saturating_sub(now),
+                })
             })
-        })
-        .await
+            .await
+            .map_err(backend_error)
     }
 
     fn events(&self) -> broadcast::Receiver<KvEvent> {

@@ -32,10 +32,10 @@ impl Kv for Api {
         self.users
             .permit(&req, "GET", &[req.get_ref().key.as_bytes()])?;
         let key = req.into_inner().key.into_bytes();
-        // Expiry is judged at the leader's log time of the read.
+        // Expiry is judged at a log time committed at or after the leader's clock at the read.
         let (value, fence) = self
             .node
-            .read_at_leader_time(|sm, now| {
+            .read_timed(|sm, now| {
                 let argv = [b"GET".to_vec(), key.clone()];
                 (sm.kv().read(now, &argv), sm.kv().fence(&key))
             })

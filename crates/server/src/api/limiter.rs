@@ -1,7 +1,8 @@
 //! `fenced.v1.Limiter`: the rate limiters of RESP's `CL.THROTTLE` / `LIMIT.*`, typed
 //! ([`Command::Limit`] → [`Response::Limited`]). `Acquire` and `Reset` are replicated writes
 //! decided with log time (a retry with the same request id gets the first decision); `Peek` is
-//! a linearizable read at the leader's log time.
+//! a linearizable read judged at a log time committed at or after the leader's clock at the
+//! read (`Node::read_timed`).
 
 use fenced_core::{Command, Decision, LimitMode, LogPolicy, Policy, Response};
 use fenced_proto::v1 as pb;
@@ -99,7 +100,7 @@ impl Limiter for Api {
         let key = r.key.into_bytes();
         let decision = self
             .node
-            .read_at_leader_time(|sm, now| sm.kv().limit_peek(now, &key, &p, r.quantity.max(1)))
+            .read_timed(|sm, now| sm.kv().limit_peek(now, &key, &p, r.quantity.max(1)))
             .await?;
         match decision {
             Ok(d) => Ok(self.reply(to_pb(d))),

@@ -125,10 +125,11 @@ impl Lock for Api {
         self.users
             .permit(&req, "LOCK.INFO", &[req.get_ref().name.as_bytes()])?;
         let name = req.into_inner().name;
-        // The lease left counts from the leader's log clock at the read.
+        // The lease left counts from a log time committed at or after the leader's clock at
+        // the read: never more than the leader would decide, and never given back later.
         let (info, waiters, now) = self
             .node
-            .read_at_leader_time(|sm, now| (sm.lock_info(&name), sm.waiter_count(&name), now))
+            .read_timed(|sm, now| (sm.lock_info(&name), sm.waiter_count(&name), now))
             .await?;
         let Some(i) = info else {
             return Ok(self.reply(pb::InfoResponse {

@@ -35,7 +35,11 @@ impl Session for Api {
         let node = self.node.clone();
         let mut released = node.hub().watch_released();
         // The session must exist now (linearizable), or the watch ends at once.
-        let exists = node.read(|sm| sm.session_info(session).is_some()).await?;
+        // Judged with the time committed: a session whose deadline passed on the leader's
+        // clock is gone.
+        let exists = node
+            .read_timed(|sm, _| sm.session_info(session).is_some())
+            .await?;
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let gone = pb::SessionEvent {
@@ -137,7 +141,7 @@ impl Session for Api {
             // Its locks as of a linearizable read (one taken meanwhile is released too).
             let locks = self
                 .node
-                .read(|sm| sm.session_info(r.session).map(|i| i.locks))
+                .read_timed(|sm, _| sm.session_info(r.session).map(|i| i.locks))
                 .await?
                 .unwrap_or_default();
             let keys: Vec<&[u8]> = locks.iter().map(|l| l.as_bytes()).collect();
