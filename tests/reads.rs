@@ -226,6 +226,49 @@ async fn concurrent_reads_share_one_tick() {
     );
 }
 
+/// A read whose answer does not depend on the time between the last committed log time and
+/// the leader's clock needs no tick: on an idle cluster, sequential GETs of a key without a
+/// deadline and of one far from it leave the revision alone — while a GET of a key whose
+/// deadline passed in between still answers nil on every node (that one commits the time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_whose_answer_time_cannot_change_commit_no_tick() {
+    let c = TestCluster::start("reads_time_free", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let mut con = connect(&c, leader).await;
+    let _: String = cmd(&mut con, &["SET", "plain", "v"]).await;
+    let _: String = cmd(&mut con, &["SET", "far", "v", "PX", "600000"]).await;
+    let _: String = cmd(&mut con, &["SET", "soon", "v", "PX", "1500"]).await;
+    c.wait_all_caught_up(leader, CATCH_UP_TIMEOUT).await;
+    let mut cons = Vec::new();
+    for id in c.ids() {
+        cons.push(connect(&c, id).await);
+    }
+    // Idle: the leader's clock runs ahead of the last committed log time.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = c.status_ok(leader).await.revision;
+    const READS: usize = 30;
+    for i in 0..READS {
+        let con = &mut cons[i % 3];
+        for key in ["plain", "far"] {
+            let v: Option<String> = cmd(con, &["GET", key]).await;
+            assert_eq!(v.as_deref(), Some("v"), "GET {key}");
+        }
+    }
+    let after = c.status_ok(leader).await.revision;
+    assert!(
+        after - before <= 2,
+        "{} GETs whose answer cannot change with time raised the revision {before} -> {after}",
+        2 * READS
+    );
+    // Past the deadline of `soon` (the leader's ticker may or may not have expired it yet):
+    // every node says it is gone.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for (i, con) in cons.iter_mut().enumerate() {
+        let v: Option<String> = cmd(con, &["GET", "soon"]).await;
+        assert_eq!(v, None, "GET soon on connection {i} after its deadline");
+    }
+}
+
 /// Not a check: the cost of a time-judging read, on an idle cluster (each read commits a tick)
 /// and on a busy one (writers keep entries coming), on the leader and on a follower.
 /// `cargo test -p fenced-server --test reads read_cost -- --ignored --nocapture`

@@ -86,8 +86,9 @@ pub enum LockOpReply {
 }
 
 /// A read-only view evaluated on the state machine at a linearizable point; gets the
-/// state machine and its log time.
-pub type ReadFn = Box<dyn FnOnce(&StateMachine, Millis) -> Vec<Reply> + Send>;
+/// state machine and the log time to judge expiry at. It may be called more than once (at
+/// two times, to learn whether its answer depends on time at all), so it must be pure.
+pub type ReadFn = Box<dyn Fn(&StateMachine, Millis) -> Vec<Reply> + Send + Sync>;
 
 /// What the RESP front end needs from the cluster. Implemented by `fenced-server` for its
 /// node; every method may be called on any node (writes are forwarded to the leader).

@@ -2,7 +2,7 @@
 //!
 //! * Keyspace writes are `Command::Kv` proposals (forwarded to the leader, retried safely
 //!   under the connection's request id).
-//! * Reads take the node's read path with the time committed first ([`Node::read_clone`],
+//! * Reads take the node's read path with the time committed first ([`Node::read_clone_timed`],
 //!   `node/read.rs`): after a read-index barrier, the log time reaches the leader's clock at
 //!   the check (a shared `Tick` if no other entry brought it) and the read is judged at the
 //!   state machine's own time — `PTTL`, `LOCK.INFO`'s `ttl_ms` and expiry count down on an
@@ -84,8 +84,10 @@ impl Backend for RespBackend {
     }
 
     async fn read(&self, f: ReadFn) -> Result<Vec<Reply>, BackendError> {
-        let sm = self.node.read_clone().await.map_err(backend_error)?;
-        Ok(f(&sm, sm.now()))
+        self.node
+            .read_clone_timed(|sm, now| f(sm, now))
+            .await
+            .map_err(backend_error)
     }
 
     async fn lock_acquire(

@@ -10,7 +10,9 @@
 //!   the leader's log clock when the read-index check started (after every read it serves
 //!   arrived), a [`Command::Tick`] is committed (stamped by the leader when its entry closes,
 //!   so later) and applied here first; the read is then judged at the state machine's own
-//!   `now()`. Never at a clock reading no
+//!   `now()`. A read whose answer is the same at the state's log time and at the leader's
+//!   clock (a `GET` of a key without a deadline in between) needs no tick ([`time_free`]).
+//!   Never at a clock reading no
 //!   entry committed: a new leader's clock continues from the last *committed* log time, so a
 //!   key judged expired (or lease time judged gone) at an uncommitted time could come back
 //!   after a failover. The tick is single-flight — every read that needs one while a tick
@@ -19,7 +21,7 @@
 //!   "outcome unknown" and never burn a revision each. On a busy cluster the entries of other
 //!   commands carry the time: a read whose node has an entry in flight, or applied one
 //!   recently, first waits about as long as a tick takes for them, and rarely needs a tick.
-//! * **An O(1) copy-on-write clone** after either barrier ([`Node::read_clone`],
+//! * **An O(1) copy-on-write clone** after either barrier ([`Node::read_clone_timed`],
 //!   [`Node::backup`]), for reads that may scan the whole state (RESP's `KEYS`/`SCAN`, whose
 //!   reads the RESP front end cannot tell from point reads, and snapshot saves): the scan runs
 //!   without holding the state lock that apply needs.
@@ -161,19 +163,37 @@ impl Node {
     /// A linearizable read that judges time: `f` gets the state machine and its own log time,
     /// which the log holds and which is at or after the leader's log clock when the read-index
     /// check started (the module docs). Expiry, leases left and limiter state are judged at it.
-    pub async fn read_timed<T>(
+    ///
+    /// `f` may be called more than once: when the state's log time is behind the leader's
+    /// clock, `f` is first asked at both times, and if it answers the same, that answer is
+    /// given without committing the time ([`time_free`]).
+    pub async fn read_timed<T: PartialEq>(
         &self,
-        f: impl FnOnce(&StateMachine, u64) -> T,
+        f: impl Fn(&StateMachine, u64) -> T,
     ) -> Result<T, NodeError> {
-        self.time_barrier().await.map_err(read_error)?;
+        let leader_now = self.read_barrier_time().await.map_err(read_error)?;
+        if let Some(answer) = self.inner.state.read(|sm| time_free(sm, leader_now, &f)) {
+            return Ok(answer);
+        }
+        self.commit_time(leader_now).await.map_err(read_error)?;
         Ok(self.inner.state.read(|sm| f(sm, sm.now())))
     }
 
-    /// [`Node::read_timed`]'s state as an O(1) copy-on-write clone, for reads that may scan
-    /// it all without holding the state lock. Judge it at its own `now()`.
-    pub async fn read_clone(&self) -> Result<StateMachine, NodeError> {
-        self.time_barrier().await.map_err(read_error)?;
-        Ok(self.inner.state.read(StateMachine::clone))
+    /// [`Node::read_timed`] on an O(1) copy-on-write clone of the state, for reads that may
+    /// scan it all without holding the state lock apply needs.
+    pub async fn read_clone_timed<T: PartialEq>(
+        &self,
+        f: impl Fn(&StateMachine, u64) -> T,
+    ) -> Result<T, NodeError> {
+        let leader_now = self.read_barrier_time().await.map_err(read_error)?;
+        let sm = self.inner.state.read(StateMachine::clone);
+        if let Some(answer) = time_free(&sm, leader_now, &f) {
+            return Ok(answer);
+        }
+        drop(sm);
+        self.commit_time(leader_now).await.map_err(read_error)?;
+        let sm = self.inner.state.read(StateMachine::clone);
+        Ok(f(&sm, sm.now()))
     }
 
     /// A consistent copy of the state as of a linearizable read that started with this call
@@ -192,12 +212,11 @@ impl Node {
         Ok(self.inner.state.backup())
     }
 
-    /// The read barrier, then the time committed: when this returns, the state machine here
-    /// has applied up to the read index and its log time is at or after the leader's log
-    /// clock when the read-index check started (or at a tick a later leader stamped after it).
-    async fn time_barrier(&self) -> Result<(), NodeError> {
+    /// Commit the time after a read barrier that saw the leader's clock at `leader_now`: when
+    /// this returns, the state machine here has applied up to the read index and its log time
+    /// is at or after `leader_now` (or at a tick a later leader stamped after it).
+    async fn commit_time(&self, leader_now: u64) -> Result<(), NodeError> {
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
-        let leader_now = self.read_barrier_time().await?;
         if self.inner.state.read(StateMachine::now) >= leader_now {
             return Ok(());
         }
@@ -377,5 +396,26 @@ impl Node {
             Ok(term) => self.inner.clock.peek(term, || applied).max(applied),
             Err(_) => applied,
         }
+    }
+}
+
+/// The answer of a read that needs no time committed, judged at the state's own (committed)
+/// log time: the state already reached `leader_now`, or `f` answers the same at both times.
+/// Without writes a read's answer moves one way as time passes (keys and grants only expire,
+/// TTLs only fall, limiters only refill), so an answer equal at both ends is the answer at
+/// every time between them — a later leader, whose clock continues from the last committed
+/// time, cannot contradict it. A plain `GET` of a key far from its deadline, or of one without
+/// any, thus costs no tick; a `PTTL` of an expiring key does.
+fn time_free<T: PartialEq>(
+    sm: &StateMachine,
+    leader_now: u64,
+    f: &impl Fn(&StateMachine, u64) -> T,
+) -> Option<T> {
+    let committed = sm.now();
+    let answer = f(sm, committed);
+    if committed >= leader_now || f(sm, leader_now) == answer {
+        Some(answer)
+    } else {
+        None
     }
 }
