@@ -6,7 +6,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::NodeConfig;
-use fenced_core::{Batch, Command, Event, Request, RequestId, Response, Semantics, StateMachine};
+use fenced_core::{Batch, Command, Event, Request, RequestId, Response, StateMachine};
 use fenced_network::PeerGate;
 use fenced_proto::raft::PeerIdentity;
 use fenced_raft_types::{NodeId, Raft};
@@ -23,7 +23,9 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::proposal::{self, stopped, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
 
+pub mod alarm;
 mod handoff;
+pub use alarm::Alarms;
 pub use handoff::HandOff;
 
 /// How long one local `client_write` may take before it counts as unknown.
@@ -77,6 +79,8 @@ struct Inner {
     reader: Batcher<(), Result<(u64, u64), NodeError>>,
     /// A leadership hand-off runs ([`Node::step_down`]): the leader serves nothing new.
     handing_off: std::sync::atomic::AtomicBool,
+    /// The divergence alarm and the apply-semantics gate ([`alarm`]).
+    alarms: Alarms,
 }
 
 impl Node {
@@ -88,6 +92,7 @@ impl Node {
         hub: Hub,
         gate: PeerGate,
         metrics: Arc<Metrics>,
+        alarms: Alarms,
     ) -> Node {
         let peer_tls = cfg.tls.as_ref().map(|t| t.peer_client());
         let bounded = |limits: Limits| Limits {
@@ -101,6 +106,7 @@ impl Node {
                 hub,
                 clock: LeaderClock::new(),
                 handing_off: std::sync::atomic::AtomicBool::new(false),
+                alarms,
                 forwarder: Forwarder::new(
                     raft.clone(),
                     gate.clone(),
@@ -209,6 +215,9 @@ impl Node {
     /// the commands that must be tried again are, in their order, after those that were
     /// already applied.
     pub async fn propose_all(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
+        if let Err(e) = self.serving() {
+            return vec![Err(e); proposals.len()];
+        }
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
         let n = proposals.len();
         let mut done: Vec<Option<Proposed>> = vec![None; n];
@@ -246,6 +255,7 @@ impl Node {
         cmd: Command,
         wait_ms: u64,
     ) -> Result<Response, NodeError> {
+        self.serving()?;
         // A follower lets the leader do the waiting: the leader applies the granting entry
         // first, so the grant reaches the client one commit notification earlier. If that
         // fails (the leader changed mid-wait), wait here; the request id makes it safe.
@@ -346,7 +356,7 @@ impl Node {
                     cmd,
                 })
                 .collect(),
-            semantics: Semantics::REVISIONS,
+            semantics: self.stamp_semantics(),
         };
         let metrics = &self.inner.metrics;
         metrics.batch_size.observe(n as f64);
@@ -403,6 +413,7 @@ impl Node {
                 .inner
                 .handing_off
                 .load(std::sync::atomic::Ordering::SeqCst)
+                || self.serving().is_err()
             {
                 // Handing off: callers wait and retry, then reach the new leader.
                 return Err(NodeError::NotLeader { leader: None });
@@ -444,6 +455,7 @@ impl Node {
     /// a state machine whose next deadline is at or before it has expiries due that are not
     /// applied yet (the RESP front end ticks before reading then).
     pub async fn read_barrier_time(&self) -> Result<u64, NodeError> {
+        self.serving()?;
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
         loop {
             let attempt = self.shared_read_round().await;
