@@ -144,6 +144,12 @@ async fn a_diverged_follower_is_fenced_out_and_stays_out_across_a_restart() {
     assert!(s.alarm.contains("diverged at log index"), "{}", s.alarm);
 
     assert_fenced_out(&c, f).await;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(c.raw_channel(f));
+    let check = tonic_health::pb::HealthCheckRequest {
+        service: "fenced.v1.Lock".into(),
+    };
+    let r = health.check(check).await.expect("gRPC health");
+    assert_eq!(r.into_inner().status, 2, "NOT_SERVING while alarmed");
     let (code, body) = http_get(&c.ip(f), "/ready").await.expect("/ready");
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("corrupt"), "{body}");

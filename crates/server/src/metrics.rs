@@ -610,22 +610,24 @@ async fn ready(State(node): State<Node>) -> (StatusCode, String) {
 }
 
 /// Follow Raft's leader: count changes and keep the gRPC health status in step (SERVING while
-/// a leader is known).
+/// a leader is known and this member's divergence alarm is not raised).
 pub async fn watch_leader(
     node: Node,
     health: tonic_health::server::HealthReporter,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut server = node.raft().server_metrics();
-    let mut last: Option<Option<u64>> = None;
+    let mut alarm = node.alarm_changes();
+    let mut last: Option<(Option<u64>, bool)> = None;
     loop {
         let leader = server.borrow().current_leader;
-        if last != Some(leader) {
-            if last.is_some() {
+        let alarmed = *alarm.borrow_and_update();
+        if last != Some((leader, alarmed)) {
+            if last.is_some_and(|(l, _)| l != leader) {
                 node.metrics().leader_changes.inc();
             }
-            last = Some(leader);
-            let status = if leader.is_some() {
+            last = Some((leader, alarmed));
+            let status = if leader.is_some() && !alarmed {
                 tonic_health::ServingStatus::Serving
             } else {
                 tonic_health::ServingStatus::NotServing
@@ -642,6 +644,7 @@ pub async fn watch_leader(
         }
         tokio::select! {
             changed = server.changed() => if changed.is_err() { return },
+            changed = alarm.changed() => if changed.is_err() { return },
             _ = shutdown.wait_for(|s| *s) => return,
         }
     }

@@ -64,6 +64,8 @@ pub struct Alarms {
     digests: DigestLog,
     /// On the leader: the members whose alarm is raised, as they answered.
     alarmed_members: Mutex<BTreeSet<NodeId>>,
+    /// `true` once raised (for watchers: the gRPC health service).
+    changes: watch::Sender<bool>,
 }
 
 impl Alarms {
@@ -84,6 +86,7 @@ impl Alarms {
         Alarms {
             dir,
             is_raised: AtomicBool::new(raised.is_some()),
+            changes: watch::Sender::new(raised.is_some()),
             raised: Mutex::new(raised),
             advertise,
             stamp: AtomicU8::new(Semantics::REVISIONS.0),
@@ -114,6 +117,7 @@ impl Alarms {
         }
         *raised = Some(rec.to_string());
         self.is_raised.store(true, Ordering::Release);
+        self.changes.send_replace(true);
         true
     }
 
@@ -138,6 +142,11 @@ impl Node {
     /// Why this member's divergence alarm is raised, if it is.
     pub fn alarm(&self) -> Option<String> {
         self.inner.alarms.why()
+    }
+
+    /// Follows whether this member's alarm is raised.
+    pub fn alarm_changes(&self) -> watch::Receiver<bool> {
+        self.inner.alarms.changes.subscribe()
     }
 
     /// On the leader: the members whose alarm is raised.
