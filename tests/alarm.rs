@@ -284,6 +284,36 @@ async fn the_leader_stamps_deterministic_rules_only_while_every_member_runs_them
     c.kill(f);
     c.restart(f);
     wait_for("the leader stamping rules 2 again", STEP, || stamped(2)).await;
+    writes(&c, leader, "k", 3).await;
+
+    // Once switched, a member that is down does not switch a new leader back to the old
+    // rules: it starts from the rules of the last entry.
+    c.wait_all_caught_up(leader, STEP).await;
+    c.kill(f);
+    let _ = c.client_of(leader).leader_step_down().await;
+    let new = wait_for("a new leader", STEP, || async {
+        let s = c.status(leader).await?;
+        match s.leader {
+            l if l != 0 && l != leader => Ok(l),
+            l => Err(format!("leader {l}")),
+        }
+    })
+    .await;
+    let s = wait_for("the new leader in office", STEP, || async {
+        let s = c.status(new).await?;
+        if s.state == "leader" {
+            Ok(s)
+        } else {
+            Err(s.state)
+        }
+    })
+    .await;
+    assert_eq!(s.semantics, 2, "{s:?}");
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(c.status_ok(new).await.semantics, 2);
+    }
+    writes(&c, new, "after", 3).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

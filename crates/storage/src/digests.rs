@@ -12,6 +12,7 @@
 //! installs a snapshot skips the indexes it covers; one that restarts recomputes from its log.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -22,14 +23,28 @@ pub const KEPT: usize = 16;
 /// Clones that may wait for the digest thread.
 const QUEUE: usize = 4;
 
-/// The last [`KEPT`] digests of this replica, oldest first. Cheap to clone (a handle).
+/// The last [`KEPT`] digests of this replica, oldest first, and the apply rules of the last
+/// entry it applied. Cheap to clone (a handle).
 #[derive(Clone, Default, Debug)]
-pub struct DigestLog(Arc<Mutex<VecDeque<(u64, u64)>>>);
+pub struct DigestLog(Arc<Shared>);
+
+#[derive(Default, Debug)]
+struct Shared {
+    digests: Mutex<VecDeque<(u64, u64)>>,
+    semantics: AtomicU8,
+}
 
 impl DigestLog {
+    /// The rules ([`Semantics`]) the last normal entry this replica applied was stamped with
+    /// ([`Semantics::REVISIONS`] before any, and after a restart until one is applied).
+    pub fn applied_semantics(&self) -> Semantics {
+        Semantics(self.0.semantics.load(Ordering::Relaxed))
+    }
+
     /// The recorded `(index, digest)` pairs, by index.
     pub fn recent(&self) -> Vec<(u64, u64)> {
         self.0
+            .digests
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
@@ -38,7 +53,11 @@ impl DigestLog {
     }
 
     fn record(&self, index: u64, digest: u64) {
-        let mut log = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut log = self
+            .0
+            .digests
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         // The thread takes clones in order, but a restart or a snapshot install can go back.
         log.retain(|(i, _)| *i != index);
         let at = log.partition_point(|(i, _)| *i < index);
@@ -88,6 +107,11 @@ impl Digester {
 
     pub(crate) fn log(&self) -> DigestLog {
         self.log.clone()
+    }
+
+    /// A normal entry stamped `semantics` was applied.
+    pub(crate) fn applied_batch(&self, semantics: Semantics) {
+        self.log.0.semantics.store(semantics.0, Ordering::Relaxed);
     }
 
     pub(crate) fn set_diverge_at(&mut self, index: u64) {

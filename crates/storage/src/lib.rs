@@ -785,6 +785,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 let applied = match entry.payload {
                     EntryPayload::Blank => (Vec::new(), Vec::new()),
                     EntryPayload::Normal(batch) => {
+                        self.digester.applied_batch(batch.semantics);
                         let applied = st.machine.apply_batch(log_id.index, &batch);
                         (applied.responses, applied.events)
                     }

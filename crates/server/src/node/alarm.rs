@@ -5,12 +5,14 @@
 //!
 //! Every [`CHECK_EVERY`] the leader asks every member (voters and learners) for
 //! * the newest apply rules ([`Semantics`]) it runs. The leader stamps each new entry with
-//!   the newest rules *every* member has told it in this term that it runs; until it has heard
-//!   from all of them — a member that does not answer, or runs code without the check
-//!   (`UNIMPLEMENTED`) — it stamps [`Semantics::REVISIONS`], the rules every build applies.
-//!   A member's answer stands for the rest of the term, so a member that goes down does not
-//!   flip the rules back (older rules let Lua show addresses, which is the divergence this
-//!   gate prevents). A new leader starts from `REVISIONS` again.
+//!   the newest rules *every* member runs: the oldest any member told it in this term, and,
+//!   for a member it has not heard from, the rules of the last entry this node applied (a
+//!   leader checked every member before it stamped them; members never downgrade). So before
+//!   the first switch, a member that does not answer, or runs code without the check
+//!   (`UNIMPLEMENTED`, counted as [`Semantics::REVISIONS`]), keeps the cluster on the old
+//!   rules; after it, a member that goes down or a leader change does not flip the rules back
+//!   (older rules let Lua show addresses, the very divergence this gate prevents). A member
+//!   that answers with older rules does.
 //! * the digests of its state at recent log indexes (`fenced_storage::digests`: every
 //!   `--digest-interval` indexes, on a copy-on-write clone, off the apply path).
 //!
@@ -257,7 +259,13 @@ impl Node {
                 Ok(term) => self.check_round(term, &mut round).await,
                 Err(_) => {
                     round = Round::default();
-                    self.inner.alarms.set_stamp(Semantics::REVISIONS);
+                    // What this node stamps in its first moments as leader, before its first
+                    // round: the rules the last leader stamped.
+                    let floor = floor(self.inner.alarms.digests.applied_semantics());
+                    let own = self.inner.alarms.advertise;
+                    self.inner
+                        .alarms
+                        .set_stamp(if own.0 < floor.0 { own } else { floor });
                     self.inner
                         .alarms
                         .alarmed_members
@@ -320,7 +328,8 @@ impl Node {
             .semantics
             .retain(|id, _| members.iter().any(|(m, _)| m == id));
         let ids: Vec<NodeId> = members.iter().map(|(id, _)| *id).collect();
-        let stamp = gate(&ids, &round.semantics);
+        let floor = floor(self.inner.alarms.digests.applied_semantics());
+        let stamp = gate(&ids, &round.semantics, floor);
         if self.inner.alarms.set_stamp(stamp) {
             tracing::info!(
                 semantics = stamp.0,
@@ -394,22 +403,27 @@ struct Round {
     warned: BTreeSet<u64>,
 }
 
-/// The rules to stamp: the oldest any member runs once every member answered, else
-/// [`Semantics::REVISIONS`]. Never [`Semantics::INDEX_TOKENS`] (only entries read back from
-/// the first log format have it).
-fn gate(members: &[NodeId], known: &HashMap<NodeId, Semantics>) -> Semantics {
+/// The rules to stamp: the oldest any member runs, counting `floor` (the rules of the last
+/// applied entry) for a member not heard from. Never [`Semantics::INDEX_TOKENS`] (only
+/// entries read back from the first log format have it).
+fn gate(members: &[NodeId], known: &HashMap<NodeId, Semantics>, floor: Semantics) -> Semantics {
     let mut stamp = Semantics::NEWEST;
     for id in members {
-        match known.get(id) {
-            Some(s) if s.0 < stamp.0 => stamp = *s,
-            Some(_) => {}
-            None => return Semantics::REVISIONS,
+        let s = known.get(id).copied().unwrap_or(floor);
+        if s.0 < stamp.0 {
+            stamp = s;
         }
     }
-    if stamp.0 < Semantics::DETERMINISTIC.0 {
-        Semantics::REVISIONS
+    self::floor(stamp)
+}
+
+/// `s` as a rule set a leader may stamp: [`Semantics::REVISIONS`] for anything older than
+/// [`Semantics::DETERMINISTIC`] or newer than this build knows.
+fn floor(s: Semantics) -> Semantics {
+    if s.0 >= Semantics::DETERMINISTIC.0 && s.supported() {
+        s
     } else {
-        stamp
+        Semantics::REVISIONS
     }
 }
 
@@ -466,19 +480,26 @@ mod tests {
     #[test]
     fn the_gate_waits_for_every_member_and_takes_the_oldest_rules() {
         let all = [1, 2, 3];
+        let old = Semantics::REVISIONS;
         let mut known = HashMap::new();
         known.insert(1, Semantics::DETERMINISTIC);
         known.insert(2, Semantics::DETERMINISTIC);
-        // Member 3 has not answered: the old rules.
-        assert_eq!(gate(&all, &known), Semantics::REVISIONS);
+        // Member 3 has not answered and the log is on the old rules: the old rules.
+        assert_eq!(gate(&all, &known, old), Semantics::REVISIONS);
         known.insert(3, Semantics::REVISIONS);
-        assert_eq!(gate(&all, &known), Semantics::REVISIONS);
+        assert_eq!(gate(&all, &known, old), Semantics::REVISIONS);
         known.insert(3, Semantics::DETERMINISTIC);
-        assert_eq!(gate(&all, &known), Semantics::DETERMINISTIC);
+        assert_eq!(gate(&all, &known, old), Semantics::DETERMINISTIC);
         // A learner counts too.
-        assert_eq!(gate(&[1, 2, 3, 4], &known), Semantics::REVISIONS);
+        assert_eq!(gate(&[1, 2, 3, 4], &known, old), Semantics::REVISIONS);
+        // Once the log is on the new rules, a member not heard from does not go back ...
+        let new = Semantics::DETERMINISTIC;
+        assert_eq!(gate(&[1, 2, 3, 4], &known, new), Semantics::DETERMINISTIC);
+        // ... but one that says it runs older rules does.
         known.insert(4, Semantics::INDEX_TOKENS);
-        assert_eq!(gate(&[1, 2, 3, 4], &known), Semantics::REVISIONS);
+        assert_eq!(gate(&[1, 2, 3, 4], &known, new), Semantics::REVISIONS);
+        // Rules this build does not know are never stamped.
+        assert_eq!(floor(Semantics(200)), Semantics::REVISIONS);
     }
 
     #[test]
