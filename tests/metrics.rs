@@ -193,6 +193,8 @@ async fn metrics_from_a_loaded_cluster_and_health_that_follows_the_leader() {
     })
     .await;
     assert_eq!(m.get("fenced_is_leader"), Some(&1.0), "{m:?}");
+    assert_eq!(m.get("fenced_alarm_corrupt"), Some(&0.0), "{m:?}");
+    assert!(m.contains_key("fenced_apply_semantics"), "{m:?}");
     assert!(m["fenced_proposals_committed_total"] >= 30.0, "{m:?}");
     assert!(m["fenced_store_revision"] >= 30.0, "{m:?}");
     assert!(m["fenced_raft_term"] >= 1.0, "{m:?}");

@@ -59,7 +59,10 @@ panel("Leaders in the cluster", [(f'sum(fenced_is_leader{{{SEL}}})', "leaders")]
 panel("Term", [(f'max(fenced_raft_term{{{SEL}}})', "term")], kind="stat", w=4, h=5)
 panel("Leader changes (1 h)", [(f'max(increase(fenced_leader_changes_total{{{SEL}}}[1h]))', "changes")],
       kind="stat", w=4, h=5, desc="Leader changes seen by a node in the last hour (including to 'no leader').")
-panel("Leader", [(f'fenced_is_leader{{{SEL}}}', "{{instance}}")], w=12, h=5, desc="1 on the node that leads.")
+panel("Leader", [(f'fenced_is_leader{{{SEL}}}', "{{instance}}")], w=8, h=5, desc="1 on the node that leads.")
+panel("Divergence alarms", [(f'sum(fenced_alarm_corrupt{{{SEL}}})', "alarmed members"),
+                            (f'max(fenced_apply_semantics{{{SEL}}})', "apply rules")], kind="stat", w=4, h=5,
+      desc="Members fenced out because their state differs from the majority's (should be 0; docs/operations.md, 'Divergence alarm'), and the apply rules the leader stamps (2 once every member runs them).")
 panel("Commit and apply index", [
     (f'fenced_raft_committed_index{{{SEL}}}', "committed {{instance}}"),
     (f'fenced_raft_applied_index{{{SEL}}}', "applied {{instance}}"),

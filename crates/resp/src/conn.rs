@@ -91,6 +91,7 @@ fn backend_error(e: BackendError) -> Reply {
         BackendError::Unknown(m) => Reply::err(format!("TIMEOUT outcome unknown: {m}")),
         BackendError::Rejected(m) => Reply::err(format!("ERR {m}")),
         BackendError::Busy(m) => Reply::err(format!("BUSY {m}")),
+        BackendError::Corrupt(m) => Reply::err(format!("CORRUPT {m}")),
     }
 }
 

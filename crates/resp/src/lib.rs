@@ -39,6 +39,10 @@ pub enum BackendError {
     /// The node has too much work queued; nothing was done (`-BUSY`).
     #[error("busy: {0}")]
     Busy(String),
+    /// This member's divergence alarm is raised: it serves nothing; use another member
+    /// (`-CORRUPT`).
+    #[error("corrupt: {0}")]
+    Corrupt(String),
 }
 
 /// A lock as `LOCK.INFO` shows it.

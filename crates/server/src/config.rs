@@ -116,7 +116,30 @@ pub struct NodeConfig {
     pub max_pending_requests: usize,
     /// `--max-clients`: connections at once per listener (RESP, gRPC).
     pub max_clients: usize,
+    /// `--digest-interval`: digest the state every N log indexes for the divergence alarm
+    /// (0: off). See `crate::node::alarm`.
+    pub digest_interval: u64,
+    /// Hooks for tests only (hidden flags, refused unless `FENCED_UNSAFE_TEST_HOOKS` is set).
+    pub test_hooks: TestHooks,
 }
+
+/// Default `--digest-interval`: a digest of the state every 1,000 log indexes.
+pub const DEFAULT_DIGEST_INTERVAL: u64 = 1_000;
+
+/// Test-only behaviour, off in every real deployment: `fenced serve` accepts the hidden flags
+/// that set these only when the environment variable [`TEST_HOOKS_ENV`] is `1`.
+#[derive(Clone, Debug, Default)]
+pub struct TestHooks {
+    /// Make this replica's state diverge once at this log index
+    /// (`fenced_storage::StateMachineStore::diverge_at_for_tests`).
+    pub diverge_at: Option<u64>,
+    /// Advertise these apply rules to the leader instead of `Semantics::NEWEST` (as a member
+    /// running older code would).
+    pub advertise_semantics: Option<u8>,
+}
+
+/// The environment variable that must be `1` for `fenced serve` to accept test hooks.
+pub const TEST_HOOKS_ENV: &str = "FENCED_UNSAFE_TEST_HOOKS";
 
 impl NodeConfig {
     pub fn new(id: u64, data_dir: PathBuf, grpc_addr: String, resp_addr: String) -> Self {
@@ -139,6 +162,8 @@ impl NodeConfig {
             bump_revision: crate::backup::DEFAULT_BUMP_REVISION,
             max_pending_requests: DEFAULT_MAX_PENDING_REQUESTS,
             max_clients: DEFAULT_MAX_CLIENTS,
+            digest_interval: DEFAULT_DIGEST_INTERVAL,
+            test_hooks: TestHooks::default(),
             metrics_addr: None,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
         }

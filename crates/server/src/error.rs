@@ -6,6 +6,8 @@ use tonic::{Code, Status};
 
 /// Metadata key carrying the leader's gRPC address on `UNAVAILABLE` answers.
 pub const LEADER_HINT: &str = "x-fenced-leader";
+/// Metadata key on the answers of a member whose divergence alarm is raised (`corrupt`).
+pub const ALARM_HEADER: &str = "x-fenced-alarm";
 
 /// `Serialize`: a leader answers each proposal of a follower's forwarded batch with a
 /// `Result<Response, NodeError>`.
@@ -29,6 +31,11 @@ pub enum NodeError {
     /// Appended last: forwarded answers carry this enum.
     #[error("overloaded: {0}")]
     Overloaded(String),
+    /// This member's divergence alarm is raised ([`crate::node::alarm`]): its state differs
+    /// from the majority's, so it serves no client reads or writes; nothing was done. Other
+    /// members serve. Appended last: forwarded answers carry this enum.
+    #[error("corrupt: {0}")]
+    Corrupt(String),
 }
 
 impl From<NodeError> for Status {
@@ -56,6 +63,16 @@ impl From<NodeError> for Status {
             },
             NodeError::Fatal(_) => Status::internal(msg),
             NodeError::Overloaded(_) => Status::resource_exhausted(msg),
+            // UNAVAILABLE, so that clients try another member; the message starts with
+            // "corrupt:" and `x-fenced-alarm: corrupt` says why.
+            NodeError::Corrupt(_) => {
+                let mut s = Status::unavailable(msg);
+                s.metadata_mut().insert(
+                    ALARM_HEADER,
+                    tonic::metadata::MetadataValue::from_static("corrupt"),
+                );
+                s
+            }
         }
     }
 }

@@ -187,6 +187,18 @@ struct ServeArgs {
     /// Entries kept before the last snapshot when purging.
     #[arg(long, default_value_t = 1_000, hide = true)]
     keep_logs: u64,
+    /// Divergence alarm: every N log indexes each member digests its state and the leader
+    /// compares the digests; a member unlike the majority is fenced out (docs/operations.md,
+    /// "Divergence alarm"). 0 turns it off.
+    #[arg(long, default_value_t = fenced_server::config::DEFAULT_DIGEST_INTERVAL)]
+    digest_interval: u64,
+    /// TEST ONLY (needs FENCED_UNSAFE_TEST_HOOKS=1): make this member's state diverge at
+    /// this log index.
+    #[arg(long, hide = true)]
+    unsafe_test_diverge_at_index: Option<u64>,
+    /// TEST ONLY (needs FENCED_UNSAFE_TEST_HOOKS=1): advertise these apply rules.
+    #[arg(long, hide = true)]
+    unsafe_test_advertise_semantics: Option<u8>,
     /// How often the leader sends heartbeats (ms).
     #[arg(long, default_value_t = fenced_server::config::DEFAULT_HEARTBEAT_MS)]
     heartbeat_ms: u64,
@@ -479,6 +491,18 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.max_pending_requests = a.max_pending_requests;
     cfg.max_clients = a.max_clients;
     cfg.bump_revision = a.bump_revision;
+    cfg.digest_interval = a.digest_interval;
+    let hooks = fenced_server::config::TestHooks {
+        diverge_at: a.unsafe_test_diverge_at_index,
+        advertise_semantics: a.unsafe_test_advertise_semantics,
+    };
+    if hooks.diverge_at.is_some() || hooks.advertise_semantics.is_some() {
+        let env = fenced_server::config::TEST_HOOKS_ENV;
+        if std::env::var(env).as_deref() != Ok("1") {
+            bail!("the --unsafe-test-* flags are for tests only; they need {env}=1");
+        }
+        cfg.test_hooks = hooks;
+    }
     if a.heartbeat_ms == 0 || a.heartbeat_ms * 2 >= a.election_timeout_ms.min_ms {
         bail!(
             "--heartbeat-ms {} must be more than 0 and less than half of the election \
@@ -822,6 +846,9 @@ async fn status(a: StatusArgs) -> anyhow::Result<()> {
         "revision": s.revision,
         "cluster_id": format!("{:x}", s.cluster_id),
         "last_log_index": s.last_log_index,
+        "alarm": (!s.alarm.is_empty()).then_some(&s.alarm),
+        "alarmed_members": &s.alarmed_members,
+        "semantics": s.semantics,
     });
     println!("{out}");
     Ok(())

@@ -60,6 +60,10 @@ pub struct Metrics {
     stale_writes: Family<Via, Counter>,
     term: Gauge,
     is_leader: Gauge,
+    /// 1 while this member's divergence alarm is raised.
+    alarm_corrupt: Gauge,
+    /// The apply rules the leader stamps (0 on a non-leader).
+    apply_semantics: Gauge,
     last_log_index: Gauge,
     applied_index: Gauge,
     snapshot_index: Gauge,
@@ -188,6 +192,8 @@ impl Metrics {
             stale_writes: Family::default(),
             term: Gauge::default(),
             is_leader: Gauge::default(),
+            alarm_corrupt: Gauge::default(),
+            apply_semantics: Gauge::default(),
             last_log_index: Gauge::default(),
             applied_index: Gauge::default(),
             snapshot_index: Gauge::default(),
@@ -266,6 +272,18 @@ impl Metrics {
             "is_leader",
             "1 if this node is the leader",
             m.is_leader.clone(),
+        );
+        r.register(
+            "alarm_corrupt",
+            "1 if this member's divergence alarm is raised: its state differs from the \
+             majority's and it serves no client requests (docs/operations.md)",
+            m.alarm_corrupt.clone(),
+        );
+        r.register(
+            "apply_semantics",
+            "The apply rules this node stamps on new entries as leader (2: deterministic \
+             Lua, once every member runs it); 0 on a non-leader",
+            m.apply_semantics.clone(),
         );
         r.register(
             "raft_last_log_index",
@@ -438,6 +456,12 @@ impl Metrics {
             self.term.set(m.current_term as i64);
             self.is_leader
                 .set(i64::from(m.state == openraft::ServerState::Leader));
+            self.apply_semantics
+                .set(if m.state == openraft::ServerState::Leader {
+                    i64::from(node.stamp_semantics().0)
+                } else {
+                    0
+                });
             self.last_log_index
                 .set(m.last_log_index.unwrap_or(0) as i64);
             self.applied_index
@@ -455,6 +479,7 @@ impl Metrics {
             let waiters: usize = sm.locks().map(|l| sm.waiter_count(&l.name)).sum();
             (sm.revision(), sm.lock_count(), waiters, sm.session_count())
         });
+        self.alarm_corrupt.set(i64::from(node.alarm().is_some()));
         self.revision.set(revision as i64);
         self.locks_held.set(locks as i64);
         self.waiters.set(waiters as i64);
@@ -585,22 +610,24 @@ async fn ready(State(node): State<Node>) -> (StatusCode, String) {
 }
 
 /// Follow Raft's leader: count changes and keep the gRPC health status in step (SERVING while
-/// a leader is known).
+/// a leader is known and this member's divergence alarm is not raised).
 pub async fn watch_leader(
     node: Node,
     health: tonic_health::server::HealthReporter,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut server = node.raft().server_metrics();
-    let mut last: Option<Option<u64>> = None;
+    let mut alarm = node.alarm_changes();
+    let mut last: Option<(Option<u64>, bool)> = None;
     loop {
         let leader = server.borrow().current_leader;
-        if last != Some(leader) {
-            if last.is_some() {
+        let alarmed = *alarm.borrow_and_update();
+        if last != Some((leader, alarmed)) {
+            if last.is_some_and(|(l, _)| l != leader) {
                 node.metrics().leader_changes.inc();
             }
-            last = Some(leader);
-            let status = if leader.is_some() {
+            last = Some((leader, alarmed));
+            let status = if leader.is_some() && !alarmed {
                 tonic_health::ServingStatus::Serving
             } else {
                 tonic_health::ServingStatus::NotServing
@@ -617,6 +644,7 @@ pub async fn watch_leader(
         }
         tokio::select! {
             changed = server.changed() => if changed.is_err() { return },
+            changed = alarm.changed() => if changed.is_err() { return },
             _ = shutdown.wait_for(|s| *s) => return,
         }
     }

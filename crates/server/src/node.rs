@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use crate::NodeConfig;
-use fenced_core::{Batch, Command, Event, Request, RequestId, Response, Semantics, StateMachine};
+use fenced_core::{Batch, Command, Event, Request, RequestId, Response, StateMachine};
 use fenced_network::PeerGate;
 use fenced_proto::raft::PeerIdentity;
 use fenced_raft_types::{NodeId, Raft};
@@ -24,8 +24,10 @@ use crate::hub::Hub;
 use crate::metrics::Metrics;
 use crate::proposal::{self, stopped, Outcome, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
 
+pub mod alarm;
 mod handoff;
 mod read;
+pub use alarm::Alarms;
 pub use handoff::HandOff;
 
 /// How long one local `client_write` may take before it counts as unknown.
@@ -72,6 +74,8 @@ struct Inner {
     reads: read::Reads,
     /// A leadership hand-off runs ([`Node::step_down`]): the leader serves nothing new.
     handing_off: std::sync::atomic::AtomicBool,
+    /// The divergence alarm and the apply-semantics gate ([`alarm`]).
+    alarms: Alarms,
 }
 
 impl Node {
@@ -83,6 +87,7 @@ impl Node {
         hub: Hub,
         gate: PeerGate,
         metrics: Arc<Metrics>,
+        alarms: Alarms,
     ) -> Node {
         let peer_tls = cfg.tls.as_ref().map(|t| t.peer_client());
         let bounded = |limits: Limits| Limits {
@@ -96,6 +101,7 @@ impl Node {
                 hub,
                 clock: LeaderClock::new(),
                 handing_off: std::sync::atomic::AtomicBool::new(false),
+                alarms,
                 forwarder: Forwarder::new(
                     raft.clone(),
                     gate.clone(),
@@ -192,6 +198,9 @@ impl Node {
     /// the commands that must be tried again are, in their order, after those that were
     /// already applied.
     pub async fn propose_all(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
+        if let Err(e) = self.serving() {
+            return vec![Err(e); proposals.len()];
+        }
         let outcomes = vec![Outcome::new(); proposals.len()];
         self.propose_all_after(proposals, outcomes).await.0
     }
@@ -256,6 +265,7 @@ impl Node {
         cmd: Command,
         wait_ms: u64,
     ) -> Result<Response, NodeError> {
+        self.serving()?;
         if wait_ms == 0 {
             return self.propose(Some(rid), cmd).await;
         }
@@ -415,7 +425,7 @@ impl Node {
                     cmd,
                 })
                 .collect(),
-            semantics: Semantics::REVISIONS,
+            semantics: self.stamp_semantics(),
         };
         let metrics = &self.inner.metrics;
         metrics.batch_size.observe(n as f64);
@@ -483,6 +493,7 @@ impl Node {
                 .inner
                 .handing_off
                 .load(std::sync::atomic::Ordering::SeqCst)
+                || self.serving().is_err()
             {
                 // Handing off: callers wait and retry, then reach the new leader.
                 return Err(NodeError::NotLeader { leader: None });

@@ -63,6 +63,7 @@ fn backend_error(e: NodeError) -> BackendError {
         NodeError::Invalid(m) => BackendError::Rejected(m),
         NodeError::Rejected(c) => BackendError::Rejected(c.to_string()),
         NodeError::Overloaded(m) => BackendError::Busy(m),
+        NodeError::Corrupt(m) => BackendError::Corrupt(m),
     }
 }
 

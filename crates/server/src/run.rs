@@ -114,7 +114,23 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
     )?;
     let identity = opened.identity.clone();
     let gate = PeerGate::new(identity.clone(), cfg.grpc_addr.clone());
-    let (log_store, sm_store) = (opened.log, opened.state_machine);
+    let (log_store, mut sm_store) = (opened.log, opened.state_machine);
+    sm_store.digest_every(cfg.digest_interval);
+    if let Some(index) = cfg.test_hooks.diverge_at {
+        tracing::warn!(
+            index,
+            "TEST HOOK: this member's state will diverge at index {index}"
+        );
+        sm_store.diverge_at_for_tests(index);
+    }
+    let advertise = match cfg.test_hooks.advertise_semantics {
+        Some(s) => {
+            tracing::warn!(s, "TEST HOOK: advertising apply rules {s}");
+            fenced_core::Semantics(s)
+        }
+        None => fenced_core::Semantics::NEWEST,
+    };
+    let alarms = crate::node::Alarms::open(cfg.data_dir.clone(), advertise, sm_store.digests());
     log_store.observe(metrics.clone());
     metrics.read_log(log_store.clone());
     let state = sm_store.shared();
@@ -169,7 +185,16 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
             source,
         })?;
 
-    let node = Node::new(&cfg, raft.clone(), state, hub, gate.clone(), metrics);
+    let node = Node::new(
+        &cfg,
+        raft.clone(),
+        state,
+        hub,
+        gate.clone(),
+        metrics,
+        alarms,
+    );
+    node.apply_alarm_to_raft();
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut tasks = Vec::new();
@@ -275,6 +300,7 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
         cfg.snapshot_logs,
         shutdown_rx.clone(),
     )));
+    tasks.push(tokio::spawn(node.clone().checker(shutdown_rx.clone())));
     tasks.push(tokio::spawn(node.clone().ticker(shutdown_rx)));
     Ok(Running {
         node,

@@ -27,7 +27,9 @@
 //! hard-state record carries it (openraft does not need it durable). Unreadable bytes on disk become a [`StorageError`], never a panic, and openraft
 //! then stops the node.
 
+pub mod alarm;
 pub mod datadir;
+pub mod digests;
 pub mod frame;
 pub mod hardstate;
 mod log;
@@ -36,6 +38,7 @@ pub mod restore;
 pub mod snapshot;
 pub mod wal;
 
+pub use digests::DigestLog;
 pub use log::LogStore;
 pub use observe::StorageObserver;
 
@@ -427,6 +430,7 @@ fn open_checked(
         events,
         snapshot_seq: 0,
         hook,
+        digester: digests::Digester::default(),
     };
     Ok((log_store, sm_store))
 }
@@ -672,6 +676,8 @@ pub struct StateMachineStore {
     snapshot_seq: u64,
     /// Shared with the [`LogStore`] opened with it ([`LogStore::observe`]).
     hook: observe::Hook,
+    /// Digests of the state at every N-th index, for the divergence alarm ([`digests`]).
+    digester: digests::Digester,
 }
 
 impl fmt::Debug for StateMachineStore {
@@ -690,6 +696,25 @@ impl StateMachineStore {
 
     fn read_state(&self) -> RwLockReadGuard<'_, SmState> {
         self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Digest the state after every `every`-th log index (0: never), off the apply path;
+    /// the digests land in [`StateMachineStore::digests`] ([`digests`]).
+    pub fn digest_every(&mut self, every: u64) {
+        self.digester.start(every);
+    }
+
+    /// The digests this replica computed lately.
+    pub fn digests(&self) -> DigestLog {
+        self.digester.log()
+    }
+
+    /// **Test only**: once the entry at `index` (or the first after it) is applied, change
+    /// this replica's state as no other replica does ([`digests::DIVERGED_KEY`]), so that the
+    /// divergence alarm can be tested. The server enables it only from a hidden flag guarded
+    /// by an environment variable.
+    pub fn diverge_at_for_tests(&mut self, index: u64) {
+        self.digester.set_diverge_at(index);
     }
 }
 
@@ -757,9 +782,10 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     .write()
                     .map_err(|_| StorageIOError::apply(log_id, &StoreError::Poisoned))?;
                 st.last_applied = Some(log_id);
-                match entry.payload {
+                let applied = match entry.payload {
                     EntryPayload::Blank => (Vec::new(), Vec::new()),
                     EntryPayload::Normal(batch) => {
+                        self.digester.applied_batch(batch.semantics);
                         let applied = st.machine.apply_batch(log_id.index, &batch);
                         (applied.responses, applied.events)
                     }
@@ -767,7 +793,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         st.membership = StoredMembership::new(Some(log_id), m);
                         (Vec::new(), Vec::new())
                     }
-                }
+                };
+                self.digester.applied(log_id.index, &mut st.machine);
+                applied
             };
             if !events.is_empty() {
                 (self.events)(&events);

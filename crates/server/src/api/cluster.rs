@@ -86,6 +86,13 @@ impl Cluster for Api {
             revision: self.node.local(|sm| sm.revision()),
             cluster_id: self.node.gate().identity().cluster_id(),
             last_log_index: m.last_log_index.unwrap_or(0),
+            alarm: self.node.alarm().unwrap_or_default(),
+            semantics: if m.state == ServerState::Leader {
+                u32::from(self.node.stamp_semantics().0)
+            } else {
+                0
+            },
+            alarmed_members: self.node.alarmed_members(),
         }))
     }
 

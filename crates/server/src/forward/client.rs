@@ -11,8 +11,8 @@ use fenced_core::{Command, RequestId, Response};
 use fenced_network::{codec, PeerGate};
 use fenced_proto::raft::forward_client::ForwardClient;
 use fenced_proto::raft::{
-    AdminRequest, CampaignRequest, PeerIdentity, ProposeBatchRequest, ProposeRequest,
-    ReadIndexRequest,
+    AdminRequest, CampaignRequest, CheckReply, CheckRequest, CorruptVerdict, PeerIdentity,
+    ProposeBatchRequest, ProposeRequest, ReadIndexRequest,
 };
 use fenced_raft_types::Raft;
 use tonic::transport::{Channel, ClientTlsConfig};
@@ -136,6 +136,34 @@ impl Forwarder {
             Err(_) => Err(NodeError::Unknown(format!("{addr} did not answer in time"))),
             Ok(Ok(_)) => Ok(()),
             Ok(Err(status)) => Err(self.refused(&status)),
+        }
+    }
+
+    /// The leader's check of the member at `addr` ([`crate::node::alarm`]): its apply rules
+    /// and recent digests, telling it the verdict `corrupt` if set.
+    pub(crate) async fn check(
+        &self,
+        addr: &str,
+        term: u64,
+        corrupt: Option<CorruptVerdict>,
+        timeout: Duration,
+    ) -> Result<CheckReply, tonic::Status> {
+        let mut client = self
+            .peer(addr)
+            .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+        let mut req = tonic::Request::new(CheckRequest {
+            from: Some(self.envelope_for(addr)),
+            term,
+            corrupt,
+        });
+        req.set_timeout(timeout);
+        match tokio::time::timeout(timeout, client.check(req)).await {
+            Err(_) => Err(tonic::Status::deadline_exceeded("no answer in time")),
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(status)) => {
+                self.gate.on_refusal(&status);
+                Err(status)
+            }
         }
     }
 

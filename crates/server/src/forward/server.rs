@@ -5,8 +5,9 @@ use fenced_core::{Command, RequestId};
 use fenced_network::codec;
 use fenced_proto::raft::forward_server::{Forward, ForwardServer};
 use fenced_proto::raft::{
-    AdminReply, AdminRequest, CampaignReply, CampaignRequest, ProposeBatchReply,
-    ProposeBatchRequest, ProposeReply, ProposeRequest, ReadIndexReply, ReadIndexRequest,
+    AdminReply, AdminRequest, CampaignReply, CampaignRequest, CheckReply, CheckRequest,
+    ProposeBatchReply, ProposeBatchRequest, ProposeReply, ProposeRequest, ReadIndexReply,
+    ReadIndexRequest,
 };
 use fenced_tls::PeerCertCheck;
 use tonic::service::interceptor::InterceptedService;
@@ -97,6 +98,19 @@ impl Forward for Leader {
         let result = self.node.admin_here(op).await;
         let data = codec::encode(&result).map_err(|e| Status::internal(e.to_string()))?;
         Ok(tonic::Response::new(AdminReply { data }))
+    }
+
+    /// The leader's check ([`crate::node::alarm`]): this member's apply rules and digests,
+    /// and the leader's verdict on them.
+    async fn check(&self, req: Request<CheckRequest>) -> Reply<CheckReply> {
+        let req = req.into_inner();
+        self.node.admit_peer(req.from.as_ref())?;
+        let from = req.from.as_ref().map_or(0, |f| f.member);
+        Ok(tonic::Response::new(self.node.answer_check(
+            from,
+            req.term,
+            req.corrupt,
+        )))
     }
 
     /// A follower's read-index round. It shares this leader's next round (one that starts

@@ -140,6 +140,8 @@ impl Node {
     /// Asked by the leader `from` (a hand-off): campaign from `after` on until a leader other
     /// than `from` is known, for [`CAMPAIGN_FOR`] at most. Returns at once.
     pub fn campaign(&self, from: NodeId, after: Duration) -> Result<(), NodeError> {
+        // A member fenced out by its divergence alarm never leads.
+        self.serving()?;
         let m = self.raft().metrics().borrow().clone();
         if !m
             .membership_config

@@ -324,6 +324,8 @@ impl Node {
 
     /// The read barrier, returning the leader's log clock when the read-index check started.
     async fn read_barrier_time(&self) -> Result<u64, NodeError> {
+        // An alarmed member (its state diverged) serves no reads.
+        self.serving()?;
         let give_up = Instant::now() + PROPOSE_TIMEOUT;
         loop {
             let attempt = self.shared_read_round().await;
