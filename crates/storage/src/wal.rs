@@ -29,6 +29,16 @@
 //! * a problem after `recorded` can only be a write that a crash interrupted before its
 //!   `fdatasync` and hard-state record completed — nothing this node acknowledged. That tail
 //!   is cut off (and the cut made durable) before the log is used again.
+//!
+//! A zero record length ends a segment's records only if nothing but zeros follows it. The
+//! kernel writes a file's dirty pages back in any order, so a crash can lose the page of one
+//! record while a later one reached the disk: the bytes after the zero are such records, and
+//! they are a problem at the lost record's index like any other. Cutting them off with it
+//! matters: left in place, a new leader's entry of the same size written over the lost one
+//! would make them readable again on the next start — entries of an older term after a
+//! newer one. The cut is one `ftruncate` made durable before anything is appended, so a
+//! crash at any moment leaves either the old file (found and cut again on the next start)
+//! or the cut one.
 
 mod flusher;
 mod recover;
@@ -61,7 +71,7 @@ const HEADER: u64 = 16;
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 /// Segments grow in steps of zeros written ahead of the records, so that most fsyncs find
 /// the file's size unchanged and write only data, not its metadata (~8 % more throughput
-/// here). A zero record length ends a segment's records.
+/// here). A zero record length followed by nothing but zeros ends a segment's records.
 const GROW_BYTES: u64 = 1024 * 1024;
 /// Recently appended entries kept decoded for the reads that follow at once (apply,
 /// replication): at most this many, and this many encoded bytes.

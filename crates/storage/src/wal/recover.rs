@@ -135,7 +135,25 @@ impl Wal {
                 };
                 let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
                 if len == 0 {
-                    // The zeros ahead of the records ([`GROW_BYTES`]): their end.
+                    // The zeros ahead of the records ([`GROW_BYTES`]) end them — if nothing
+                    // but zeros follows. Bytes after a zero length are records that reached
+                    // the disk while the page of an earlier one did not (a crash between
+                    // writing and `fdatasync`): never acknowledged (unless at or before
+                    // `recorded`, which is damage), and they must go with the lost one. Left
+                    // in place, an entry of the same size written later over the lost one
+                    // would make them readable again: older terms after a newer one.
+                    if let Some(stale) = bytes[at..].iter().position(|b| *b != 0) {
+                        problem = Some(bad(StoreError::Damaged {
+                            path: path.clone(),
+                            detail: format!(
+                                "a zero record length at byte {at}, then data at byte {} \
+                                 (a write lost in a crash before later ones)",
+                                at + stale
+                            ),
+                        }));
+                        wal.segments.push(seg);
+                        break 'segments;
+                    }
                     break;
                 }
                 let Some(record) = bytes.get(at + 4..at + 4 + len) else {
@@ -229,7 +247,8 @@ impl Wal {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{blank, segment_files, small};
+    use super::super::tests::{blank, indexes, segment_files, small};
+    use super::super::{encode_record, SEGMENT_BYTES};
     use super::*;
     use openraft::CommittedLeaderId;
 
@@ -294,5 +313,115 @@ mod tests {
             Wal::open(dir.path(), None, None),
             Err(StoreError::UnknownFormat { found: 9, .. })
         ));
+    }
+
+    /// Zero the bytes of entry `index`'s record (its length and its body), as a crash that
+    /// lost that page of the file while later records reached the disk leaves it. Returns
+    /// the record's length.
+    fn lose_record(dir: &Path, index: u64) -> usize {
+        let files = segment_files(dir);
+        let name = files
+            .iter()
+            .rev()
+            .find(|n| n.trim_end_matches(".wal").parse::<u64>().expect("name") <= index)
+            .expect("the segment holding the entry");
+        let path = dir.join(DIR).join(name);
+        let mut bytes = std::fs::read(&path).expect("read");
+        let mut at = HEADER as usize;
+        let mut i: u64 = name.trim_end_matches(".wal").parse().expect("name");
+        loop {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+            assert!(len > 0, "entry {index} is not in {name}");
+            if i == index {
+                bytes[at..at + 4 + len].fill(0);
+                std::fs::write(&path, &bytes).expect("write");
+                return 4 + len;
+            }
+            at += 4 + len;
+            i += 1;
+        }
+    }
+
+    fn terms(wal: &Wal) -> Vec<(u64, u64)> {
+        wal.read(0..1_000)
+            .expect("read")
+            .iter()
+            .map(|e| (e.log_id.index, e.log_id.leader_id.term))
+            .collect()
+    }
+
+    fn id(term: u64, index: u64) -> Option<LogId<NodeId>> {
+        Some(LogId::new(CommittedLeaderId::new(term, 1), index))
+    }
+
+    /// Recovery stops at a lost record; the records after it (which reached the disk, but
+    /// were never acknowledged) must go with it. Left in place, a new leader's entry of the
+    /// same size written over the lost one makes them readable again on the next start: a
+    /// log whose terms go down (term-1 entries after a term-2 entry).
+    /// `last` entries in segments of `segment_bytes`; entry `lost` is lost. Returns how many
+    /// segments the log had.
+    fn a_lost_record_takes_the_records_after_it_along(
+        segment_bytes: u64,
+        last: u64,
+        lost: u64,
+    ) -> usize {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = small(dir.path(), None, None);
+        wal.segment_bytes = segment_bytes;
+        for i in 1..=last {
+            wal.append([blank(1, i)]).expect("append");
+        }
+        drop(wal);
+        let segments = segment_files(dir.path()).len();
+        let len = lose_record(dir.path(), lost);
+
+        // Had the lost entry been acknowledged, this would be damage: refused, not repaired.
+        assert!(matches!(
+            Wal::open(dir.path(), id(1, last), None),
+            Err(StoreError::Damaged { .. } | StoreError::LogEndsEarly { .. })
+        ));
+        // Entries up to `lost - 1` were acknowledged; the rest were not.
+        let mut wal = Wal::open(dir.path(), id(1, lost - 1), None).expect("open");
+        assert_eq!(wal.last_log_id(), id(1, lost - 1));
+        // A new leader's entry at the lost index, of the same size, made durable.
+        let mut record = Vec::new();
+        assert_eq!(
+            encode_record(&blank(2, lost), &mut record).expect("encode"),
+            len
+        );
+        wal.append([blank(2, lost)]).expect("append");
+        for s in &wal.segments {
+            s.file.sync_data().expect("sync");
+        }
+        drop(wal);
+
+        let wal = Wal::open(dir.path(), id(2, lost), None).expect("reopen");
+        let found = terms(&wal);
+        assert!(
+            found.windows(2).all(|w| w[0].1 <= w[1].1),
+            "terms go down in the recovered log: {found:?}"
+        );
+        assert_eq!(wal.last_log_id(), id(2, lost), "{found:?}");
+        assert_eq!(
+            indexes(&wal.read(0..1_000).expect("read")),
+            (1..=lost).collect::<Vec<_>>()
+        );
+        segments
+    }
+
+    #[test]
+    fn a_lost_record_in_the_last_segment_takes_the_records_after_it_along() {
+        // One segment: the lost record is followed by two more in the same file.
+        assert_eq!(
+            a_lost_record_takes_the_records_after_it_along(SEGMENT_BYTES, 4, 2),
+            1
+        );
+    }
+
+    #[test]
+    fn a_lost_record_before_the_last_segment_takes_the_records_after_it_along() {
+        // Many segments: the lost record's segment ends in stale records, the next segments
+        // start past the hole.
+        assert!(a_lost_record_takes_the_records_after_it_along(200, 40, 2) > 2);
     }
 }
