@@ -40,6 +40,7 @@ pub const PROPOSE_LIMITS: Limits = Limits {
     in_flight: 1,
     max_items: 1024,
     max_bytes: 1024 * 1024,
+    cap_bytes: proposal::MAX_ENTRY_BYTES,
     // Set from `--max-pending-requests`.
     max_queued: usize::MAX,
 };
@@ -49,6 +50,7 @@ const READ_LIMITS: Limits = Limits {
     in_flight: 1,
     max_items: usize::MAX,
     max_bytes: usize::MAX,
+    cap_bytes: usize::MAX,
     // Set from `--max-pending-requests`.
     max_queued: usize::MAX,
 };
@@ -632,6 +634,7 @@ pub(crate) fn refused(why: Refused, stopped: &str) -> NodeError {
             "{queued} requests already wait on this node (--max-pending-requests); retry \
              later or on another node"
         )),
+        Refused::TooLarge { size, cap } => proposal::too_large(size, cap),
     }
 }
 

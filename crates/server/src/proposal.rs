@@ -23,24 +23,71 @@ pub(crate) fn stopped(n: usize) -> Vec<Proposed> {
     vec![Err(NodeError::Fatal("node stopped".into())); n]
 }
 
-/// About how many bytes `cmd` adds to an entry (for the batch bounds; no serialization).
+/// The most bytes ([`size`]) of one entry's commands, and of one forwarded batch's: half the
+/// transport's message limit ([`fenced_network::MAX_MESSAGE_SIZE`], 64 MiB), so that an
+/// entry always fits into one append-entries message with room to spare, and a forwarded
+/// batch always fits the leader's decode limit. Commands that would take an entry or a
+/// forwarded batch past it go into the next one; a command larger than this alone is
+/// refused before anything is proposed ([`too_large`]).
+pub const MAX_ENTRY_BYTES: usize = fenced_network::MAX_MESSAGE_SIZE / 2;
+
+/// The bytes `cmd` adds to an entry (for the batch bounds): its encoded size plus the
+/// request around it. Counted without encoding it (bincode walks the value and adds up
+/// lengths), and never less than any encoding of it takes, log or transport.
 pub(crate) fn size(cmd: &Command) -> usize {
+    /// A request's time and id, and the entry's framing, per command.
     const BASE: usize = 64;
-    fn kv_size(cmd: &fenced_core::kv::KvCommand) -> usize {
-        use fenced_core::kv::KvCommand;
-        let argv = |a: &Vec<Vec<u8>>| a.iter().map(|x| x.len() + 8).sum::<usize>();
-        match cmd {
-            KvCommand::Batch(cmds) | KvCommand::Multi { cmds, .. } => cmds.iter().map(argv).sum(),
-            KvCommand::Restricted { cmd, .. } => 256 + kv_size(cmd),
+    let encoded = bincode::serialized_size(cmd)
+        .map_or(usize::MAX, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    encoded.saturating_add(BASE)
+}
+
+/// The error of a command larger than an entry may be ([`MAX_ENTRY_BYTES`]): it was refused
+/// before it was proposed, so nothing was applied.
+pub(crate) fn too_large(size: usize, cap: usize) -> NodeError {
+    NodeError::Invalid(format!(
+        "the command takes {size} bytes, more than one log entry may carry ({cap} bytes); \
+         nothing was applied"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fenced_core::kv::KvCommand;
+
+    /// What a command carries counts, whichever command: a lock name or owner as much as a
+    /// value (`LOCK.ACQUIRE` takes them from RESP bulk strings of up to 16 MiB).
+    #[test]
+    fn size_covers_every_encoding_of_every_command() {
+        let big = "x".repeat(100_000);
+        let cmds = [
+            Command::Acquire {
+                name: big.clone(),
+                owner: big.clone(),
+                ttl_ms: 1_000,
+                session: None,
+                wait_ms: 0,
+            },
+            Command::Release {
+                name: big.clone(),
+                owner: "o".into(),
+                token: 1,
+            },
+            Command::Kv(KvCommand::Batch(vec![vec![
+                b"SET".to_vec(),
+                b"k".to_vec(),
+                big.clone().into_bytes(),
+            ]])),
+        ];
+        for cmd in cmds {
+            let size = size(&cmd);
+            let transport = fenced_network::codec::encode(&cmd).expect("encode").len();
+            let log = bincode::serialize(&cmd).expect("encode").len();
+            assert!(
+                size >= transport && size >= log && size >= 100_000,
+                "size {size} of a command that encodes to {transport} / {log} bytes"
+            );
         }
-    }
-    match cmd {
-        Command::Kv(kv) => BASE + kv_size(kv),
-        Command::AcquireWith(spec) => BASE + spec.names.iter().map(|n| n.len() + 8).sum::<usize>(),
-        Command::FencedPut { key, value, .. } => BASE + key.len() + value.len(),
-        Command::Limit { key, .. } => {
-            BASE + key.len() + 16 * fenced_core::kv::limit::MAX_LOG_POLICIES
-        }
-        _ => BASE,
     }
 }
