@@ -470,6 +470,7 @@ async fn a_write_too_large_for_an_entry_is_refused_alone() {
     let c = TestCluster::start("resp_large_write", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let follower = follower_of(leader);
+    let term = c.status_ok(leader).await.term;
     let stop = Arc::new(AtomicBool::new(false));
     let mut writers = Vec::new();
     for w in 0..8u64 {
@@ -529,11 +530,21 @@ async fn a_write_too_large_for_an_entry_is_refused_alone() {
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     stop.store(true, Ordering::Relaxed);
+    // A leader change (two busy cores can starve a heartbeat) leaves writes in flight unknown
+    // for reasons of its own: then only the refusals above count.
+    let same_leader = c.status_ok(leader).await.term == term;
     let mut total = 0;
     for (w, t) in writers.into_iter().enumerate() {
         let (ok, failed) = within("a small writer to stop", Duration::from_secs(60), t)
             .await
             .expect("writer task");
+        if !same_leader {
+            eprintln!(
+                "the leader changed: not judging writer {w}'s {} failures",
+                failed.len()
+            );
+            continue;
+        }
         assert!(
             failed.is_empty(),
             "writer {w}: {} small writes failed beside the large one: {:?}",
@@ -545,8 +556,11 @@ async fn a_write_too_large_for_an_entry_is_refused_alone() {
     }
     // Nothing of the large writes was applied; everything else is, on every node.
     let mut on_leader = connect(&c, leader).await;
-    let big: Option<String> = cmd(&mut on_leader, &["GET", "big-0-0"]).await;
-    assert_eq!(big, None);
+    for round in 0..3 {
+        let big: u64 = cmd(&mut on_leader, &["EXISTS", &format!("big-{round}-0")]).await;
+        assert_eq!(big, 0, "a part of large write {round} was applied");
+    }
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let applied = c.wait_all_caught_up(leader, LEADER_TIMEOUT).await;
     assert!(
         applied > total / 1024,
