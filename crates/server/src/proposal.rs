@@ -83,7 +83,7 @@ pub(crate) fn too_large(size: usize, cap: usize) -> NodeError {
 }
 
 #[cfg(test)]
-mod tests {
+mod size_tests {
     use super::*;
     use fenced_core::kv::KvCommand;
 
