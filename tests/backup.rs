@@ -202,6 +202,18 @@ async fn a_restored_backup_never_reissues_a_token() {
         cluster_ids.windows(2).all(|w| w[0] == w[1]),
         "members restored from one file disagree on the cluster id: {cluster_ids:?}"
     );
+    // A member restored with another --bump-revision would issue other tokens for the same
+    // command: it belongs to another cluster.
+    let odd = c.dir().join("restored-with-another-bump");
+    let mut args = restore_args(file_s, odd.to_str().expect("utf-8 path"), "1", &cluster).to_vec();
+    args.extend(["--bump-revision", "5"]);
+    let report = cli_ok(&args);
+    assert_eq!(report["revision_after"].as_u64(), Some(backup_revision + 5));
+    assert_ne!(
+        report["cluster_id"].as_u64(),
+        Some(cluster_ids[0]),
+        "members restored with different bumps share a cluster id: {report}"
+    );
     // A second restore into a data dir that now has state: refused, unchanged.
     cli_refused(&restore_args(file_s, dir1_s, "1", &cluster), "not empty");
 

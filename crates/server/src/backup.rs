@@ -273,8 +273,13 @@ pub fn restore(opts: &RestoreOptions) -> Result<RestoreReport, BackupError> {
     check_members(&opts.members, opts.member_id)?;
     let (info, _meta, mut machine) = inspect(&opts.snapshot)?;
     let restored = machine.prepare_restore(opts.bump_revision)?;
-    let cluster_id =
-        datadir::restored_cluster_id(&opts.cluster_token, &opts.members, info.sha256.as_bytes());
+    let cluster_id = datadir::restored_cluster_id(
+        &opts.cluster_token,
+        &opts.members,
+        info.sha256.as_bytes(),
+        opts.bump_revision,
+        &machine,
+    );
     store_restore::create_dir(
         &opts.data_dir,
         cluster_id,
@@ -345,7 +350,13 @@ pub async fn force_new_cluster(
     // data dir never share a cluster id.
     let salt = format!("force-new-cluster {member_id} {last:?} {stamp}");
     let members = BTreeMap::from([(member_id, addr.to_owned())]);
-    let cluster_id = datadir::restored_cluster_id(cluster_token, &members, salt.as_bytes());
+    let cluster_id = datadir::restored_cluster_id(
+        cluster_token,
+        &members,
+        salt.as_bytes(),
+        bump_revision,
+        &machine,
+    );
     std::fs::rename(dir, &aside).map_err(file_err(dir))?;
     if let Err(e) = store_restore::create_dir(
         dir,
@@ -363,4 +374,75 @@ pub async fn force_new_cluster(
         aside,
         report(dir, member_id, cluster_id, sha, restored),
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot file of a small state, in `dir`.
+    fn backup_file(dir: &Path) -> PathBuf {
+        let mut machine = StateMachine::new();
+        machine.apply_batch(
+            1,
+            &fenced_core::Batch::one(fenced_core::Request {
+                time_ms: 1_000,
+                client: None,
+                cmd: fenced_core::Command::Acquire {
+                    name: "a".into(),
+                    owner: "o".into(),
+                    ttl_ms: 10_000,
+                    session: None,
+                    wait_ms: 0,
+                },
+            }),
+        );
+        let meta = Meta {
+            last_log_id: None,
+            last_membership: Default::default(),
+            snapshot_id: "test".into(),
+        };
+        let path = dir.join("backup.snap");
+        let file = std::fs::File::create(&path).expect("create");
+        snapshot::write_to(file, &meta, &machine).expect("write");
+        path
+    }
+
+    fn restore_with(dir: &Path, file: &Path, id: NodeId, bump: u64) -> RestoreReport {
+        restore(&RestoreOptions {
+            snapshot: file.to_owned(),
+            data_dir: dir.join(format!("member-{id}-bump-{bump}")),
+            member_id: id,
+            members: (1..=3).map(|i| (i, format!("127.0.0.1:{i}"))).collect(),
+            cluster_token: "fenced-cluster".into(),
+            bump_revision: bump,
+        })
+        .expect("restore")
+    }
+
+    /// Members restored from one file with different `--bump-revision`s hold different states
+    /// (their tokens differ for the same command): they must not form one cluster.
+    #[test]
+    fn members_restored_with_different_bumps_get_different_cluster_ids() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = backup_file(dir.path());
+        let one = restore_with(dir.path(), &file, 1, DEFAULT_BUMP_REVISION);
+        let two = restore_with(dir.path(), &file, 2, DEFAULT_BUMP_REVISION);
+        let three = restore_with(dir.path(), &file, 3, DEFAULT_BUMP_REVISION + 1);
+        assert_eq!(
+            one.cluster_id, two.cluster_id,
+            "same file, same flags: one cluster"
+        );
+        assert_ne!(
+            one.revision_after, three.revision_after,
+            "the bumps differ, so do the states"
+        );
+        assert_ne!(
+            one.cluster_id,
+            three.cluster_id,
+            "members restored with bumps {DEFAULT_BUMP_REVISION} and {} share cluster id {}",
+            DEFAULT_BUMP_REVISION + 1,
+            one.cluster_id
+        );
+    }
 }

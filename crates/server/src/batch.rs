@@ -14,6 +14,10 @@
 //! The queue is bounded (`max_queued`): past it a request is refused at once
 //! ([`Refused::Full`]) instead of waiting behind an ever longer queue with ever more memory.
 //!
+//! A batch's sizes never add up to more than `cap_bytes` (what one entry, or one message of
+//! the transport, can carry): a request larger than that is refused at once
+//! ([`Refused::TooLarge`]) and never reaches a batch, so it cannot take others down with it.
+//!
 //! The requests of one [`Batcher::call_all`] (a client's pipeline) form a group that is
 //! never split between batches: with `in_flight > 1` two batches run at once and may be
 //! applied in either order, which must not reorder one client's commands.
@@ -34,6 +38,11 @@ pub struct Limits {
     /// A batch is closed once its requests' sizes add up to this (a single larger request
     /// still goes alone).
     pub max_bytes: usize,
+    /// Hard cap on a batch's sizes: a group that would take a batch past it starts the next
+    /// batch, a group larger than it runs as consecutive batches (in order: each part is
+    /// queued once the one before it is answered), and a single request larger than it is
+    /// refused ([`Refused::TooLarge`]).
+    pub cap_bytes: usize,
     /// Most requests waiting for a batch (not counting those in running batches); more are
     /// refused with [`Refused::Full`].
     pub max_queued: usize,
@@ -46,6 +55,8 @@ pub enum Refused {
     Gone,
     /// `max_queued` requests were already waiting.
     Full { queued: usize },
+    /// The request alone is larger than a batch may be (`cap_bytes`); it was not queued.
+    TooLarge { size: usize, cap: usize },
 }
 
 struct Item<I, O> {
@@ -70,6 +81,7 @@ pub struct Batcher<I, O> {
     /// Requests queued, not yet taken into a batch.
     queued: Arc<AtomicUsize>,
     max_queued: usize,
+    cap_bytes: usize,
 }
 
 impl<I, O> Clone for Batcher<I, O> {
@@ -78,6 +90,7 @@ impl<I, O> Clone for Batcher<I, O> {
             tx: self.tx.clone(),
             queued: self.queued.clone(),
             max_queued: self.max_queued,
+            cap_bytes: self.cap_bytes,
         }
     }
 }
@@ -116,8 +129,11 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                     let Ok(group) = rx.try_recv() else { break };
                     let more = group_bytes(&group);
                     // Whole groups only; like a single request, a group may take a batch past
-                    // `max_bytes` (it is checked before adding), never past `max_items`.
-                    if items.len() + group.len() > limits.max_items {
+                    // `max_bytes` (it is checked before adding), never past `max_items` or
+                    // `cap_bytes` (a group is at most `cap_bytes`: `call_all`).
+                    if items.len() + group.len() > limits.max_items
+                        || bytes.saturating_add(more) > limits.cap_bytes
+                    {
                         carried = Some(group);
                         break;
                     }
@@ -143,6 +159,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
             tx,
             queued,
             max_queued: limits.max_queued,
+            cap_bytes: limits.cap_bytes,
         }
     }
 
@@ -175,8 +192,10 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
 
     /// Queue `input` (of about `size` bytes) for the next batch, without waiting: requests
     /// queued one after another by one task keep their order within and across batches
-    /// (batches start in order). Refused at once when `max_queued` requests wait already.
+    /// (batches start in order). Refused at once when `max_queued` requests wait already, or
+    /// when `size` is over `cap_bytes`.
     pub fn submit(&self, input: I, size: usize) -> Result<oneshot::Receiver<O>, Refused> {
+        self.fits(size)?;
         let mut rx = self.submit_group([(input, size)])?;
         rx.pop().ok_or(Refused::Gone)
     }
@@ -190,26 +209,68 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         }
     }
 
+    /// `Ok` if a request of `size` bytes may be queued at all.
+    fn fits(&self, size: usize) -> Result<(), Refused> {
+        if size > self.cap_bytes {
+            return Err(Refused::TooLarge {
+                size,
+                cap: self.cap_bytes,
+            });
+        }
+        Ok(())
+    }
+
     /// [`Batcher::call`] for several `(input, size)` as one group: they ride in the same
     /// batch, in their order (a group larger than a batch goes alone), or are all refused
     /// when the queue has no room for them. One output each.
+    ///
+    /// A request over `cap_bytes` is refused alone ([`Refused::TooLarge`]), the others go on.
+    /// A group whose sizes add up to more than `cap_bytes` is cut into consecutive parts
+    /// that fit, each queued once the one before it is answered, so they stay in order even
+    /// with several batches in flight.
     pub async fn call_all(
         &self,
         inputs: impl IntoIterator<Item = (I, usize)>,
         refused: impl Fn(Refused) -> O,
     ) -> Vec<O> {
-        let inputs: Vec<(I, usize)> = inputs.into_iter().collect();
-        let n = inputs.len();
-        match self.submit_group(inputs) {
-            Ok(pending) => {
-                let mut out = Vec::with_capacity(n);
-                for rx in pending {
-                    out.push(rx.await.unwrap_or_else(|_| refused(Refused::Gone)));
-                }
-                out
+        let mut out: Vec<Option<O>> = Vec::new();
+        let mut parts: Vec<Vec<(usize, (I, usize))>> = Vec::new();
+        let mut part_bytes = 0usize;
+        for (i, (input, size)) in inputs.into_iter().enumerate() {
+            out.push(None);
+            if let Err(why) = self.fits(size) {
+                out[i] = Some(refused(why));
+                continue;
             }
-            Err(why) => (0..n).map(|_| refused(why)).collect(),
+            match parts.last_mut() {
+                Some(part) if part_bytes.saturating_add(size) <= self.cap_bytes => {
+                    part_bytes += size;
+                    part.push((i, (input, size)));
+                }
+                _ => {
+                    part_bytes = size;
+                    parts.push(vec![(i, (input, size))]);
+                }
+            }
         }
+        for part in parts {
+            let (at, inputs): (Vec<usize>, Vec<(I, usize)>) = part.into_iter().unzip();
+            match self.submit_group(inputs) {
+                Ok(pending) => {
+                    for (i, rx) in at.into_iter().zip(pending) {
+                        out[i] = Some(rx.await.unwrap_or_else(|_| refused(Refused::Gone)));
+                    }
+                }
+                Err(why) => {
+                    for i in at {
+                        out[i] = Some(refused(why));
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or_else(|| refused(Refused::Gone)))
+            .collect()
     }
 }
 
@@ -223,6 +284,7 @@ mod tests {
         in_flight: 1,
         max_items: 100,
         max_bytes: 1 << 20,
+        cap_bytes: 1 << 30,
         max_queued: 1_000,
     };
 
@@ -255,6 +317,7 @@ mod tests {
             in_flight: 1,
             max_items: 4,
             max_bytes: 10,
+            cap_bytes: 1_000,
             max_queued: 1_000,
         };
         let b = Batcher::spawn(limits, move |batch: Vec<usize>| {
@@ -278,6 +341,112 @@ mod tests {
         assert_eq!(
             got,
             vec![vec![0], vec![1, 1, 1, 1], vec![1, 6, 6], vec![20], vec![1]]
+        );
+    }
+
+    /// Limits with a soft close at 10 and a hard cap at 12 bytes.
+    const CAPPED: Limits = Limits {
+        in_flight: 1,
+        max_items: 100,
+        max_bytes: 10,
+        cap_bytes: 12,
+        max_queued: 1_000,
+    };
+
+    /// Every batch a test batcher ran.
+    type Seen = Arc<Mutex<Vec<Vec<usize>>>>;
+
+    /// A batcher that records each batch's sizes and answers each request with its size
+    /// after `pause`.
+    fn recording(limits: Limits, pause: Duration) -> (Batcher<usize, usize>, Seen) {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let seen = batches.clone();
+        let b = Batcher::spawn(limits, move |batch: Vec<usize>| {
+            seen.lock().unwrap().push(batch.clone());
+            async move {
+                tokio::time::sleep(pause).await;
+                batch
+            }
+        });
+        (b, batches)
+    }
+
+    #[tokio::test]
+    async fn a_group_that_would_cross_the_cap_starts_the_next_batch() {
+        let (b, batches) = recording(CAPPED, Duration::from_millis(20));
+        let block = b.submit(0, 1).unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let queued: Vec<_> = [1, 6, 6, 5, 12, 1]
+            .into_iter()
+            .map(|s| b.submit(s, s).unwrap())
+            .collect();
+        block.await.unwrap();
+        for rx in queued {
+            rx.await.unwrap();
+        }
+        let got = batches.lock().unwrap().clone();
+        // Before, [1, 6, 6] rode together (13 bytes: under 10 when the last 6 was added).
+        assert_eq!(
+            got,
+            vec![vec![0], vec![1, 6], vec![6, 5], vec![12], vec![1]]
+        );
+        assert!(got.iter().all(|batch| batch.iter().sum::<usize>() <= 12));
+    }
+
+    #[tokio::test]
+    async fn a_request_over_the_cap_is_refused_alone_and_the_others_go_on() {
+        let (b, batches) = recording(CAPPED, Duration::from_millis(1));
+        let refused = |why| match why {
+            Refused::TooLarge { size, cap: 12 } => 1_000 + size,
+            _ => 0,
+        };
+        let out = b.call_all([(1, 1), (13, 13), (2, 2)], refused).await;
+        assert_eq!(out, vec![1, 1_013, 2]);
+        assert_eq!(b.call(20, 20, refused).await, 1_020);
+        assert!(matches!(
+            b.submit(13, 13),
+            Err(Refused::TooLarge { size: 13, cap: 12 })
+        ));
+        let got = batches.lock().unwrap().clone();
+        assert_eq!(
+            got,
+            vec![vec![1, 2]],
+            "the large ones never reached a batch"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_over_the_cap_runs_as_consecutive_batches_in_order() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let seen = log.clone();
+        let limits = Limits {
+            in_flight: 2,
+            ..CAPPED
+        };
+        let b = Batcher::spawn(limits, move |batch: Vec<usize>| {
+            let seen = seen.clone();
+            seen.lock().unwrap().push(format!("start {batch:?}"));
+            async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                seen.lock().unwrap().push(format!("end {batch:?}"));
+                batch
+            }
+        });
+        let group: Vec<(usize, usize)> = [5, 5, 4, 6, 3].into_iter().map(|s| (s, s)).collect();
+        let out = b.call_all(group, |_| 0).await;
+        assert_eq!(out, vec![5, 5, 4, 6, 3]);
+        // Parts of at most 12 bytes, each started after the one before it ended (two
+        // batches may run at once, which would not order them).
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec![
+                "start [5, 5]",
+                "end [5, 5]",
+                "start [4, 6]",
+                "end [4, 6]",
+                "start [3]",
+                "end [3]"
+            ]
         );
     }
 

@@ -47,6 +47,7 @@ pub const PROPOSE_LIMITS: Limits = Limits {
     in_flight: 1,
     max_items: 1024,
     max_bytes: 1024 * 1024,
+    cap_bytes: proposal::MAX_ENTRY_BYTES,
     // Set from `--max-pending-requests`.
     max_queued: usize::MAX,
 };
@@ -608,5 +609,6 @@ pub(crate) fn refused(why: Refused, stopped: &str) -> NodeError {
             "{queued} requests already wait on this node (--max-pending-requests); retry \
              later or on another node"
         )),
+        Refused::TooLarge { size, cap } => proposal::too_large(size, cap),
     }
 }

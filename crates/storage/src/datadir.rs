@@ -52,16 +52,27 @@ pub fn cluster_id(token: &str, members: &BTreeMap<NodeId, String>) -> u64 {
     hash_cluster_id(token, members, None)
 }
 
-/// The cluster id of a cluster restored from a snapshot file whose SHA-256 is
-/// `snapshot_sha256` (`fenced snapshot restore`, `--force-new-cluster`): never the id of the
-/// cluster the snapshot came from, and the same on every member restored from the same file
-/// with the same flags.
+/// The cluster id of a cluster restored from a snapshot (`fenced snapshot restore`,
+/// `--force-new-cluster`): never the id of the cluster the snapshot came from, the same on
+/// every member restored from the same file with the same flags — and different whenever
+/// the members would start from different states. It covers `source` (the snapshot file's
+/// SHA-256, or what names a recovery), `--bump-revision`, and the digest of `state`, the
+/// prepared state every member starts from ([`fenced_core::StateMachine::digest`]): members
+/// restored with different bumps issue different tokens for the same command, so they must
+/// refuse each other rather than form one cluster.
 pub fn restored_cluster_id(
     token: &str,
     members: &BTreeMap<NodeId, String>,
-    snapshot_sha256: &[u8],
+    source: &[u8],
+    bump_revision: u64,
+    state: &fenced_core::StateMachine,
 ) -> u64 {
-    hash_cluster_id(token, members, Some(snapshot_sha256))
+    let mut salt = source.to_vec();
+    salt.extend_from_slice(b"\0bump\0");
+    salt.extend_from_slice(&bump_revision.to_be_bytes());
+    salt.extend_from_slice(b"\0state\0");
+    salt.extend_from_slice(&state.digest().to_be_bytes());
+    hash_cluster_id(token, members, Some(&salt))
 }
 
 fn hash_cluster_id(token: &str, members: &BTreeMap<NodeId, String>, salt: Option<&[u8]>) -> u64 {

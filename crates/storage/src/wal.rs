@@ -29,24 +29,37 @@
 //! * a problem after `recorded` can only be a write that a crash interrupted before its
 //!   `fdatasync` and hard-state record completed — nothing this node acknowledged. That tail
 //!   is cut off (and the cut made durable) before the log is used again.
+//!
+//! A zero record length ends a segment's records only if nothing but zeros follows it. The
+//! kernel writes a file's dirty pages back in any order, so a crash can lose the page of one
+//! record while a later one reached the disk: the bytes after the zero are such records, and
+//! they are a problem at the lost record's index like any other. Cutting them off with it
+//! matters: left in place, a new leader's entry of the same size written over the lost one
+//! would make them readable again on the next start — entries of an older term after a
+//! newer one. The cut is one `ftruncate` made durable before anything is appended, so a
+//! crash at any moment leaves either the old file (found and cut again on the next start)
+//! or the cut one.
+
+mod flusher;
+mod recover;
+mod segment;
 
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::sync::Arc;
 
 use fenced_raft_types::{NodeId, TypeConfig};
-use openraft::storage::LogFlushed;
 use openraft::{Entry, LogId};
 
-use crate::hardstate::HardState;
-use crate::observe::Hook;
 use crate::StoreError;
+use segment::Segment;
+
+pub(crate) use flusher::note_committed;
+pub use flusher::Flusher;
 
 /// Directory of the segments inside the data dir.
 pub const DIR: &str = "wal";
@@ -58,7 +71,7 @@ const HEADER: u64 = 16;
 pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
 /// Segments grow in steps of zeros written ahead of the records, so that most fsyncs find
 /// the file's size unchanged and write only data, not its metadata (~8 % more throughput
-/// here). A zero record length ends a segment's records.
+/// here). A zero record length followed by nothing but zeros ends a segment's records.
 const GROW_BYTES: u64 = 1024 * 1024;
 /// Recently appended entries kept decoded for the reads that follow at once (apply,
 /// replication): at most this many, and this many encoded bytes.
@@ -66,17 +79,6 @@ const CACHE_ENTRIES: usize = 4096;
 const CACHE_BYTES: usize = 32 * 1024 * 1024;
 
 type LogEntry = Entry<TypeConfig>;
-
-fn segment_name(first: u64) -> String {
-    format!("{first:020}.wal")
-}
-
-fn header() -> [u8; HEADER as usize] {
-    let mut h = [0u8; HEADER as usize];
-    h[..8].copy_from_slice(MAGIC);
-    h[8..12].copy_from_slice(&FILE_VERSION.to_le_bytes());
-    h
-}
 
 /// Append the record of `entry` to `buf`; returns the record's length.
 fn encode_record(entry: &LogEntry, buf: &mut Vec<u8>) -> Result<usize, StoreError> {
@@ -92,117 +94,6 @@ fn encode_record(entry: &LogEntry, buf: &mut Vec<u8>) -> Result<usize, StoreErro
 
 /// What [`Wal::append`] wrote: the last entry's log id, and the file to sync for it.
 pub type Written = (LogId<NodeId>, Arc<File>);
-
-/// One segment file.
-struct Segment {
-    first: u64,
-    path: PathBuf,
-    file: Arc<File>,
-    /// Byte offset of each record (entry `first + i` at `offsets[i]`).
-    offsets: Vec<u64>,
-    /// Where the next record goes.
-    end: u64,
-    /// The file's length: zeros from `end` to here ([`GROW_BYTES`]).
-    allocated: u64,
-}
-
-impl Segment {
-    fn create(dir: &Path, first: u64) -> Result<Segment, StoreError> {
-        let path = dir.join(segment_name(first));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .map_err(|e| StoreError::file(&path, e))?;
-        file.write_all_at(&header(), 0)
-            .map_err(|e| StoreError::file(&path, e))?;
-        let mut seg = Segment {
-            first,
-            path,
-            file: Arc::new(file),
-            offsets: Vec::new(),
-            end: HEADER,
-            allocated: HEADER,
-        };
-        seg.grow(HEADER)?;
-        seg.file
-            .sync_data()
-            .map_err(|e| StoreError::file(&seg.path, e))?;
-        crate::sync_dir(dir)?;
-        Ok(seg)
-    }
-
-    /// Make room for `bytes` more records: write zeros past the allocated end, in
-    /// [`GROW_BYTES`] steps (made durable by the next sync of the segment).
-    fn grow(&mut self, bytes: u64) -> Result<(), StoreError> {
-        let need = self.end + bytes;
-        if need <= self.allocated {
-            return Ok(());
-        }
-        let target = need.div_ceil(GROW_BYTES) * GROW_BYTES;
-        static ZEROS: [u8; 64 * 1024] = [0; 64 * 1024];
-        let mut at = self.allocated;
-        while at < target {
-            let n = (target - at).min(ZEROS.len() as u64);
-            self.file
-                .write_all_at(&ZEROS[..n as usize], at)
-                .map_err(|e| StoreError::file(&self.path, e))?;
-            at += n;
-        }
-        self.allocated = target;
-        Ok(())
-    }
-
-    /// One past the last index stored here.
-    fn next(&self) -> u64 {
-        self.first + self.offsets.len() as u64
-    }
-
-    fn span(&self, i: usize) -> Range<u64> {
-        let end = self.offsets.get(i + 1).copied().unwrap_or(self.end);
-        self.offsets[i]..end
-    }
-
-    fn read_records(&self, indexes: Range<u64>) -> Result<Vec<LogEntry>, StoreError> {
-        let (a, b) = (
-            (indexes.start - self.first) as usize,
-            (indexes.end - self.first) as usize,
-        );
-        let start = self.offsets[a];
-        let stop = self.span(b - 1).end;
-        let mut buf = vec![0u8; (stop - start) as usize];
-        self.file
-            .read_exact_at(&mut buf, start)
-            .map_err(|e| StoreError::file(&self.path, e))?;
-        let mut out = Vec::with_capacity(b - a);
-        for i in a..b {
-            let span = self.span(i);
-            let rec = &buf[(span.start - start) as usize..(span.end - start) as usize];
-            let entry = crate::decode_entry(rec.get(4..).unwrap_or_default())?;
-            let want = self.first + i as u64;
-            if entry.log_id.index != want {
-                return Err(StoreError::LogKeyMismatch {
-                    key: want.to_be_bytes().to_vec(),
-                    index: entry.log_id.index,
-                });
-            }
-            out.push(entry);
-        }
-        Ok(out)
-    }
-}
-
-/// What [`Wal::open`] found wrong at some point of the log.
-struct Problem {
-    /// The index the bad spot should have held.
-    index: u64,
-    error: StoreError,
-    /// Where to cut to drop it and everything after it: segment position and byte offset.
-    segment: usize,
-    offset: u64,
-}
 
 /// The log: its segments (the last one open for appends) and a cache of recent entries.
 pub struct Wal {
@@ -230,208 +121,6 @@ impl Wal {
             cache_bytes: 0,
             segment_bytes: SEGMENT_BYTES,
         }
-    }
-
-    /// Open (or create) the log in `data_dir`, checking every record. `recorded` is the last
-    /// log id the hard state says this node made durable; `purged` the last purged index.
-    pub fn open(
-        data_dir: &Path,
-        recorded: Option<LogId<NodeId>>,
-        purged: Option<u64>,
-    ) -> Result<Wal, StoreError> {
-        let dir = data_dir.join(DIR);
-        let listing = match std::fs::read_dir(&dir) {
-            Ok(l) => Some(l),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(StoreError::file(&dir, e)),
-        };
-        let mut firsts = Vec::new();
-        for item in listing.into_iter().flatten() {
-            let item = item.map_err(|e| StoreError::file(&dir, e))?;
-            let name = item.file_name();
-            let name = name.to_string_lossy();
-            match name
-                .strip_suffix(".wal")
-                .and_then(|n| n.parse::<u64>().ok())
-            {
-                Some(first) => firsts.push(first),
-                None => {
-                    return Err(StoreError::Damaged {
-                        path: item.path(),
-                        detail: "an unknown file in the log directory".into(),
-                    })
-                }
-            }
-        }
-        firsts.sort_unstable();
-
-        let mut wal = Wal::empty(dir, purged);
-        let mut problem = None;
-        // After a purge the log must go on right after the purged prefix: a first segment
-        // that starts later lost its predecessor (`purge` records the purged id durably
-        // before it deletes segments).
-        let start = purged.map(|p| p + 1);
-        'segments: for (pos, first) in firsts.iter().copied().enumerate() {
-            let path = wal.dir.join(segment_name(first));
-            let expected = match (wal.last, start) {
-                (Some(l), _) => l.index + 1,
-                (None, Some(s)) => first.min(s),
-                (None, None) => first,
-            };
-            if first != expected {
-                problem = Some(Problem {
-                    index: expected,
-                    error: StoreError::LogHole {
-                        after: expected.saturating_sub(1),
-                        next: first,
-                    },
-                    segment: pos,
-                    offset: 0,
-                });
-                break;
-            }
-            let bytes = std::fs::read(&path).map_err(|e| StoreError::file(&path, e))?;
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| StoreError::file(&path, e))?;
-            if bytes.len() < HEADER as usize || &bytes[..8] != MAGIC {
-                problem = Some(Problem {
-                    index: first,
-                    error: StoreError::Damaged {
-                        path: path.clone(),
-                        detail: "not a log segment (bad or missing header)".into(),
-                    },
-                    segment: pos,
-                    offset: 0,
-                });
-                break;
-            }
-            let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
-            if version != FILE_VERSION {
-                return Err(StoreError::UnknownFormat {
-                    what: "log segment",
-                    found: version,
-                    supported: FILE_VERSION,
-                });
-            }
-            let mut seg = Segment {
-                first,
-                path: path.clone(),
-                file: Arc::new(file),
-                offsets: Vec::new(),
-                end: HEADER,
-                allocated: bytes.len() as u64,
-            };
-            let mut at = HEADER as usize;
-            while at < bytes.len() {
-                let index = seg.next();
-                let bad = |error| Problem {
-                    index,
-                    error,
-                    segment: pos,
-                    offset: at as u64,
-                };
-                let Some(len) = bytes.get(at..at + 4) else {
-                    problem = Some(bad(StoreError::LogEndsEarly {
-                        found: wal.last.map(|l| l.index),
-                        recorded: recorded.map_or(0, |r| r.index),
-                    }));
-                    wal.segments.push(seg);
-                    break 'segments;
-                };
-                let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-                if len == 0 {
-                    // The zeros ahead of the records ([`GROW_BYTES`]): their end.
-                    break;
-                }
-                let Some(record) = bytes.get(at + 4..at + 4 + len) else {
-                    problem = Some(bad(StoreError::LogEndsEarly {
-                        found: wal.last.map(|l| l.index),
-                        recorded: recorded.map_or(0, |r| r.index),
-                    }));
-                    wal.segments.push(seg);
-                    break 'segments;
-                };
-                let entry = match crate::decode_entry(record) {
-                    Ok(e) => e,
-                    Err(error) => {
-                        problem = Some(bad(error));
-                        wal.segments.push(seg);
-                        break 'segments;
-                    }
-                };
-                if entry.log_id.index != index {
-                    let found = entry.log_id.index;
-                    problem = Some(bad(if found > index {
-                        StoreError::LogHole {
-                            after: index.saturating_sub(1),
-                            next: found,
-                        }
-                    } else {
-                        StoreError::MisplacedEntry {
-                            expected: index,
-                            found,
-                        }
-                    }));
-                    wal.segments.push(seg);
-                    break 'segments;
-                }
-                seg.offsets.push(at as u64);
-                at += 4 + len;
-                seg.end = at as u64;
-                wal.last = Some(entry.log_id);
-                wal.remember(entry, 4 + len);
-            }
-            wal.segments.push(seg);
-        }
-
-        if let Some(p) = problem {
-            if recorded.is_some_and(|r| p.index <= r.index) {
-                return Err(p.error);
-            }
-            // Never acknowledged: a write a crash interrupted. Cut it off, durably.
-            tracing::warn!(
-                index = p.index,
-                "dropping the unacknowledged tail of the log ({})",
-                p.error
-            );
-            for first in &firsts[p.segment + 1..] {
-                remove_segment(&wal.dir.join(segment_name(*first)))?;
-            }
-            let cut_path = wal.dir.join(segment_name(firsts[p.segment]));
-            if p.offset <= HEADER {
-                remove_segment(&cut_path)?;
-                wal.segments.truncate(p.segment);
-            } else {
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(&cut_path)
-                    .map_err(|e| StoreError::file(&cut_path, e))?;
-                f.set_len(p.offset)
-                    .and_then(|()| f.sync_data())
-                    .map_err(|e| StoreError::file(&cut_path, e))?;
-                if let Some(seg) = wal.segments.get_mut(p.segment) {
-                    seg.allocated = p.offset;
-                }
-            }
-            crate::sync_dir(&wal.dir)?;
-        }
-        let last_index = wal.last.map(|l| l.index).max(purged);
-        if let Some(r) = recorded {
-            if last_index.is_none_or(|i| i < r.index) {
-                return Err(StoreError::LogEndsEarly {
-                    found: last_index,
-                    recorded: r.index,
-                });
-            }
-        }
-        if !wal.dir.exists() {
-            std::fs::create_dir_all(&wal.dir).map_err(|e| StoreError::file(&wal.dir, e))?;
-            crate::sync_dir(data_dir)?;
-        }
-        Ok(wal)
     }
 
     /// Write a new log holding `entries` (consecutive) in `data_dir`, replacing any there,
@@ -688,174 +377,23 @@ fn remove_segment(path: &Path) -> Result<(), StoreError> {
     }
 }
 
-/// The group commit: one thread that makes appended entries durable and acknowledges them.
-///
-/// For everything queued since its last round it runs one `fdatasync` of the open segment,
-/// then records the last log id in the hard state (its own `fdatasync`), then calls the
-/// appends' callbacks in order. An append is never acknowledged before an `fdatasync` that
-/// started after its entries were written. After a failed sync every later append fails
-/// too: the kernel may have dropped the dirty pages, so a later successful sync proves
-/// nothing (and openraft stops the node on the first failure anyway).
-pub struct Flusher {
-    jobs: mpsc::Sender<Job>,
-}
-
-enum Job {
-    Append {
-        file: Arc<File>,
-        last: LogId<NodeId>,
-        callback: LogFlushed<TypeConfig>,
-        /// When openraft called `append` (for [`StorageObserver::wal_append`]).
-        since: Instant,
-    },
-    /// Answered once every append queued before it is acknowledged.
-    Barrier(tokio::sync::oneshot::Sender<()>),
-}
-
-impl Flusher {
-    /// Start the thread; it ends when the last [`Flusher`] handle is dropped.
-    /// `committed` is written with every hard-state record (see
-    /// [`HardStateValue::committed`](crate::hardstate::HardStateValue)). The thread reports
-    /// its fsync and append timings to the observer in `hook`, once one is installed.
-    pub(crate) fn start(
-        hard: Arc<Mutex<HardState>>,
-        committed: Arc<Mutex<Option<LogId<NodeId>>>>,
-        hook: Hook,
-    ) -> Result<Flusher, StoreError> {
-        let (jobs, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("fenced-wal".into())
-            .spawn(move || flush_loop(&rx, &hard, &committed, &hook))
-            .map_err(|e| StoreError::file(Path::new("fenced-wal thread"), e))?;
-        Ok(Flusher { jobs })
-    }
-
-    /// Acknowledge `callback` once the entries up to `last`, written to `file`, are durable.
-    /// If the thread is gone, the callback is dropped, which openraft reports as an error.
-    /// `since`: when the append began (its duration is reported once it is durable).
-    pub fn sync(
-        &self,
-        file: Arc<File>,
-        last: LogId<NodeId>,
-        callback: LogFlushed<TypeConfig>,
-        since: Instant,
-    ) {
-        let _ = self.jobs.send(Job::Append {
-            file,
-            last,
-            callback,
-            since,
-        });
-    }
-
-    /// Wait until every append queued so far is acknowledged.
-    pub async fn drain(&self) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.jobs.send(Job::Barrier(tx)).is_ok() {
-            let _ = rx.await;
-        }
-    }
-}
-
-/// Put the latest committed log id into a hard-state record about to be written, if the log
-/// it records reaches it.
-pub(crate) fn note_committed(
-    value: &mut crate::hardstate::HardStateValue,
-    committed: &Mutex<Option<LogId<NodeId>>>,
-) {
-    let c = *committed.lock().unwrap_or_else(PoisonError::into_inner);
-    if c.is_some_and(|c| value.last_log_id.is_some_and(|l| c.index <= l.index)) {
-        value.committed = c;
-    }
-}
-
-fn flush_loop(
-    rx: &mpsc::Receiver<Job>,
-    hard: &Mutex<HardState>,
-    committed: &Mutex<Option<LogId<NodeId>>>,
-    hook: &Hook,
-) {
-    let mut failed: Option<String> = None;
-    let mut batch = Vec::new();
-    while let Ok(first) = rx.recv() {
-        batch.push(first);
-        batch.extend(rx.try_iter());
-        let mut files: Vec<&Arc<File>> = Vec::new();
-        let mut last = None;
-        for job in &batch {
-            if let Job::Append { file, last: l, .. } = job {
-                if !files.iter().any(|f| Arc::ptr_eq(f, file)) {
-                    files.push(file);
-                }
-                last = Some(*l);
-            }
-        }
-        if failed.is_none() && last.is_some() {
-            let synced = files
-                .iter()
-                .try_for_each(|f| {
-                    let started = Instant::now();
-                    f.sync_data()?;
-                    if let Some(o) = hook.get() {
-                        o.wal_fsync(started.elapsed());
-                    }
-                    Ok::<(), io::Error>(())
-                })
-                .map_err(|e| format!("log fsync failed: {e}"))
-                .and_then(|()| {
-                    let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
-                    let mut value = h.value().clone();
-                    value.last_log_id = last;
-                    note_committed(&mut value, committed);
-                    h.write(value).map_err(|e| e.to_string())
-                });
-            if let Err(e) = synced {
-                tracing::error!("{e}");
-                failed = Some(e);
-            }
-        }
-        let observer = hook.get().filter(|_| failed.is_none());
-        for job in batch.drain(..) {
-            match job {
-                Job::Append {
-                    callback, since, ..
-                } => {
-                    let result = match &failed {
-                        None => Ok(()),
-                        Some(e) => Err(io::Error::other(e.clone())),
-                    };
-                    // Observed before the acknowledgement, so that every acknowledged
-                    // append has been counted by the time its caller goes on.
-                    if let Some(o) = observer {
-                        o.wal_append(since.elapsed());
-                    }
-                    callback.log_io_completed(result);
-                }
-                Job::Barrier(done) => {
-                    let _ = done.send(());
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use openraft::{CommittedLeaderId, EntryPayload};
 
-    fn blank(term: u64, index: u64) -> LogEntry {
+    pub(super) fn blank(term: u64, index: u64) -> LogEntry {
         Entry {
             log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
             payload: EntryPayload::Blank,
         }
     }
 
-    fn indexes(entries: &[LogEntry]) -> Vec<u64> {
+    pub(super) fn indexes(entries: &[LogEntry]) -> Vec<u64> {
         entries.iter().map(|e| e.log_id.index).collect()
     }
 
-    fn small(dir: &Path, recorded: Option<u64>, purged: Option<u64>) -> Wal {
+    pub(super) fn small(dir: &Path, recorded: Option<u64>, purged: Option<u64>) -> Wal {
         let recorded = recorded.map(|i| LogId::new(CommittedLeaderId::new(1, 1), i));
         let mut wal = Wal::open(dir, recorded, purged).expect("open");
         wal.segment_bytes = 200;
@@ -864,7 +402,7 @@ mod tests {
         wal
     }
 
-    fn segment_files(dir: &Path) -> Vec<String> {
+    pub(super) fn segment_files(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir.join(DIR))
             .expect("dir")
             .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
@@ -940,68 +478,5 @@ mod tests {
         drop(wal);
         let wal = small(dir.path(), Some(21), Some(20));
         assert_eq!(indexes(&wal.read(0..100).expect("read")), vec![21]);
-    }
-
-    #[test]
-    fn a_missing_segment_is_a_hole() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = small(dir.path(), None, None);
-        for i in 0..=40 {
-            wal.append([blank(1, i)]).expect("append");
-        }
-        drop(wal);
-        let files = segment_files(dir.path());
-        std::fs::remove_file(dir.path().join(DIR).join(&files[1])).expect("rm");
-        let recorded = Some(LogId::new(CommittedLeaderId::new(1, 1), 40));
-        assert!(matches!(
-            Wal::open(dir.path(), recorded, None),
-            Err(StoreError::LogHole { .. })
-        ));
-        // The same gap past what was acknowledged is a tail nobody was promised: cut off.
-        let kept: u64 = files[1].trim_end_matches(".wal").parse().expect("name");
-        let recorded = Some(LogId::new(CommittedLeaderId::new(1, 1), kept - 1));
-        let wal = Wal::open(dir.path(), recorded, None).expect("open");
-        assert_eq!(wal.last_log_id().map(|l| l.index), Some(kept - 1));
-        assert_eq!(segment_files(dir.path()).len(), 1);
-    }
-
-    #[test]
-    fn a_missing_first_segment_after_a_purge_is_a_hole() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = small(dir.path(), None, None);
-        for i in 1..=40 {
-            wal.append([blank(1, i)]).expect("append");
-        }
-        wal.purge(3).expect("purge");
-        drop(wal);
-        let files = segment_files(dir.path());
-        let first: u64 = files[0].trim_end_matches(".wal").parse().expect("name");
-        assert!(first <= 4, "the segment holding entry 4 stays");
-        std::fs::remove_file(dir.path().join(DIR).join(&files[0])).expect("rm");
-        let recorded = Some(LogId::new(CommittedLeaderId::new(1, 1), 40));
-        assert!(matches!(
-            Wal::open(dir.path(), recorded, Some(3)),
-            Err(StoreError::LogHole { after: 3, .. })
-        ));
-        // Purged past the lost segment, the log legitimately starts later.
-        let next: u64 = files[1].trim_end_matches(".wal").parse().expect("name");
-        let wal = Wal::open(dir.path(), recorded, Some(next - 1)).expect("open");
-        assert_eq!(wal.last_log_id().map(|l| l.index), Some(40));
-    }
-
-    #[test]
-    fn a_newer_segment_version_is_named_not_called_corrupt() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = small(dir.path(), None, None);
-        wal.append([blank(1, 0)]).expect("append");
-        drop(wal);
-        let path = dir.path().join(DIR).join(segment_name(0));
-        let mut bytes = std::fs::read(&path).expect("read");
-        bytes[8] = 9;
-        std::fs::write(&path, bytes).expect("write");
-        assert!(matches!(
-            Wal::open(dir.path(), None, None),
-            Err(StoreError::UnknownFormat { found: 9, .. })
-        ));
     }
 }

@@ -28,6 +28,9 @@ const FORWARD_LIMITS: Limits = Limits {
     in_flight: 2,
     max_items: 1024,
     max_bytes: 1024 * 1024,
+    // A forwarded batch stays far below the leader's decode limit (64 MiB): a large command
+    // goes in a call of its own, one over the cap is refused here, alone.
+    cap_bytes: proposal::MAX_ENTRY_BYTES,
     // Set from `--max-pending-requests`.
     max_queued: usize::MAX,
 };

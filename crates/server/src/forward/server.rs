@@ -14,9 +14,49 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Status};
 
 use super::LOG_TIME_HEADER;
+use crate::error::NodeError;
 use crate::node::Node;
+use crate::proposal::Proposed;
 
 type Reply<T> = Result<tonic::Response<T>, Status>;
+
+/// The most bytes of a forwarded batch's answers: what the follower decodes
+/// ([`fenced_network::MAX_MESSAGE_SIZE`]), less room for the message around them.
+const ANSWERS_LIMIT: usize = fenced_network::MAX_MESSAGE_SIZE - 64 * 1024;
+
+/// Encode a forwarded batch's answers, at most `limit` bytes. Answers can be larger than the
+/// commands (a `GETDEL` of a large value, a script's reply): if they do not fit, the largest
+/// become "outcome unknown" — their commands were applied, but their answers cannot travel
+/// back; the caller may ask again with the same request id on the leader — until the rest
+/// fits. Before, one large answer made every answer of the batch unknown.
+fn encode_answers(mut answers: Vec<Proposed>, limit: usize) -> Result<Vec<u8>, Status> {
+    if let Ok(data) = codec::encode(&answers) {
+        if data.len() <= limit {
+            return Ok(data);
+        }
+    }
+    // Encoded sizes without encoding (never less than the transport's encoding).
+    let sizes: Vec<usize> = answers
+        .iter()
+        .map(|a| bincode::serialized_size(a).map_or(usize::MAX, |n| n as usize))
+        .collect();
+    let mut total = sizes.iter().fold(64usize, |t, s| t.saturating_add(*s));
+    let mut largest: Vec<usize> = (0..answers.len()).collect();
+    largest.sort_by_key(|i| std::cmp::Reverse(sizes[*i]));
+    for i in largest {
+        if total <= limit {
+            break;
+        }
+        let replaced = Err(NodeError::Unknown(format!(
+            "applied, but its answer of {} bytes is larger than a forwarded reply may carry; \
+             ask again with the same request id on the leader",
+            sizes[i]
+        )));
+        total = total.saturating_sub(sizes[i]).saturating_add(256);
+        answers[i] = replaced;
+    }
+    codec::encode(&answers).map_err(|e| Status::internal(e.to_string()))
+}
 
 /// Node-to-node forwarding; with TLS, only for callers with a node certificate.
 pub fn forward_server(
@@ -75,7 +115,7 @@ impl Forward for Leader {
         // Not the leader: one answer for all, with the hint.
         self.node.check_leader()?;
         let results = self.node.propose_local_all(proposals).await;
-        let data = codec::encode(&results).map_err(|e| Status::internal(e.to_string()))?;
+        let data = encode_answers(results, ANSWERS_LIMIT)?;
         Ok(self.with_log_time(ProposeBatchReply { data }))
     }
 
@@ -120,5 +160,37 @@ impl Forward for Leader {
         self.node.check_leader()?;
         let (index, time_ms) = self.node.shared_read_round().await?;
         Ok(tonic::Response::new(ReadIndexReply { index, time_ms }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fenced_core::kv::{KvResponse, Reply as KvReply};
+    use fenced_core::Response;
+
+    fn bulk(bytes: usize) -> Proposed {
+        Ok(Response::Kv(KvResponse {
+            replies: vec![KvReply::Bulk(vec![b'v'; bytes])],
+        }))
+    }
+
+    /// One answer too large to travel back makes only that one unknown, not the batch.
+    #[test]
+    fn an_answer_too_large_to_forward_is_unknown_alone() {
+        let answers = vec![bulk(10), bulk(6_000), bulk(20), bulk(3_000)];
+        let data = encode_answers(answers, 5_000).expect("encoded");
+        assert!(data.len() <= 5_000, "{} bytes", data.len());
+        let back: Vec<Proposed> = codec::decode(&data).expect("decoded");
+        assert!(
+            matches!(&back[1], Err(NodeError::Unknown(m)) if m.contains("larger than a forwarded reply"))
+        );
+        for i in [0, 2, 3] {
+            assert!(back[i].is_ok(), "answer {i}: {:?}", back[i]);
+        }
+        // What fits goes unchanged.
+        let answers = vec![bulk(10), bulk(20)];
+        let data = encode_answers(answers.clone(), 5_000).expect("encoded");
+        assert_eq!(data, codec::encode(&answers).expect("encoded"));
     }
 }

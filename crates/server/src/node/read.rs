@@ -48,6 +48,7 @@ const READ_LIMITS: Limits = Limits {
     in_flight: 1,
     max_items: usize::MAX,
     max_bytes: usize::MAX,
+    cap_bytes: usize::MAX,
     // Set from `--max-pending-requests`.
     max_queued: usize::MAX,
 };

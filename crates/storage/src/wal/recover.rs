@@ -1,0 +1,427 @@
+//! Opening the log: every record checked, a tail nobody was promised cut off (see the
+//! module docs of [`super`]).
+
+use std::fs::OpenOptions;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use fenced_raft_types::NodeId;
+use openraft::LogId;
+
+use super::segment::{segment_name, Segment};
+use super::{remove_segment, Wal, DIR, FILE_VERSION, HEADER, MAGIC};
+use crate::StoreError;
+
+/// What [`Wal::open`] found wrong at some point of the log.
+struct Problem {
+    /// The index the bad spot should have held.
+    index: u64,
+    error: StoreError,
+    /// Where to cut to drop it and everything after it: segment position and byte offset.
+    segment: usize,
+    offset: u64,
+}
+
+impl Wal {
+    /// Open (or create) the log in `data_dir`, checking every record. `recorded` is the last
+    /// log id the hard state says this node made durable; `purged` the last purged index.
+    pub fn open(
+        data_dir: &Path,
+        recorded: Option<LogId<NodeId>>,
+        purged: Option<u64>,
+    ) -> Result<Wal, StoreError> {
+        let dir = data_dir.join(DIR);
+        let listing = match std::fs::read_dir(&dir) {
+            Ok(l) => Some(l),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(StoreError::file(&dir, e)),
+        };
+        let mut firsts = Vec::new();
+        for item in listing.into_iter().flatten() {
+            let item = item.map_err(|e| StoreError::file(&dir, e))?;
+            let name = item.file_name();
+            let name = name.to_string_lossy();
+            match name
+                .strip_suffix(".wal")
+                .and_then(|n| n.parse::<u64>().ok())
+            {
+                Some(first) => firsts.push(first),
+                None => {
+                    return Err(StoreError::Damaged {
+                        path: item.path(),
+                        detail: "an unknown file in the log directory".into(),
+                    })
+                }
+            }
+        }
+        firsts.sort_unstable();
+
+        let mut wal = Wal::empty(dir, purged);
+        let mut problem = None;
+        // After a purge the log must go on right after the purged prefix: a first segment
+        // that starts later lost its predecessor (`purge` records the purged id durably
+        // before it deletes segments).
+        let start = purged.map(|p| p + 1);
+        'segments: for (pos, first) in firsts.iter().copied().enumerate() {
+            let path = wal.dir.join(segment_name(first));
+            let expected = match (wal.last, start) {
+                (Some(l), _) => l.index + 1,
+                (None, Some(s)) => first.min(s),
+                (None, None) => first,
+            };
+            if first != expected {
+                problem = Some(Problem {
+                    index: expected,
+                    error: StoreError::LogHole {
+                        after: expected.saturating_sub(1),
+                        next: first,
+                    },
+                    segment: pos,
+                    offset: 0,
+                });
+                break;
+            }
+            let bytes = std::fs::read(&path).map_err(|e| StoreError::file(&path, e))?;
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| StoreError::file(&path, e))?;
+            if bytes.len() < HEADER as usize || &bytes[..8] != MAGIC {
+                problem = Some(Problem {
+                    index: first,
+                    error: StoreError::Damaged {
+                        path: path.clone(),
+                        detail: "not a log segment (bad or missing header)".into(),
+                    },
+                    segment: pos,
+                    offset: 0,
+                });
+                break;
+            }
+            let version = u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]);
+            if version != FILE_VERSION {
+                return Err(StoreError::UnknownFormat {
+                    what: "log segment",
+                    found: version,
+                    supported: FILE_VERSION,
+                });
+            }
+            let mut seg = Segment {
+                first,
+                path: path.clone(),
+                file: Arc::new(file),
+                offsets: Vec::new(),
+                end: HEADER,
+                allocated: bytes.len() as u64,
+            };
+            let mut at = HEADER as usize;
+            while at < bytes.len() {
+                let index = seg.next();
+                let bad = |error| Problem {
+                    index,
+                    error,
+                    segment: pos,
+                    offset: at as u64,
+                };
+                let Some(len) = bytes.get(at..at + 4) else {
+                    problem = Some(bad(StoreError::LogEndsEarly {
+                        found: wal.last.map(|l| l.index),
+                        recorded: recorded.map_or(0, |r| r.index),
+                    }));
+                    wal.segments.push(seg);
+                    break 'segments;
+                };
+                let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+                if len == 0 {
+                    // The zeros ahead of the records ([`GROW_BYTES`]) end them — if nothing
+                    // but zeros follows. Bytes after a zero length are records that reached
+                    // the disk while the page of an earlier one did not (a crash between
+                    // writing and `fdatasync`): never acknowledged (unless at or before
+                    // `recorded`, which is damage), and they must go with the lost one. Left
+                    // in place, an entry of the same size written later over the lost one
+                    // would make them readable again: older terms after a newer one.
+                    if let Some(stale) = bytes[at..].iter().position(|b| *b != 0) {
+                        problem = Some(bad(StoreError::Damaged {
+                            path: path.clone(),
+                            detail: format!(
+                                "a zero record length at byte {at}, then data at byte {} \
+                                 (a write lost in a crash before later ones)",
+                                at + stale
+                            ),
+                        }));
+                        wal.segments.push(seg);
+                        break 'segments;
+                    }
+                    break;
+                }
+                let Some(record) = bytes.get(at + 4..at + 4 + len) else {
+                    problem = Some(bad(StoreError::LogEndsEarly {
+                        found: wal.last.map(|l| l.index),
+                        recorded: recorded.map_or(0, |r| r.index),
+                    }));
+                    wal.segments.push(seg);
+                    break 'segments;
+                };
+                let entry = match crate::decode_entry(record) {
+                    Ok(e) => e,
+                    Err(error) => {
+                        problem = Some(bad(error));
+                        wal.segments.push(seg);
+                        break 'segments;
+                    }
+                };
+                if entry.log_id.index != index {
+                    let found = entry.log_id.index;
+                    problem = Some(bad(if found > index {
+                        StoreError::LogHole {
+                            after: index.saturating_sub(1),
+                            next: found,
+                        }
+                    } else {
+                        StoreError::MisplacedEntry {
+                            expected: index,
+                            found,
+                        }
+                    }));
+                    wal.segments.push(seg);
+                    break 'segments;
+                }
+                seg.offsets.push(at as u64);
+                at += 4 + len;
+                seg.end = at as u64;
+                wal.last = Some(entry.log_id);
+                wal.remember(entry, 4 + len);
+            }
+            wal.segments.push(seg);
+        }
+
+        if let Some(p) = problem {
+            if recorded.is_some_and(|r| p.index <= r.index) {
+                return Err(p.error);
+            }
+            // Never acknowledged: a write a crash interrupted. Cut it off, durably.
+            tracing::warn!(
+                index = p.index,
+                "dropping the unacknowledged tail of the log ({})",
+                p.error
+            );
+            for first in &firsts[p.segment + 1..] {
+                remove_segment(&wal.dir.join(segment_name(*first)))?;
+            }
+            let cut_path = wal.dir.join(segment_name(firsts[p.segment]));
+            if p.offset <= HEADER {
+                remove_segment(&cut_path)?;
+                wal.segments.truncate(p.segment);
+            } else {
+                let f = OpenOptions::new()
+                    .write(true)
+                    .open(&cut_path)
+                    .map_err(|e| StoreError::file(&cut_path, e))?;
+                f.set_len(p.offset)
+                    .and_then(|()| f.sync_data())
+                    .map_err(|e| StoreError::file(&cut_path, e))?;
+                if let Some(seg) = wal.segments.get_mut(p.segment) {
+                    seg.allocated = p.offset;
+                }
+            }
+            crate::sync_dir(&wal.dir)?;
+        }
+        let last_index = wal.last.map(|l| l.index).max(purged);
+        if let Some(r) = recorded {
+            if last_index.is_none_or(|i| i < r.index) {
+                return Err(StoreError::LogEndsEarly {
+                    found: last_index,
+                    recorded: r.index,
+                });
+            }
+        }
+        if !wal.dir.exists() {
+            std::fs::create_dir_all(&wal.dir).map_err(|e| StoreError::file(&wal.dir, e))?;
+            crate::sync_dir(data_dir)?;
+        }
+        Ok(wal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::{blank, indexes, segment_files, small};
+    use super::super::{encode_record, SEGMENT_BYTES};
+    use super::*;
+    use openraft::CommittedLeaderId;
+
+    #[test]
+    fn a_missing_segment_is_a_hole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = small(dir.path(), None, None);
+        for i in 0..=40 {
+            wal.append([blank(1, i)]).expect("append");
+        }
+        drop(wal);
+        let files = segment_files(dir.path());
+        std::fs::remove_file(dir.path().join(DIR).join(&files[1])).expect("rm");
+        let recorded = Some(LogId::new(CommittedLeaderId::new(1, 1), 40));
+        assert!(matches!(
+            Wal::open(dir.path(), recorded, None),
+            Err(StoreError::LogHole { .. })
+        ));
+        // The same gap past what was acknowledged is a tail nobody was promised: cut off.
+        let kept: u64 = files[1].trim_end_matches(".wal").parse().expect("name");
+        let recorded = Some(LogId::new(CommittedLeaderId::new(1, 1), kept - 1));
+        let wal = Wal::open(dir.path(), recorded, None).expect("open");
+        assert_eq!(wal.last_log_id().map(|l| l.index), Some(kept - 1));
+        assert_eq!(segment_files(dir.path()).len(), 1);
+    }
+
+    #[test]
+    fn a_missing_first_segment_after_a_purge_is_a_hole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = small(dir.path(), None, None);
+        for i in 1..=40 {
+            wal.append([blank(1, i)]).expect("append");
+        }
+        wal.purge(3).expect("purge");
+        drop(wal);
+        let files = segment_files(dir.path());
+        let first: u64 = files[0].trim_end_matches(".wal").parse().expect("name");
+        assert!(first <= 4, "the segment holding entry 4 stays");
+        std::fs::remove_file(dir.path().join(DIR).join(&files[0])).expect("rm");
+        let recorded = Some(LogId::new(CommittedLeaderId::new(1, 1), 40));
+        assert!(matches!(
+            Wal::open(dir.path(), recorded, Some(3)),
+            Err(StoreError::LogHole { after: 3, .. })
+        ));
+        // Purged past the lost segment, the log legitimately starts later.
+        let next: u64 = files[1].trim_end_matches(".wal").parse().expect("name");
+        let wal = Wal::open(dir.path(), recorded, Some(next - 1)).expect("open");
+        assert_eq!(wal.last_log_id().map(|l| l.index), Some(40));
+    }
+
+    #[test]
+    fn a_newer_segment_version_is_named_not_called_corrupt() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = small(dir.path(), None, None);
+        wal.append([blank(1, 0)]).expect("append");
+        drop(wal);
+        let path = dir.path().join(DIR).join(segment_name(0));
+        let mut bytes = std::fs::read(&path).expect("read");
+        bytes[8] = 9;
+        std::fs::write(&path, bytes).expect("write");
+        assert!(matches!(
+            Wal::open(dir.path(), None, None),
+            Err(StoreError::UnknownFormat { found: 9, .. })
+        ));
+    }
+
+    /// Zero the bytes of entry `index`'s record (its length and its body), as a crash that
+    /// lost that page of the file while later records reached the disk leaves it. Returns
+    /// the record's length.
+    fn lose_record(dir: &Path, index: u64) -> usize {
+        let files = segment_files(dir);
+        let name = files
+            .iter()
+            .rev()
+            .find(|n| n.trim_end_matches(".wal").parse::<u64>().expect("name") <= index)
+            .expect("the segment holding the entry");
+        let path = dir.join(DIR).join(name);
+        let mut bytes = std::fs::read(&path).expect("read");
+        let mut at = HEADER as usize;
+        let mut i: u64 = name.trim_end_matches(".wal").parse().expect("name");
+        loop {
+            let len = u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes")) as usize;
+            assert!(len > 0, "entry {index} is not in {name}");
+            if i == index {
+                bytes[at..at + 4 + len].fill(0);
+                std::fs::write(&path, &bytes).expect("write");
+                return 4 + len;
+            }
+            at += 4 + len;
+            i += 1;
+        }
+    }
+
+    fn terms(wal: &Wal) -> Vec<(u64, u64)> {
+        wal.read(0..1_000)
+            .expect("read")
+            .iter()
+            .map(|e| (e.log_id.index, e.log_id.leader_id.term))
+            .collect()
+    }
+
+    fn id(term: u64, index: u64) -> Option<LogId<NodeId>> {
+        Some(LogId::new(CommittedLeaderId::new(term, 1), index))
+    }
+
+    /// Recovery stops at a lost record; the records after it (which reached the disk, but
+    /// were never acknowledged) must go with it. Left in place, a new leader's entry of the
+    /// same size written over the lost one makes them readable again on the next start: a
+    /// log whose terms go down (term-1 entries after a term-2 entry).
+    /// `last` entries in segments of `segment_bytes`; entry `lost` is lost. Returns how many
+    /// segments the log had.
+    fn a_lost_record_takes_the_records_after_it_along(
+        segment_bytes: u64,
+        last: u64,
+        lost: u64,
+    ) -> usize {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = small(dir.path(), None, None);
+        wal.segment_bytes = segment_bytes;
+        for i in 1..=last {
+            wal.append([blank(1, i)]).expect("append");
+        }
+        drop(wal);
+        let segments = segment_files(dir.path()).len();
+        let len = lose_record(dir.path(), lost);
+
+        // Had the lost entry been acknowledged, this would be damage: refused, not repaired.
+        assert!(matches!(
+            Wal::open(dir.path(), id(1, last), None),
+            Err(StoreError::Damaged { .. } | StoreError::LogEndsEarly { .. })
+        ));
+        // Entries up to `lost - 1` were acknowledged; the rest were not.
+        let mut wal = Wal::open(dir.path(), id(1, lost - 1), None).expect("open");
+        assert_eq!(wal.last_log_id(), id(1, lost - 1));
+        // A new leader's entry at the lost index, of the same size, made durable.
+        let mut record = Vec::new();
+        assert_eq!(
+            encode_record(&blank(2, lost), &mut record).expect("encode"),
+            len
+        );
+        wal.append([blank(2, lost)]).expect("append");
+        for s in &wal.segments {
+            s.file.sync_data().expect("sync");
+        }
+        drop(wal);
+
+        let wal = Wal::open(dir.path(), id(2, lost), None).expect("reopen");
+        let found = terms(&wal);
+        assert!(
+            found.windows(2).all(|w| w[0].1 <= w[1].1),
+            "terms go down in the recovered log: {found:?}"
+        );
+        assert_eq!(wal.last_log_id(), id(2, lost), "{found:?}");
+        assert_eq!(
+            indexes(&wal.read(0..1_000).expect("read")),
+            (1..=lost).collect::<Vec<_>>()
+        );
+        segments
+    }
+
+    #[test]
+    fn a_lost_record_in_the_last_segment_takes_the_records_after_it_along() {
+        // One segment: the lost record is followed by two more in the same file.
+        assert_eq!(
+            a_lost_record_takes_the_records_after_it_along(SEGMENT_BYTES, 4, 2),
+            1
+        );
+    }
+
+    #[test]
+    fn a_lost_record_before_the_last_segment_takes_the_records_after_it_along() {
+        // Many segments: the lost record's segment ends in stale records, the next segments
+        // start past the hole.
+        assert!(a_lost_record_takes_the_records_after_it_along(200, 40, 2) > 2);
+    }
+}
