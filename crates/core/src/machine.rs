@@ -12,7 +12,10 @@ use crate::limits::*;
 use crate::small_map::SmallMap;
 use crate::{CoreError, SnapshotError};
 
+mod expiry;
 mod restore;
+
+use expiry::Due;
 pub use restore::{RestoreError, Restored};
 
 /// What a lock is, fixed by the first acquire of its name until the lock is idle again.
@@ -125,16 +128,6 @@ struct ClientRecord {
     responses: BTreeMap<u64, Response>,
 }
 
-/// Something with a deadline; the `deadlines` index orders them by time.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Due {
-    Lease(String, String),
-    Session(SessionId),
-    Wait(RequestId),
-    Delay(String),
-    ClientIdle(u64),
-}
-
 /// One grant of a lock.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HolderInfo {
@@ -228,16 +221,6 @@ impl StateMachine {
     /// token, session id and key revision issued so far is at most this.
     pub fn revision(&self) -> Revision {
         self.revision
-    }
-
-    /// The earliest pending deadline (lease, session, wait, lock-delay, dedup eviction, key
-    /// expiry), if any. The leader proposes a [`Command::Tick`] once its log clock passes it.
-    pub fn next_deadline(&self) -> Option<Millis> {
-        let locks = self.deadlines.first().map(|(t, _)| *t);
-        match (locks, self.kv.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
     }
 
     /// The keyspace, for reads.
@@ -1114,50 +1097,6 @@ impl StateMachine {
             }
             if self.locks.get(&name).is_some_and(Lock::is_idle) {
                 self.locks.remove(&name);
-            }
-        }
-    }
-
-    /// Expire everything whose deadline is at or before `now`, oldest first.
-    fn expire_due(&mut self, events: &mut Vec<Event>) {
-        while let Some((t, due)) = self.deadlines.first().cloned() {
-            if t > self.now {
-                break;
-            }
-            self.deadlines.remove(&(t, due.clone()));
-            match due {
-                Due::Lease(name, owner) => {
-                    let key = (owner, None);
-                    let lease = self
-                        .locks
-                        .get(&name)
-                        .and_then(|l| l.holders.get(&key))
-                        .and_then(|h| h.deadline);
-                    if lease == Some(t) {
-                        self.end_grant(&name, &key, ReleaseReason::Expired, events);
-                    }
-                }
-                Due::Session(id) => {
-                    self.close_session(id, ReleaseReason::SessionExpired, events);
-                }
-                Due::Wait(rid) => self.remove_waiter(rid, events),
-                Due::Delay(name) => {
-                    if let Some(l) = self.locks.get_mut(&name) {
-                        if l.delay_until == Some(t) {
-                            l.delay_until = None;
-                            self.dirty.insert(name);
-                        }
-                    }
-                }
-                Due::ClientIdle(id) => {
-                    if self
-                        .clients
-                        .get(&id)
-                        .is_some_and(|c| c.last_seen + CLIENT_IDLE_MS == t)
-                    {
-                        self.clients.remove(&id);
-                    }
-                }
             }
         }
     }
