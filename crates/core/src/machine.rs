@@ -12,9 +12,11 @@ use crate::limits::*;
 use crate::small_map::SmallMap;
 use crate::{CoreError, SnapshotError};
 
+mod dedup;
 mod expiry;
 mod restore;
 
+use dedup::ClientRecord;
 use expiry::Due;
 pub use restore::{RestoreError, Restored};
 
@@ -119,13 +121,6 @@ struct Session {
     holds: BTreeSet<(String, String)>,
     /// Its queued acquires.
     waiting: BTreeSet<RequestId>,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-struct ClientRecord {
-    last_seen: Millis,
-    /// Responses of the client's most recent requests, by seq.
-    responses: BTreeMap<u64, Response>,
 }
 
 /// One grant of a lock.
@@ -408,61 +403,6 @@ impl StateMachine {
         };
         self.hand_over(self.revision, events);
         response
-    }
-
-    // -----------------------------------------------------------------------------------
-    // Dedup
-
-    fn dedup_lookup(&self, rid: RequestId) -> Option<Response> {
-        let rec = self.clients.get(&rid.client_id)?;
-        if let Some(r) = rec.responses.get(&rid.seq) {
-            return Some(r.clone());
-        }
-        let newest = rec.responses.last_key_value().map_or(0, |(s, _)| *s);
-        if rid.seq + DEDUP_WINDOW <= newest {
-            return Some(Response::Rejected(CoreError::RequestTooOld {
-                client_id: rid.client_id,
-                seq: rid.seq,
-            }));
-        }
-        None
-    }
-
-    fn dedup_store(&mut self, rid: RequestId, response: Response) {
-        let now = self.now;
-        let rec = self
-            .clients
-            .get_or_insert_with(rid.client_id, || ClientRecord {
-                last_seen: now,
-                responses: BTreeMap::new(),
-            });
-        let old_due = (
-            rec.last_seen + CLIENT_IDLE_MS,
-            Due::ClientIdle(rid.client_id),
-        );
-        rec.last_seen = now;
-        rec.responses.insert(rid.seq, response);
-        let newest = rec.responses.last_key_value().map_or(0, |(s, _)| *s);
-        // Queued acquires stay until resolved (their waits are bounded by `MAX_WAIT_MS`), so a
-        // retry always learns the outcome. Pruned in bulk once the record holds twice the
-        // window, so the scan costs O(1) per request on average (a retry a little older than
-        // the window may still find its answer, which is only better).
-        if rec.responses.len() as u64 > 2 * DEDUP_WINDOW {
-            rec.responses
-                .retain(|seq, r| seq + DEDUP_WINDOW > newest || *r == Response::Pending);
-        }
-        self.deadlines.remove(&old_due);
-        self.deadlines
-            .insert((now + CLIENT_IDLE_MS, Due::ClientIdle(rid.client_id)));
-    }
-
-    /// Replace the remembered response of a request that was answered `Pending`.
-    fn dedup_resolve(&mut self, rid: RequestId, response: Response) {
-        if let Some(rec) = self.clients.get_mut(&rid.client_id) {
-            if let Some(slot) = rec.responses.get_mut(&rid.seq) {
-                *slot = response;
-            }
-        }
     }
 
     // -----------------------------------------------------------------------------------
