@@ -15,10 +15,12 @@ use crate::{CoreError, SnapshotError};
 mod dedup;
 mod expiry;
 mod restore;
+mod sessions;
 
 use dedup::ClientRecord;
 use expiry::Due;
 pub use restore::{RestoreError, Restored};
+use sessions::Session;
 
 /// What a lock is, fixed by the first acquire of its name until the lock is idle again.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,16 +113,6 @@ struct Waiter {
     lock_delay_ms: Millis,
     /// When the wait runs out (log time).
     until: Millis,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-struct Session {
-    ttl_ms: Millis,
-    deadline: Millis,
-    /// Grants held under this session: (lock name, owner).
-    holds: BTreeSet<(String, String)>,
-    /// Its queued acquires.
-    waiting: BTreeSet<RequestId>,
 }
 
 /// One grant of a lock.
@@ -849,63 +841,6 @@ impl StateMachine {
         self.deadlines.remove(&due(old));
         self.deadlines.insert(due(new));
         Ok(Response::Renewed { deadline_ms: new })
-    }
-
-    fn open_session(&mut self, id: SessionId, ttl_ms: Millis) -> Result<Response, CoreError> {
-        check_ttl(ttl_ms)?;
-        if self.sessions.len() >= MAX_SESSIONS {
-            return Err(CoreError::LimitReached {
-                what: "sessions".into(),
-                max: MAX_SESSIONS,
-            });
-        }
-        let deadline = self.now + ttl_ms;
-        self.sessions.insert(
-            id,
-            Session {
-                ttl_ms,
-                deadline,
-                holds: BTreeSet::new(),
-                waiting: BTreeSet::new(),
-            },
-        );
-        self.deadlines.insert((deadline, Due::Session(id)));
-        Ok(Response::SessionOpened {
-            session: id,
-            deadline_ms: deadline,
-        })
-    }
-
-    fn keep_alive(&mut self, id: SessionId) -> Response {
-        let now = self.now;
-        let Some(s) = self.sessions.get_mut(&id) else {
-            return Response::NoSuchSession;
-        };
-        let old = s.deadline;
-        s.deadline = old.max(now + s.ttl_ms);
-        let new = s.deadline;
-        self.deadlines.remove(&(old, Due::Session(id)));
-        self.deadlines.insert((new, Due::Session(id)));
-        Response::SessionAlive { deadline_ms: new }
-    }
-
-    fn close_session(
-        &mut self,
-        id: SessionId,
-        reason: ReleaseReason,
-        events: &mut Vec<Event>,
-    ) -> Response {
-        let Some(s) = self.sessions.remove(&id) else {
-            return Response::NoSuchSession;
-        };
-        self.deadlines.remove(&(s.deadline, Due::Session(id)));
-        for rid in &s.waiting {
-            self.remove_waiter(*rid, events);
-        }
-        for (name, owner) in &s.holds {
-            self.end_grant(name, &(owner.clone(), Some(id)), reason, events);
-        }
-        Response::SessionClosed
     }
 
     /// Withdraw a queued acquire and resolve it as `NotGranted`.
