@@ -1,7 +1,7 @@
 //! The lock state machine: exclusive, read-write and semaphore locks, atomic multi-locks,
 //! leases, sessions, FIFO waiting, lock-delay, and the request dedup table.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -9,99 +9,20 @@ use crate::command::*;
 use crate::cow::{CowMap, CowSet};
 use crate::kv::{FenceError, Keyspace, Stale, MAX_VALUE_LEN};
 use crate::limits::*;
-use crate::small_map::SmallMap;
 use crate::{CoreError, SnapshotError};
 
 mod dedup;
 mod expiry;
+mod locks;
 mod restore;
 mod sessions;
 
 use dedup::ClientRecord;
 use expiry::Due;
+pub use locks::LockKind;
+use locks::{check_ttl, Holder, HolderKey, Lock};
 pub use restore::{RestoreError, Restored};
 use sessions::Session;
-
-/// What a lock is, fixed by the first acquire of its name until the lock is idle again.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LockKind {
-    Exclusive,
-    ReadWrite,
-    Semaphore { permits: u32 },
-}
-
-impl LockKind {
-    fn of(mode: Mode) -> LockKind {
-        match mode {
-            Mode::Exclusive => LockKind::Exclusive,
-            Mode::Read | Mode::Write => LockKind::ReadWrite,
-            Mode::Permit { permits } => LockKind::Semaphore { permits },
-        }
-    }
-
-    fn describe(self) -> String {
-        match self {
-            LockKind::Exclusive => "exclusive".into(),
-            LockKind::ReadWrite => "read-write".into(),
-            LockKind::Semaphore { permits } => format!("{permits}-permit semaphore"),
-        }
-    }
-}
-
-/// Who holds a grant: an owner, optionally within a session. The same key acquiring again is
-/// reentrant.
-type HolderKey = (String, Option<SessionId>);
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-struct Holder {
-    mode: Mode,
-    token: Token,
-    holds: u32,
-    /// Lease end in log time; `None` when the lease is the session's.
-    deadline: Option<Millis>,
-    lock_delay_ms: Millis,
-}
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-struct Lock {
-    kind: LockKind,
-    holders: SmallMap<HolderKey, Holder>,
-    /// Queued acquires, oldest first (keys of `StateMachine::waiters`).
-    queue: VecDeque<RequestId>,
-    /// No grant before this log time (lock-delay after an expiry).
-    delay_until: Option<Millis>,
-}
-
-impl Lock {
-    fn new(kind: LockKind) -> Self {
-        Lock {
-            kind,
-            holders: SmallMap::new(),
-            queue: VecDeque::new(),
-            delay_until: None,
-        }
-    }
-
-    fn is_idle(&self) -> bool {
-        self.holders.is_empty() && self.queue.is_empty() && self.delay_until.is_none()
-    }
-
-    /// Whether a new grant in `mode` is compatible with the current holders (ignoring the
-    /// queue).
-    fn admits(&self, mode: Mode) -> bool {
-        if self.delay_until.is_some() {
-            return false;
-        }
-        match mode {
-            Mode::Exclusive | Mode::Write => self.holders.is_empty(),
-            Mode::Read => {
-                self.holders.values().all(|h| h.mode == Mode::Read)
-                    && self.holders.len() < MAX_HOLDERS_PER_LOCK
-            }
-            Mode::Permit { permits } => self.holders.len() < permits as usize,
-        }
-    }
-}
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 struct Waiter {
@@ -491,67 +412,6 @@ impl StateMachine {
                 .map_err(CoreError::Limit),
         };
         result.unwrap_or_else(Response::Rejected)
-    }
-
-    fn validate(&self, spec: &AcquireSpec) -> Result<(), CoreError> {
-        let distinct: BTreeSet<&String> = spec.names.iter().collect();
-        if spec.names.is_empty()
-            || spec.names.len() > MAX_MULTI_LOCK
-            || distinct.len() != spec.names.len()
-        {
-            return Err(CoreError::InvalidNames {
-                got: spec.names.len(),
-                max: MAX_MULTI_LOCK,
-            });
-        }
-        for name in &spec.names {
-            check_name(name)?;
-        }
-        if spec.names.len() > 1 && spec.mode != Mode::Exclusive {
-            return Err(CoreError::MultiLockMode);
-        }
-        check_owner(&spec.owner)?;
-        if spec.session.is_none() {
-            check_ttl(spec.ttl_ms)?;
-        }
-        if spec.wait_ms > MAX_WAIT_MS {
-            return Err(CoreError::InvalidWait {
-                wait_ms: spec.wait_ms,
-                max: MAX_WAIT_MS,
-            });
-        }
-        if spec.lock_delay_ms > MAX_LOCK_DELAY_MS {
-            return Err(CoreError::InvalidLockDelay {
-                delay_ms: spec.lock_delay_ms,
-                max: MAX_LOCK_DELAY_MS,
-            });
-        }
-        if let Mode::Permit { permits } = spec.mode {
-            if permits == 0 || permits > MAX_PERMITS {
-                return Err(CoreError::InvalidPermits {
-                    permits,
-                    max: MAX_PERMITS,
-                });
-            }
-        }
-        if let Some(s) = spec.session {
-            if !self.sessions.contains_key(&s) {
-                return Err(CoreError::NoSuchSession(s));
-            }
-        }
-        let kind = LockKind::of(spec.mode);
-        for name in &spec.names {
-            if let Some(lock) = self.locks.get(name) {
-                if lock.kind != kind {
-                    return Err(CoreError::WrongKind {
-                        name: name.clone(),
-                        existing: lock.kind.describe(),
-                        requested: kind.describe(),
-                    });
-                }
-            }
-        }
-        Ok(())
     }
 
     fn acquire(
@@ -1091,34 +951,4 @@ impl StateMachine {
         }
         Ok(())
     }
-}
-
-fn check_name(name: &str) -> Result<(), CoreError> {
-    if name.is_empty() || name.len() > MAX_NAME_LEN {
-        return Err(CoreError::InvalidName {
-            len: name.len(),
-            max: MAX_NAME_LEN,
-        });
-    }
-    Ok(())
-}
-
-fn check_owner(owner: &str) -> Result<(), CoreError> {
-    if owner.is_empty() || owner.len() > MAX_OWNER_LEN {
-        return Err(CoreError::InvalidOwner {
-            len: owner.len(),
-            max: MAX_OWNER_LEN,
-        });
-    }
-    Ok(())
-}
-
-fn check_ttl(ttl_ms: Millis) -> Result<(), CoreError> {
-    if ttl_ms == 0 || ttl_ms > MAX_TTL_MS {
-        return Err(CoreError::InvalidTtl {
-            ttl_ms,
-            max: MAX_TTL_MS,
-        });
-    }
-    Ok(())
 }

@@ -6,7 +6,8 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::expiry::Due;
-use super::{check_ttl, StateMachine};
+use super::locks::check_ttl;
+use super::StateMachine;
 use crate::command::*;
 use crate::limits::*;
 use crate::CoreError;
