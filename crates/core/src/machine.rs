@@ -18,6 +18,7 @@ mod grants;
 mod locks;
 mod restore;
 mod sessions;
+mod waiters;
 
 use dedup::ClientRecord;
 use expiry::Due;
@@ -25,18 +26,7 @@ pub use locks::LockKind;
 use locks::{Holder, Lock};
 pub use restore::{RestoreError, Restored};
 use sessions::Session;
-
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-struct Waiter {
-    names: Vec<String>,
-    owner: String,
-    mode: Mode,
-    session: Option<SessionId>,
-    ttl_ms: Millis,
-    lock_delay_ms: Millis,
-    /// When the wait runs out (log time).
-    until: Millis,
-}
+use waiters::Waiter;
 
 /// One grant of a lock.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -414,91 +404,6 @@ impl StateMachine {
                 .map_err(CoreError::Limit),
         };
         result.unwrap_or_else(Response::Rejected)
-    }
-
-    /// Withdraw a queued acquire and resolve it as `NotGranted`.
-    fn remove_waiter(&mut self, rid: RequestId, events: &mut Vec<Event>) {
-        let Some(w) = self.waiters.remove(&rid) else {
-            return;
-        };
-        self.deadlines.remove(&(w.until, Due::Wait(rid)));
-        if let Some(s) = w.session.and_then(|s| self.sessions.get_mut(&s)) {
-            s.waiting.remove(&rid);
-        }
-        for name in &w.names {
-            if let Some(lock) = self.locks.get_mut(name) {
-                lock.queue.retain(|r| *r != rid);
-            }
-            // The next waiter may be admissible now.
-            self.dirty.insert(name.clone());
-        }
-        self.dedup_resolve(rid, Response::NotGranted);
-        events.push(Event::WaiterGaveUp {
-            request: rid,
-            name: w.names[0].clone(),
-        });
-    }
-
-    /// Serve the queues of every lock that changed in this step, in FIFO order: the first
-    /// waiter of a queue is granted (token `revision`) when it is first in the queue of every
-    /// lock it asks for and every one of them admits it; consecutive readers or permits are
-    /// admitted together. Running last in a step means a grant made here is never ended at
-    /// the same revision, so grants of a lock made at different revisions never share a token.
-    fn hand_over(&mut self, revision: Revision, events: &mut Vec<Event>) {
-        while let Some(name) = self.dirty.pop_first() {
-            while let Some(rid) = self.locks.get(&name).and_then(|l| l.queue.front().copied()) {
-                let Some(w) = self.waiters.get(&rid) else {
-                    // Cannot happen (queues and waiters change together); drop the stray id.
-                    if let Some(l) = self.locks.get_mut(&name) {
-                        l.queue.pop_front();
-                    }
-                    continue;
-                };
-                let ready = w.names.iter().all(|n| {
-                    self.locks
-                        .get(n)
-                        .is_some_and(|l| l.queue.front() == Some(&rid) && l.admits(w.mode))
-                });
-                if !ready {
-                    break;
-                }
-                let Some(w) = self.waiters.remove(&rid) else {
-                    break;
-                };
-                self.deadlines.remove(&(w.until, Due::Wait(rid)));
-                for n in &w.names {
-                    if let Some(l) = self.locks.get_mut(n) {
-                        l.queue.pop_front();
-                    }
-                    if *n != name {
-                        self.dirty.insert(n.clone());
-                    }
-                }
-                if let Some(s) = w.session.and_then(|s| self.sessions.get_mut(&s)) {
-                    s.waiting.remove(&rid);
-                }
-                let key = (w.owner.clone(), w.session);
-                let (token, deadline) =
-                    self.grant(revision, &w.names, &key, w.mode, w.ttl_ms, w.lock_delay_ms);
-                self.dedup_resolve(
-                    rid,
-                    Response::Granted {
-                        token,
-                        holds: 1,
-                        deadline_ms: deadline,
-                    },
-                );
-                events.push(Event::WaiterGranted {
-                    request: rid,
-                    name: w.names[0].clone(),
-                    token,
-                    deadline_ms: deadline,
-                });
-            }
-            if self.locks.get(&name).is_some_and(Lock::is_idle) {
-                self.locks.remove(&name);
-            }
-        }
     }
 
     /// Check the internal indexes agree with the data, and that no queue was left with an

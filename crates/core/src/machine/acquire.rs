@@ -4,8 +4,8 @@
 
 use super::expiry::Due;
 use super::locks::{Holder, HolderKey, Lock, LockKind};
+use super::waiters::Waiter;
 use super::StateMachine;
-use super::Waiter;
 use crate::command::*;
 use crate::limits::*;
 use crate::CoreError;
