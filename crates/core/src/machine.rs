@@ -1,5 +1,20 @@
 //! The lock state machine: exclusive, read-write and semaphore locks, atomic multi-locks,
 //! leases, sessions, FIFO waiting, lock-delay, and the request dedup table.
+//!
+//! This file keeps the [`StateMachine`] itself (its fields, whose order is the snapshot
+//! encoding), the apply order of an entry and its revisions, and the dispatch of a command.
+//! Each concern has its own module:
+//! * `locks` — what a lock is (kind, holders, queue, lock-delay), what it admits, and an
+//!   acquire's validation;
+//! * `acquire` — acquire (grant, reenter or queue) and `grant`;
+//! * `grants` — release, force-unlock, renew, and `end_grant`, which every ending uses;
+//! * `waiters` — queued acquires: withdrawing one, and `hand_over`, which serves the queues;
+//! * `sessions` — open, keep-alive, close;
+//! * `dedup` — the request dedup table;
+//! * `expiry` — the deadline index (`Due`) and the expiry step;
+//! * `views` — read-side views (`lock_info`, `session_info`, counts);
+//! * `invariants` — `check_invariants`, for tests;
+//! * `restore` — preparing a state for a new cluster.
 
 use std::collections::BTreeSet;
 
@@ -32,6 +47,9 @@ use waiters::Waiter;
 
 /// The replicated state. Apply entries in log order with [`StateMachine::apply_batch`]; the
 /// same entries always produce the same state, responses and events.
+///
+/// bincode is positional: the order of these fields is the snapshot's encoding (and the
+/// digest's). Never reorder or insert; append at the end only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct StateMachine {
     now: Millis,
