@@ -30,6 +30,7 @@
 pub mod datadir;
 pub mod frame;
 pub mod hardstate;
+pub mod inspect;
 mod log;
 pub mod observe;
 pub mod restore;
