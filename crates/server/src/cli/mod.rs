@@ -1,0 +1,3 @@
+//! Subcommands of `fenced` that are not `serve`, each in its own module.
+
+pub mod snapshot;
