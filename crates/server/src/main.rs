@@ -16,6 +16,7 @@ use fenced_server::NodeConfig;
 
 mod cli;
 
+use cli::debug::{debug, DebugArgs};
 use cli::snapshot::{snapshot, SnapshotArgs};
 
 /// Exit status of `fenced lock` when the lock was not acquired in time (EX_TEMPFAIL).
@@ -45,6 +46,8 @@ enum Cmd {
     /// Back up the cluster's state to a file, check a backup, or restore one into the data
     /// dir of a member of a new cluster.
     Snapshot(SnapshotArgs),
+    /// Offline tools for a stopped member's data dir (`fenced debug digest`).
+    Debug(DebugArgs),
 }
 
 #[derive(Args)]
@@ -412,6 +415,7 @@ fn main() -> ExitCode {
             Cmd::Member(a) => member(a).await.map(|()| ExitCode::SUCCESS),
             Cmd::Snapshot(a) => snapshot(a.op).await.map(|()| ExitCode::SUCCESS),
             Cmd::Leader(a) => leader(a).await.map(|()| ExitCode::SUCCESS),
+            Cmd::Debug(a) => debug(a.op).await.map(|()| ExitCode::SUCCESS),
         }
     });
     match result {
