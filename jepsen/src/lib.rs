@@ -11,6 +11,7 @@ pub mod history;
 pub mod membership;
 pub mod nemesis;
 pub mod proxy;
+pub mod replicas;
 pub mod report;
 pub mod run;
 pub mod system;

@@ -329,6 +329,8 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
         let mut sums = std::collections::BTreeMap::<String, u64>::new();
         let (mut ok, mut answered, mut n_av) = (0.0, 0.0, 0);
         let mut meta = serde_json::Value::Null;
+        // replica-agreement: runs where the replicas agreed, disagreed, went unchecked.
+        let mut replicas = [0u64; 3];
         for i in 0..100 {
             let p = f.join(format!("run-{i}"));
             if !p.exists() {
@@ -349,6 +351,13 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
                 }
             }
             for c in r["checkers"].as_array().into_iter().flatten() {
+                if c["checker"] == "replica-agreement" {
+                    replicas[match c["valid"].as_bool() {
+                        Some(true) => 0,
+                        Some(false) => 1,
+                        None => 2,
+                    }] += 1;
+                }
                 if c["checker"] == "availability" {
                     if let (Some(a), Some(b)) = (
                         c["stats"]["overall"]["ok_fraction"].as_f64(),
@@ -386,6 +395,24 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "none".into());
         let cell = |k: &str| sums.get(k).map_or("–".to_owned(), |v| v.to_string());
+        let agree = match replicas {
+            [0, 0, 0] => "–".to_owned(),
+            [a, 0, 0] => format!("{a}/{a}"),
+            [a, d, u] => format!(
+                "{a}/{}{}{}",
+                a + d + u,
+                if d > 0 {
+                    format!(", {d} DISAGREE")
+                } else {
+                    String::new()
+                },
+                if u > 0 {
+                    format!(", {u} unchecked")
+                } else {
+                    String::new()
+                },
+            ),
+        };
         let pct = |x: f64| {
             if n_av == 0 {
                 "–".to_owned()
@@ -431,7 +458,7 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
             order(system.split(' ').next().unwrap_or("")),
             workload.clone(),
             format!(
-                "| {system} | {workload} | {nem} | {runs}{} | {invalid} | {} | {} | {} | {} | {} | {} / {} |\n",
+                "| {system} | {workload} | {nem} | {runs}{} | {invalid} | {} | {} | {} | {} | {} | {agree} | {} / {} |\n",
                 if errors > 0 { format!(" (+{errors} failed)") } else { String::new() },
                 cell("mutual-exclusion"),
                 cell("stale-writes"),
@@ -448,7 +475,8 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
     let mut out = String::from(
         "| system | workload | nemesis | runs | invalid runs | mutual-exclusion violations | \
          stale writes accepted | lost updates | fencing violations | non-linearizable keys | \
-         ok / answered (acquires; register: all ops) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+         replicas agree | ok / answered (acquires; register: all ops) |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in rows {
         out.push_str(&r.2);

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::checker::{self, availability, counter, fencing, limiter, linear, mutex, Op, Verdict};
+use crate::checker::{
+    self, agreement, availability, counter, fencing, limiter, linear, mutex, Op, Verdict,
+};
 use crate::history::{Event, Kind};
 
 #[derive(Debug, thiserror::Error)]
@@ -71,7 +73,11 @@ pub fn write(
     workload: &str,
     meta: Value,
 ) -> Result<Value, ReportError> {
-    let (ops, verdicts) = check(events, system, workload);
+    let (ops, mut verdicts) = check(events, system, workload);
+    // Not from the history: computed from the data dirs when the run ended (fenced only).
+    if let Some(v) = agreement::from_meta(&meta["replica_agreement"]) {
+        verdicts.push(v);
+    }
     let res = results(&ops, &verdicts, meta);
     let p = out.join("results.json");
     std::fs::write(&p, serde_json::to_vec_pretty(&res)?)

@@ -817,6 +817,11 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     }
     env.teardown();
     drop(env);
+    // Every node is stopped: do the replicas agree (fenced clusters)?
+    let agreement = o
+        .system
+        .is_fenced_cluster()
+        .then(|| replica_agreement(o, &nodes, &exits, &l_data));
 
     // Merge, check, report.
     let mut parts = vec![];
@@ -844,6 +849,9 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         "schedule": schedule,
     });
     let mut meta = meta;
+    if let Some(v) = agreement {
+        meta["replica_agreement"] = serde_json::to_value(v)?;
+    }
     if let Some(m) = &members {
         meta["membership"] = json!(m.records());
         meta["membership_changes"] = json!(m.completed());
@@ -860,4 +868,31 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         seed: o.seed,
         results,
     })
+}
+
+/// The replica-agreement verdict over the members that are still members (not retired, not
+/// removed) and ever started (a data dir with a log).
+fn replica_agreement(
+    o: &TestOpts,
+    nodes: &[String],
+    exits: &Exits,
+    data: &Path,
+) -> crate::checker::Verdict {
+    let gone = exits.gone();
+    let (mut members, mut skipped) = (Vec::new(), gone.clone());
+    for n in nodes {
+        let dir = data.join(n);
+        if gone.contains(n) {
+            continue;
+        }
+        if dir.join("wal").is_dir() {
+            members.push((n.clone(), dir));
+        } else {
+            skipped.push(n.clone());
+        }
+    }
+    match find_program("fenced", &o.bin_dir) {
+        Ok(fenced) => crate::replicas::check(&fenced, &members, &skipped),
+        Err(e) => crate::checker::agreement::unchecked(&e.to_string(), json!({})),
+    }
 }

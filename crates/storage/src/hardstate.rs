@@ -94,28 +94,25 @@ impl HardState {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StoreError::file(&path, e)),
         };
-        let mut best: Option<(u64, HardStateValue)> = None;
-        for slot in 0..2 {
-            if let Some((seq, value)) =
-                read_slot(&file, slot).map_err(|e| StoreError::file(&path, e))?
-            {
-                if best.as_ref().is_none_or(|(s, _)| seq > *s) {
-                    best = Some((seq, value));
-                }
-            }
-        }
-        let Some((seq, value)) = best else {
-            return Err(StoreError::Damaged {
-                path,
-                detail: "neither copy of the vote and last log id is intact".into(),
-            });
-        };
+        let (seq, value) = newest_slot(&file, &path)?;
         Ok(Some(HardState {
             path,
             file,
             seq,
             value,
         }))
+    }
+
+    /// The value of the file in `dir`, opened read-only (offline tools: nothing is
+    /// written); `Ok(None)` if there is none.
+    pub fn read(dir: &Path) -> Result<Option<HardStateValue>, StoreError> {
+        let path = Self::path_in(dir);
+        let file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::file(&path, e)),
+        };
+        newest_slot(&file, &path).map(|(_, value)| Some(value))
     }
 
     pub fn value(&self) -> &HardStateValue {
@@ -157,6 +154,22 @@ impl HardState {
         self.value = value;
         Ok(())
     }
+}
+
+/// The valid slot with the larger `seq`.
+fn newest_slot(file: &File, path: &Path) -> Result<(u64, HardStateValue), StoreError> {
+    let mut best: Option<(u64, HardStateValue)> = None;
+    for slot in 0..2 {
+        if let Some((seq, value)) = read_slot(file, slot).map_err(|e| StoreError::file(path, e))? {
+            if best.as_ref().is_none_or(|(s, _)| seq > *s) {
+                best = Some((seq, value));
+            }
+        }
+    }
+    best.ok_or_else(|| StoreError::Damaged {
+        path: path.to_owned(),
+        detail: "neither copy of the vote and last log id is intact".into(),
+    })
 }
 
 fn crc(seq: u64, payload: &[u8]) -> u32 {

@@ -32,6 +32,7 @@ pub mod datadir;
 pub mod digests;
 pub mod frame;
 pub mod hardstate;
+pub mod inspect;
 mod log;
 pub mod observe;
 pub mod restore;

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::history::{Event, Kind, Process};
 
+pub mod agreement;
 pub mod availability;
 pub mod counter;
 pub mod fencing;

@@ -1,0 +1,77 @@
+//! Deadlines: the `deadlines` index of leases, sessions, waits, lock-delays and idle dedup
+//! records, ordered by time, and the expiry step that ends whatever is due.
+//!
+//! `Due`'s variant order is part of the snapshot encoding *and* the order in which things
+//! due at the same time expire (so of the tokens their hand-overs issue): never reorder it.
+
+use serde::{Deserialize, Serialize};
+
+use super::StateMachine;
+use crate::command::*;
+use crate::limits::*;
+
+/// Something with a deadline; the `deadlines` index orders them by time.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Due {
+    Lease(String, String),
+    Session(SessionId),
+    Wait(RequestId),
+    Delay(String),
+    ClientIdle(u64),
+}
+
+impl StateMachine {
+    /// The earliest pending deadline (lease, session, wait, lock-delay, dedup eviction, key
+    /// expiry), if any. The leader proposes a [`Command::Tick`] once its log clock passes it.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        let locks = self.deadlines.first().map(|(t, _)| *t);
+        match (locks, self.kv.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Expire everything whose deadline is at or before `now`, oldest first.
+    pub(super) fn expire_due(&mut self, events: &mut Vec<Event>) {
+        while let Some((t, due)) = self.deadlines.first().cloned() {
+            if t > self.now {
+                break;
+            }
+            self.deadlines.remove(&(t, due.clone()));
+            match due {
+                Due::Lease(name, owner) => {
+                    let key = (owner, None);
+                    let lease = self
+                        .locks
+                        .get(&name)
+                        .and_then(|l| l.holders.get(&key))
+                        .and_then(|h| h.deadline);
+                    if lease == Some(t) {
+                        self.end_grant(&name, &key, ReleaseReason::Expired, events);
+                    }
+                }
+                Due::Session(id) => {
+                    self.close_session(id, ReleaseReason::SessionExpired, events);
+                }
+                Due::Wait(rid) => self.remove_waiter(rid, events),
+                Due::Delay(name) => {
+                    if let Some(l) = self.locks.get_mut(&name) {
+                        if l.delay_until == Some(t) {
+                            l.delay_until = None;
+                            self.dirty.insert(name);
+                        }
+                    }
+                }
+                Due::ClientIdle(id) => {
+                    if self
+                        .clients
+                        .get(&id)
+                        .is_some_and(|c| c.last_seen + CLIENT_IDLE_MS == t)
+                    {
+                        self.clients.remove(&id);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,4 @@
+//! Subcommands of `fenced` that are not `serve`, each in its own module.
+
+pub mod debug;
+pub mod snapshot;
