@@ -11,11 +11,12 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sled::transaction::ConflictableTransactionError;
 
+use crate::state::SmState;
 use crate::{
     decode, decode_entry, decode_raw, digests, encode, frame, hardstate, observe, snapshot,
-    upgrade_entry, wal, EventSink, LegacyTypeConfig, LogStore, Meta, SmState, StateMachineStore,
-    StoreError, CACHE_CAPACITY, DATA_DIR_FORMAT, KEY_COMMITTED, KEY_FORMAT, KEY_LAST_PURGED,
-    KEY_SNAPSHOT_DATA, KEY_SNAPSHOT_META, KEY_VOTE,
+    upgrade_entry, wal, EventSink, LegacyTypeConfig, LogStore, Meta, StateMachineStore, StoreError,
+    CACHE_CAPACITY, DATA_DIR_FORMAT, KEY_COMMITTED, KEY_FORMAT, KEY_LAST_PURGED, KEY_SNAPSHOT_DATA,
+    KEY_SNAPSHOT_META, KEY_VOTE,
 };
 
 /// How long [`open_sled`] waits for a just-closed handle of the same data dir to let go of
