@@ -1,0 +1,366 @@
+//! Opening a data dir ([`crate::open`]): sled, the checks of every stored record, and the
+//! upgrades of data dirs written by older layouts (unsealed records, the log in sled, the
+//! snapshot in sled) with the legacy decoding they alone need.
+
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use fenced_raft_types::{NodeId, TypeConfig};
+use openraft::{Entry, LogId, Vote};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use sled::transaction::ConflictableTransactionError;
+
+use crate::state::SmState;
+use crate::{
+    decode, decode_entry, decode_raw, digests, encode, frame, hardstate, observe, snapshot,
+    upgrade_entry, wal, EventSink, LegacyTypeConfig, LogStore, Meta, StateMachineStore, StoreError,
+    CACHE_CAPACITY, DATA_DIR_FORMAT, KEY_COMMITTED, KEY_FORMAT, KEY_LAST_PURGED, KEY_SNAPSHOT_DATA,
+    KEY_SNAPSHOT_META, KEY_VOTE,
+};
+
+/// How long [`open_sled`] waits for a just-closed handle of the same data dir to let go of
+/// its file lock.
+const SLED_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// sled's refusal while another handle holds the data dir's file lock.
+fn is_lock_held(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
+fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
+    // sled may panic on some damaged files instead of returning an error.
+    let attempt = || {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            sled::Config::new()
+                .path(dir)
+                .cache_capacity(CACHE_CAPACITY)
+                .open()
+        }))
+        .unwrap_or_else(|_| Err(sled::Error::Corruption { at: None, bt: () }))
+    };
+    // A handle dropped in this process releases the lock only when sled's background thread
+    // has ended: a data dir opened again right after (a restore or `--force-new-cluster`
+    // that then starts the node, or a test) waits for it, briefly. Another process that
+    // holds the lock still gets the error.
+    let give_up = std::time::Instant::now() + SLED_LOCK_WAIT;
+    let mut opened = attempt();
+    while opened.as_ref().is_err_and(is_lock_held) && std::time::Instant::now() < give_up {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        opened = attempt();
+    }
+    opened.map_err(|e| match e {
+        sled::Error::Io(error) => StoreError::File {
+            path: dir.to_owned(),
+            error,
+        },
+        e => StoreError::Damaged {
+            path: dir.join("db"),
+            detail: format!("sled cannot read it ({e})"),
+        },
+    })
+}
+
+pub(crate) fn open_checked(
+    dir: &Path,
+    events: EventSink,
+) -> Result<(LogStore, StateMachineStore), StoreError> {
+    let db = open_sled(dir)?;
+    let sled_log = db.open_tree("log")?;
+    let meta = db.open_tree("meta")?;
+    let snapshot = db.open_tree("snapshot")?;
+
+    let format = match meta.get(KEY_FORMAT)? {
+        None => None,
+        Some(v) if v.len() == 1 && (1..=DATA_DIR_FORMAT).contains(&v[0]) => Some(v[0]),
+        Some(v) => {
+            return Err(StoreError::UnknownFormat {
+                what: "data dir",
+                found: v.first().copied().map_or(0, u32::from),
+                supported: u32::from(DATA_DIR_FORMAT),
+            })
+        }
+    };
+    let legacy_vote = match format {
+        None => upgrade_unsealed(&db, &sled_log, &meta, &snapshot)?,
+        Some(_) => None,
+    };
+    let last_purged: Option<LogId<NodeId>> = match meta.get(KEY_LAST_PURGED)? {
+        Some(v) => Some(decode("last purged log id", &v)?),
+        None => None,
+    };
+    let hard = match hardstate::HardState::open(dir)? {
+        Some(h) => h,
+        None if format.is_some() => {
+            return Err(StoreError::Damaged {
+                path: hardstate::HardState::path_in(dir),
+                detail: "the file is missing (it holds the vote and the last appended log id)"
+                    .into(),
+            })
+        }
+        None => {
+            let last_in_log = check_log(&sled_log)?;
+            hardstate::HardState::create(
+                dir,
+                hardstate::HardStateValue {
+                    vote: legacy_vote,
+                    last_log_id: last_in_log.max(last_purged),
+                    committed: None,
+                },
+            )?
+        }
+    };
+    let recorded = hard.value().last_log_id;
+    if format.is_none_or(|f| f < DATA_DIR_FORMAT) {
+        move_log_out_of_sled(dir, &db, &sled_log, &meta, last_purged, recorded)?;
+    } else if !sled_log.is_empty() {
+        // A copy left by an upgrade interrupted after the log had moved.
+        sled_log.clear()?;
+        db.flush()?;
+    }
+    let wal = wal::Wal::open(dir, recorded, last_purged.map(|l| l.index))?;
+    // Layouts 1 and 2 kept the committed log id in sled; the hard state holds it now.
+    let legacy_committed = match meta.get(KEY_COMMITTED)? {
+        Some(v) => decode::<Option<LogId<NodeId>>>("committed log id", &v)?,
+        None => None,
+    };
+
+    let snapshots = snapshot::SnapshotStore::open(dir)?;
+    move_snapshot_out_of_sled(&db, &snapshot, &snapshots)?;
+    let state = match snapshots.current()? {
+        Some((_, path)) => {
+            let (meta, machine) = snapshot::load(&path)?;
+            SmState {
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership,
+                machine,
+            }
+        }
+        None => SmState::default(),
+    };
+    // Entries are purged only once a snapshot covers them.
+    if let Some(p) = last_purged {
+        if state.last_applied.is_none_or(|l| l.index < p.index) {
+            return Err(StoreError::Damaged {
+                path: snapshots.current_path(),
+                detail: format!(
+                    "the log was purged up to index {}, but no snapshot covers it (the \
+                     snapshot reaches {:?})",
+                    p.index,
+                    state.last_applied.map(|l| l.index)
+                ),
+            });
+        }
+    }
+
+    let hook = observe::Hook::default();
+    let log_store = LogStore::new(db, meta, wal, hard, legacy_committed, hook.clone())?;
+    let sm_store = StateMachineStore {
+        snapshots: Arc::new(snapshots),
+        state: Arc::new(RwLock::new(state)),
+        events,
+        snapshot_seq: 0,
+        hook,
+        digester: digests::Digester::default(),
+    };
+    Ok((log_store, sm_store))
+}
+
+/// Upgrade a data dir that keeps its Raft log in sled (layouts 1 and 2): check the log as
+/// [`wal::Wal::open`] would (every record, no hole, no shorter than `recorded`), write it into
+/// the write-ahead log, durably, then mark the layout and drop sled's copy. A crash at any
+/// point leaves either the old layout (the upgrade runs again) or the new one.
+fn move_log_out_of_sled(
+    dir: &Path,
+    db: &sled::Db,
+    sled_log: &sled::Tree,
+    meta: &sled::Tree,
+    last_purged: Option<LogId<NodeId>>,
+    recorded: Option<LogId<NodeId>>,
+) -> Result<(), StoreError> {
+    let last_in_log = check_log(sled_log)?;
+    let last_index = last_in_log
+        .map(|l| l.index)
+        .max(last_purged.map(|l| l.index));
+    if let Some(r) = recorded {
+        if last_index.is_none_or(|i| i < r.index) {
+            return Err(StoreError::LogEndsEarly {
+                found: last_index,
+                recorded: r.index,
+            });
+        }
+    }
+    let mut entries = Vec::new();
+    for record in sled_log.iter() {
+        let (k, v) = record?;
+        entries.push(decode_log_record(&k, &v)?);
+    }
+    let moved = entries.len();
+    wal::Wal::create_from(dir, entries, last_purged.map(|l| l.index))?;
+    meta.insert(KEY_FORMAT, &[DATA_DIR_FORMAT])?;
+    meta.remove(KEY_VOTE)?;
+    db.flush()?;
+    sled_log.clear()?;
+    db.flush()?;
+    if moved > 0 {
+        tracing::info!(
+            entries = moved,
+            "moved the Raft log out of sled into the write-ahead log"
+        );
+    }
+    Ok(())
+}
+
+/// Read every record of a sled-kept log (layouts 1 and 2) once: each must pass its checksum,
+/// sit under its own index, and follow the previous one without a gap. Returns the last
+/// stored log id.
+fn check_log(log: &sled::Tree) -> Result<Option<LogId<NodeId>>, StoreError> {
+    let mut last: Option<LogId<NodeId>> = None;
+    for record in log.iter() {
+        let (k, v) = record?;
+        let entry = decode_log_record(&k, &v)?;
+        if let Some(prev) = last {
+            if entry.log_id.index != prev.index + 1 {
+                return Err(StoreError::LogHole {
+                    after: prev.index,
+                    next: entry.log_id.index,
+                });
+            }
+        }
+        last = Some(entry.log_id);
+    }
+    Ok(last)
+}
+
+/// Seal the values of a data dir written before records carried a checksum (idempotent: a
+/// value that already unseals is left alone). Returns the vote stored there, which moves to
+/// the hard-state file.
+fn upgrade_unsealed(
+    db: &sled::Db,
+    log: &sled::Tree,
+    meta: &sled::Tree,
+    snapshot: &sled::Tree,
+) -> Result<Option<Vote<NodeId>>, StoreError> {
+    fn reseal<T: Serialize + DeserializeOwned>(
+        tree: &sled::Tree,
+        key: &[u8],
+        what: &'static str,
+    ) -> Result<Option<T>, StoreError> {
+        let Some(v) = tree.get(key)? else {
+            return Ok(None);
+        };
+        if let Ok(value) = decode::<T>(what, &v) {
+            return Ok(Some(value));
+        }
+        let value: T = decode_raw(what, &v)?;
+        tree.insert(key, encode(what, &value)?)?;
+        Ok(Some(value))
+    }
+    let mut upgraded = 0usize;
+    for item in log.iter() {
+        let (key, value) = item?;
+        if decode_entry(&value).is_err() {
+            // Unsealed entries predate revisions: one request, token = log index.
+            let old: Entry<LegacyTypeConfig> = decode_raw("log entry", &value)?;
+            log.insert(key, encode("log entry", &upgrade_entry(old))?)?;
+        }
+        upgraded += 1;
+    }
+    reseal::<LogId<NodeId>>(meta, KEY_LAST_PURGED, "last purged log id")?;
+    reseal::<Option<LogId<NodeId>>>(meta, KEY_COMMITTED, "committed log id")?;
+    reseal::<Meta>(snapshot, KEY_SNAPSHOT_META, "snapshot meta")?;
+    if let Some(v) = snapshot.get(KEY_SNAPSHOT_DATA)? {
+        if decode_machine("state machine snapshot", &v).is_err() {
+            let machine = fenced_core::StateMachine::from_legacy_bytes(&v).map_err(
+                |fenced_core::SnapshotError::Decode(source)| StoreError::Corrupt {
+                    what: "state machine snapshot",
+                    source,
+                },
+            )?;
+            snapshot.insert(KEY_SNAPSHOT_DATA, encode("state machine", &machine)?)?;
+        }
+    }
+    let vote = reseal::<Vote<NodeId>>(meta, KEY_VOTE, "vote")?;
+    if upgraded > 0 || vote.is_some() {
+        tracing::info!(
+            entries = upgraded,
+            "sealed the records of a data dir from an older format"
+        );
+    }
+    db.flush()?;
+    Ok(vote)
+}
+
+/// Move a snapshot kept in sled (before snapshots were files) into the snapshot directory,
+/// then drop sled's copy. A crash in between leaves both, and the move runs again.
+fn move_snapshot_out_of_sled(
+    db: &sled::Db,
+    tree: &sled::Tree,
+    snapshots: &snapshot::SnapshotStore,
+) -> Result<(), StoreError> {
+    let Some((meta, data)) = read_snapshot(tree)? else {
+        return Ok(());
+    };
+    if snapshots
+        .current()?
+        .is_none_or(|(have, _)| have.last_log_id < meta.last_log_id)
+    {
+        let machine = decode_machine("state machine snapshot", &data)?;
+        let path = snapshots.write(&meta, &machine)?;
+        snapshots.install(&path, &meta)?;
+        tracing::info!(id = %meta.snapshot_id, "moved the snapshot out of sled into a file");
+    }
+    tree.clear()?;
+    db.flush()?;
+    Ok(())
+}
+
+/// Read the snapshot a data dir of an older layout kept in sled (meta and data).
+fn read_snapshot(tree: &sled::Tree) -> Result<Option<(Meta, Vec<u8>)>, StoreError> {
+    let pair = tree.transaction(|tx| {
+        let meta = tx.get(KEY_SNAPSHOT_META)?;
+        let data = tx.get(KEY_SNAPSHOT_DATA)?;
+        Ok::<_, ConflictableTransactionError<StoreError>>((meta, data))
+    })?;
+    match pair {
+        (Some(meta), Some(data)) => Ok(Some((decode("snapshot meta", &meta)?, data.to_vec()))),
+        (None, None) => Ok(None),
+        (Some(_), None) | (None, Some(_)) => Err(StoreError::Corrupt {
+            what: "snapshot",
+            source: Box::new(bincode::ErrorKind::Custom(
+                "snapshot meta and data are not both present".into(),
+            )),
+        }),
+    }
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+/// Decode one `log` tree record, checking that the key matches the entry's index.
+fn decode_log_record(key: &[u8], value: &[u8]) -> Result<Entry<TypeConfig>, StoreError> {
+    let entry = decode_entry(value)?;
+    if key != index_key(entry.log_id.index) {
+        return Err(StoreError::LogKeyMismatch {
+            key: key.to_vec(),
+            index: entry.log_id.index,
+        });
+    }
+    Ok(entry)
+}
+
+/// Decode a sealed state machine snapshot of any format this build reads.
+fn decode_machine(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<fenced_core::StateMachine, StoreError> {
+    let (version, payload) = frame::unseal_versioned(what, bytes)?;
+    let decoded = if version == 1 {
+        fenced_core::StateMachine::from_legacy_bytes(payload)
+    } else {
+        fenced_core::StateMachine::from_bytes(payload)
+    };
+    decoded
+        .map_err(|fenced_core::SnapshotError::Decode(source)| StoreError::Corrupt { what, source })
+}
