@@ -1,6 +1,9 @@
 //! One test run: set up the hosts, start the system, the guard and the clients, drive the
 //! nemesis schedule, stop everything, merge the histories, check them and write the report.
 //!
+//! How each process is started lives in `run/spawn.rs`; applying faults and the watchdog in
+//! `run/faults.rs`.
+//!
 //! All process control happens on the calling thread (children's PR_SET_PDEATHSIG is tied
 //! to the thread that forked them). Every wait is bounded.
 
@@ -11,7 +14,6 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::json;
 
-use crate::client::ClientSpec;
 use crate::env::{Env, NetMode, Spec};
 use crate::history::{self, monotonic_ns, Event, HistoryWriter, Kind, Process, RunClock};
 use crate::membership::Members;
@@ -19,6 +21,15 @@ use crate::nemesis::{self, Fault, Scheduled, Topology};
 use crate::proxy::Proxies;
 use crate::report;
 use crate::system::System;
+
+mod faults;
+mod spawn;
+
+pub(crate) use faults::watchdog;
+use faults::{apply, write_clock};
+pub(crate) use spawn::node_spec;
+use spawn::{client_spec, clock_shim, o_bin, run_helper};
+pub use spawn::{fenced_join_args, fenced_serve_args, find_program};
 
 /// Set by SIGINT/SIGTERM: the run stops at the next check and cleans up.
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -64,43 +75,6 @@ const RESP_PORT: u16 = 7379;
 const REDIS_PORT: u16 = 6379;
 const GUARD_PORT: u16 = 7390;
 
-/// The wall-clock shim for redis-server (see `shim/clockshim.c` for why not libfaketime),
-/// compiled with the system C compiler into `out`. `None` if there is no compiler.
-fn clock_shim(out: &Path) -> Option<PathBuf> {
-    let src = out.join("clockshim.c");
-    let lib = out.join("clockshim.so");
-    std::fs::write(&src, include_str!("shim/clockshim.c")).ok()?;
-    let ok = std::process::Command::new("cc")
-        .args(["-O2", "-shared", "-fPIC", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    ok.then_some(lib)
-}
-
-/// `name` in `bin_dir`, else on PATH.
-pub fn find_program(name: &str, bin_dir: &Path) -> anyhow::Result<PathBuf> {
-    let p = bin_dir.join(name);
-    if p.exists() {
-        return Ok(p);
-    }
-    if let Some(paths) = std::env::var_os("PATH") {
-        for d in std::env::split_paths(&paths) {
-            let c = d.join(name);
-            if c.exists() {
-                return Ok(c);
-            }
-        }
-    }
-    bail!(
-        "{name} not found in {} or PATH (build it: cargo build -p fenced-server -p fenced-fence-check)",
-        bin_dir.display()
-    )
-}
-
 pub(crate) struct Layout {
     /// Every server node with a host: the initial members, then (membership nemesis) every
     /// node the schedule adds, in id order — `nodes[i]` is member id `i + 1`.
@@ -123,251 +97,6 @@ pub struct RunSummary {
     pub results: serde_json::Value,
 }
 
-/// Both fenced's test hook and the Redis shim read a signed integer of milliseconds.
-fn write_clock(dir: &Path, node: &str, offset_ms: i64) -> anyhow::Result<()> {
-    let text = format!("{offset_ms}\n");
-    let p = dir.join(node);
-    std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
-}
-
-/// `fenced serve` for member `id` at `ip` (the harness's ports) of `cluster`
-/// (`ID=IP:PORT` each), with `--initial-cluster-state new` — also on restarts (restart-empty
-/// included): a wiped node must still not vote.
-pub fn fenced_serve_args(id: usize, data_dir: &Path, ip: &str, cluster: &[String]) -> Vec<String> {
-    let mut args = fenced_node_args(id, data_dir, ip);
-    args.extend([
-        "--initial-cluster".into(),
-        cluster.join(","),
-        "--initial-cluster-state".into(),
-        "new".into(),
-    ]);
-    args
-}
-
-/// `fenced serve` flags every node gets: its id, data dir and addresses.
-fn fenced_node_args(id: usize, data_dir: &Path, ip: &str) -> Vec<String> {
-    vec![
-        "serve".into(),
-        "--id".into(),
-        id.to_string(),
-        "--data-dir".into(),
-        data_dir.display().to_string(),
-        "--grpc-addr".into(),
-        format!("{ip}:{GRPC_PORT}"),
-        "--resp-addr".into(),
-        format!("{ip}:{RESP_PORT}"),
-    ]
-}
-
-/// `fenced serve` for a member added while the cluster runs (membership nemesis): an empty
-/// data dir and `--join` through the `join` gRPC endpoints, no `--initial-cluster`.
-pub fn fenced_join_args(id: usize, data_dir: &Path, ip: &str, join: &[String]) -> Vec<String> {
-    let mut args = fenced_node_args(id, data_dir, ip);
-    args.extend(["--join".into(), join.join(",")]);
-    args
-}
-
-/// How to start server `l.nodes[i]`. For a fenced node beyond the initial members, `join`
-/// names the members it joins through.
-pub(crate) fn node_spec(
-    o: &TestOpts,
-    l: &Layout,
-    env: &Env,
-    i: usize,
-    join: &[String],
-) -> anyhow::Result<Spec> {
-    let name = &l.nodes[i];
-    let ip = env.host(name)?.ip.clone();
-    let clock = l.clock_dir.join(name).display().to_string();
-    Ok(match o.system {
-        s if s.is_fenced_cluster() && i >= l.initial => Spec {
-            host: name.clone(),
-            program: find_program("fenced", &o.bin_dir)?,
-            args: fenced_join_args(i + 1, &l.data_dir.join(name), &ip, join),
-            env: vec![("FENCED_TEST_CLOCK_OFFSET_FILE".into(), clock)],
-        },
-        s if s.is_fenced_cluster() => {
-            let cluster: Vec<String> = l.nodes[..l.initial]
-                .iter()
-                .enumerate()
-                .map(|(j, n)| {
-                    let ip = env.host(n).map(|h| h.ip.clone()).unwrap_or_default();
-                    format!("{}={ip}:{GRPC_PORT}", j + 1)
-                })
-                .collect();
-            Spec {
-                host: name.clone(),
-                program: find_program("fenced", &o.bin_dir)?,
-                args: fenced_serve_args(i + 1, &l.data_dir.join(name), &ip, &cluster),
-                env: vec![("FENCED_TEST_CLOCK_OFFSET_FILE".into(), clock)],
-            }
-        }
-        _ => {
-            let mut env_vars = vec![];
-            if let Some(lib) = &l.shim {
-                env_vars = vec![
-                    ("LD_PRELOAD".into(), lib.display().to_string()),
-                    ("JEPSEN_CLOCK_FILE".into(), clock),
-                ];
-            }
-            let dir = l.data_dir.join(name);
-            std::fs::create_dir_all(&dir)?;
-            Spec {
-                host: name.clone(),
-                program: find_program("redis-server", &o.bin_dir)?,
-                args: vec![
-                    "--bind".into(),
-                    ip,
-                    "--port".into(),
-                    REDIS_PORT.to_string(),
-                    "--save".into(),
-                    String::new(),
-                    "--appendonly".into(),
-                    "no".into(),
-                    "--protected-mode".into(),
-                    "no".into(),
-                    "--dir".into(),
-                    dir.display().to_string(),
-                ],
-                env: env_vars,
-            }
-        }
-    })
-}
-
-fn client_spec(o: &TestOpts, l: &Layout, run_start: u64, k: u64, workload: &str) -> ClientSpec {
-    ClientSpec {
-        system: o.system.name().to_owned(),
-        workload: workload.to_owned(),
-        index: k,
-        stride: o.clients,
-        run_start,
-        deadline: o.time_limit_s * 1_000_000_000,
-        history: o.out.join("hist").join(format!("c{k}.jsonl")),
-        lock_endpoints: l.lock_endpoints.clone(),
-        resp_endpoints: l.resp_endpoints.clone(),
-        guard: if workload.starts_with("counter") || workload == "final-read" {
-            l.guard.clone()
-        } else {
-            String::new()
-        },
-        ttl_ms: o.ttl_ms,
-        wait_ms: o.wait_ms,
-        hold_ms: o.hold_ms,
-        op_timeout_ms: o.op_timeout_ms,
-        seed: o.seed,
-        members_file: None,
-        // The limiter's Lua clients add this file's offset to their "now" (clock nemesis).
-        clock_file: Some(l.clock_dir.join(format!("c{k}"))),
-    }
-}
-
-/// This run's private copy of the harness binary.
-fn o_bin(out: &Path) -> PathBuf {
-    out.join("bin").join("fenced-jepsen")
-}
-
-/// Run `fenced-jepsen <sub> --spec FILE` on host `host` and wait (bounded) for it to exit.
-fn run_helper(
-    env: &mut Env,
-    name: &str,
-    host: &str,
-    sub: &str,
-    spec: &ClientSpec,
-    out: &Path,
-    limit: Duration,
-) -> anyhow::Result<bool> {
-    let path = out.join(format!("{name}.spec.json"));
-    std::fs::write(&path, serde_json::to_vec_pretty(spec)?)?;
-    env.spawn(
-        name,
-        Spec {
-            host: host.to_owned(),
-            program: o_bin(out),
-            args: vec![sub.into(), "--spec".into(), path.display().to_string()],
-            env: vec![],
-        },
-    )?;
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline && !interrupted() {
-        if let Some(st) = env.exited(name) {
-            return Ok(st.success());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    env.kill(name)?;
-    Ok(false)
-}
-
-/// `retired`: fenced nodes that left for good; kill and restart nemeses leave them alone.
-/// Membership changes are not applied here (see `membership.rs`).
-fn apply(
-    env: &mut Env,
-    proxies: Option<&Proxies>,
-    l: &Layout,
-    f: &Fault,
-    start: bool,
-    retired: &[String],
-) -> anyhow::Result<()> {
-    match f {
-        Fault::Partition { grudge, .. } => match proxies {
-            Some(p) => {
-                if start {
-                    for (victim, from) in grudge {
-                        for f in from {
-                            p.set_cut(victim, f, true);
-                        }
-                    }
-                } else {
-                    p.heal_all();
-                }
-            }
-            None => {
-                if start {
-                    for (victim, from) in grudge {
-                        env.drop_from(victim, from)?;
-                    }
-                } else {
-                    env.heal()?;
-                }
-            }
-        },
-        Fault::Kill { targets } | Fault::RestartEmpty { targets, .. } => {
-            for t in targets.iter().filter(|t| !retired.contains(t)) {
-                if start {
-                    env.kill(t)?;
-                } else {
-                    if matches!(f, Fault::RestartEmpty { .. }) {
-                        // Redis keeps nothing on disk here; make sure of it.
-                        let d = l.data_dir.join(t);
-                        let _ = std::fs::remove_dir_all(&d);
-                        std::fs::create_dir_all(&d)?;
-                    }
-                    if env.pid(t).is_none() {
-                        env.start(t)?;
-                    }
-                }
-            }
-        }
-        Fault::Pause { targets } => {
-            for t in targets {
-                if start {
-                    env.pause(t)?;
-                } else {
-                    env.resume(t)?;
-                }
-            }
-        }
-        Fault::Clock { targets, offset_ms } => {
-            for t in targets {
-                write_clock(&l.clock_dir, t, if start { *offset_ms } else { 0 })?;
-            }
-        }
-        Fault::Membership { .. } => {}
-    }
-    Ok(())
-}
-
 /// What the watchdog keeps track of across a run.
 #[derive(Default)]
 pub(crate) struct Exits {
@@ -387,59 +116,6 @@ impl Exits {
     fn gone(&self) -> Vec<String> {
         self.retired.iter().chain(&self.removed).cloned().collect()
     }
-}
-
-/// A server process that exited without the nemesis killing it (a crash — or something
-/// outside the harness killing it) is logged in the history and restarted. Except a fenced
-/// node that the nemesis restarted with an empty data dir (`wiped`) and that exits with
-/// status 1: its peers refused its new incarnation and it retired itself, as it must; it is
-/// logged once (`retired`) and stays down.
-pub(crate) fn watchdog(
-    env: &mut Env,
-    nodes: &[String],
-    nem: &mut HistoryWriter,
-    clock: &RunClock,
-    exits: &mut Exits,
-) -> anyhow::Result<()> {
-    for n in nodes {
-        if let Some(st) = env.exited(n) {
-            if exits.removed.contains(n) {
-                let what = format!("{n} exited ({st}) after its removal from the members");
-                nem.write(
-                    &Event::new(Process::nemesis(), Kind::Info, "member-exit", clock.now())
-                        .value(json!(what)),
-                )?;
-                continue;
-            }
-            if exits.wiped.contains(n) && st.code() == Some(1) {
-                let what = format!(
-                    "{n} exited ({st}) after a restart with an empty data dir: it refused to \
-                     rejoin under a new incarnation (retired); not restarted"
-                );
-                nem.write(
-                    &Event::new(Process::nemesis(), Kind::Info, "retired", clock.now())
-                        .value(json!(what)),
-                )?;
-                exits.retired.push(n.clone());
-                continue;
-            }
-            let what = format!("{n} exited unexpectedly ({st}); restarted");
-            nem.write(
-                &Event::new(
-                    Process::nemesis(),
-                    Kind::Info,
-                    "unexpected-exit",
-                    clock.now(),
-                )
-                .value(json!(what)),
-            )?;
-            exits
-                .unexpected
-                .push(format!("{:.1} s: {what}", clock.now() as f64 / 1e9));
-            env.start(n)?;
-        }
-    }
-    Ok(())
 }
 
 /// Run one test; returns its results (also written to `o.out`).
