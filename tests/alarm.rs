@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use fenced_proto::v1 as pb;
 use support::{follower_of, resp_connect, wait_for, TestCluster, LEADER_TIMEOUT, RESP_STEP};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const METRICS_PORT: u16 = 9191;
 /// How long a diverged member may take to be fenced out (digests every 8 indexes, a check
@@ -30,25 +29,7 @@ fn enable_test_hooks() {
 }
 
 async fn http_get(ip: &str, path: &str) -> Result<(u16, String), String> {
-    let mut s = tokio::net::TcpStream::connect((ip, METRICS_PORT))
-        .await
-        .map_err(|e| format!("connect {ip}: {e}"))?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no HTTP head in {text:?}"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("no status in {head:?}"))?;
-    Ok((code, body.to_owned()))
+    support::http_get(ip, METRICS_PORT, path).await
 }
 
 /// One RESP command on node `id`: its reply, or the error text.

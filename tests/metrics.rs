@@ -13,32 +13,13 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use support::{resp_connect, wait_for, within, TestCluster, LEADER_TIMEOUT};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const METRICS_PORT: u16 = 9190;
 const CALL: Duration = Duration::from_secs(30);
 
 /// `GET path` on node `ip`'s metrics listener: (status code, body).
 async fn get(ip: &str, path: &str) -> Result<(u16, String), String> {
-    let mut s = tokio::net::TcpStream::connect((ip, METRICS_PORT))
-        .await
-        .map_err(|e| format!("connect {ip}: {e}"))?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {ip}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).await.map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| format!("no HTTP head in {text:?}"))?;
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("no status in {head:?}"))?;
-    Ok((code, body.to_owned()))
+    support::http_get(ip, METRICS_PORT, path).await
 }
 
 /// Scrape and parse node `ip`'s metrics: sample name → value (labels dropped, buckets
