@@ -42,15 +42,7 @@ pub fn common_index(ends: &[NodeDigest]) -> Result<u64, String> {
         .map(|d| d.last_index.unwrap_or(d.index))
         .min()
         .ok_or("no node to compare")?;
-    let lo = ends
-        .iter()
-        .map(|d| d.snapshot_index.unwrap_or(0))
-        .max()
-        .unwrap_or(0);
-    if lo > hi {
-        return Err(no_common(ends, lo, hi));
-    }
-    Ok(hi)
+    rebuildable(ends, hi)
 }
 
 /// The largest index every node knew committed (each node's log is the committed log up to
@@ -66,15 +58,21 @@ pub fn committed_index(ends: &[NodeDigest]) -> Result<u64, String> {
         })
         .min()
         .ok_or("no node to compare")?;
+    rebuildable(ends, safe)
+}
+
+/// `index` if every node can rebuild it (it is at or above every node's snapshot), else the
+/// reason there is no common index.
+fn rebuildable(ends: &[NodeDigest], index: u64) -> Result<u64, String> {
     let lo = ends
         .iter()
         .map(|d| d.snapshot_index.unwrap_or(0))
         .max()
         .unwrap_or(0);
-    if safe < lo {
-        return Err(no_common(ends, lo, safe));
+    if lo > index {
+        return Err(no_common(ends, lo, index));
     }
-    Ok(safe)
+    Ok(index)
 }
 
 fn no_common(ends: &[NodeDigest], lo: u64, hi: u64) -> String {
