@@ -311,8 +311,6 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_is_bounded_by_count_and_bytes() {
-        let sizes = Arc::new(Mutex::new(Vec::new()));
-        let seen = sizes.clone();
         let limits = Limits {
             in_flight: 1,
             max_items: 4,
@@ -320,13 +318,7 @@ mod tests {
             cap_bytes: 1_000,
             max_queued: 1_000,
         };
-        let b = Batcher::spawn(limits, move |batch: Vec<usize>| {
-            seen.lock().unwrap().push(batch.clone());
-            async move {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                batch
-            }
-        });
+        let (b, sizes) = recording(limits, Duration::from_millis(20));
         let block = b.submit(0, 1).unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
         let queued: Vec<_> = [1, 1, 1, 1, 1, 6, 6, 20, 1]
