@@ -50,25 +50,25 @@ async fn slow_resp_connect(c: &TestCluster, id: u64) -> redis::aio::MultiplexedC
     .await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_acquire_whose_leader_is_lost_is_never_refused_nor_granted_twice() {
-    let c = TestCluster::start("outcome-wait", &[]);
-    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
-    let follower = follower_of(leader);
-    let other = c
-        .ids()
-        .find(|i| *i != leader && *i != follower)
-        .expect("3 nodes");
+/// `a` takes `l` (gRPC), then `b` asks for it with a waiting `LOCK.ACQUIRE` through
+/// `follower`, which forwards the wait to the leader; returns once `b` is queued: `a`'s
+/// grant, `b`'s connection and its pending reply.
+async fn a_holds_b_waits(
+    c: &TestCluster,
+    follower: u64,
+) -> (
+    fenced_client::Grant,
+    redis::aio::MultiplexedConnection,
+    tokio::task::JoinHandle<Result<Option<u64>, String>>,
+) {
     let client = c.client();
     let holder = client
         .acquire("l", "a", TTL, Duration::ZERO, 0)
         .await
         .expect("acquire")
         .expect("granted while free");
-
-    // `b` queues behind `a` through the follower, which forwards the wait to the leader.
-    let mut con = slow_resp_connect(&c, follower).await;
-    let mut waiting = {
+    let con = slow_resp_connect(c, follower).await;
+    let waiting = {
         let mut con = con.clone();
         tokio::spawn(async move { acquire_waiting(&mut con, "l", "b").await })
     };
@@ -79,6 +79,21 @@ async fn a_waiting_acquire_whose_leader_is_lost_is_never_refused_nor_granted_twi
         }
     })
     .await;
+    (holder, con, waiting)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_whose_leader_is_lost_is_never_refused_nor_granted_twice() {
+    let c = TestCluster::start("outcome-wait", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let follower = follower_of(leader);
+    let other = c
+        .ids()
+        .find(|i| *i != leader && *i != follower)
+        .expect("3 nodes");
+    // `a` holds `l`; `b` queues behind it through the follower, which forwards the wait to
+    // the leader.
+    let (holder, mut con, mut waiting) = a_holds_b_waits(&c, follower).await;
 
     // Mid-wait the leader stops answering (SIGSTOP: the forwarded wait hangs until its own
     // deadline) and the other follower dies: no leader anywhere, and the follower knows it.
@@ -147,24 +162,7 @@ async fn a_waiting_acquire_resumes_its_wait_across_a_leader_kill_and_gets_its_to
     let c = TestCluster::start("outcome-resume", &[]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let follower = follower_of(leader);
-    let client = c.client();
-    let holder = client
-        .acquire("l", "a", TTL, Duration::ZERO, 0)
-        .await
-        .expect("acquire")
-        .expect("granted while free");
-    let mut con = slow_resp_connect(&c, follower).await;
-    let waiting = {
-        let mut con = con.clone();
-        tokio::spawn(async move { acquire_waiting(&mut con, "l", "b").await })
-    };
-    wait_for("b queued", Duration::from_secs(20), || async {
-        match client.info("l").await {
-            Ok(Some(i)) if i.waiters == 1 => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    })
-    .await;
+    let (holder, mut con, waiting) = a_holds_b_waits(&c, follower).await;
 
     // The leader the wait was forwarded to dies; the other two elect a new one, and `a` lets
     // go there. The follower's wait resumes on the same request and hears of the grant.
