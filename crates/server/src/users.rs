@@ -90,6 +90,8 @@ impl Users {
         let Some(u) = self.acl.authenticate(name.as_bytes(), password.as_bytes()) else {
             return Err(Status::unauthenticated(WRONGPASS));
         };
+        // A secret: drawn from the OS, never through the node's seedable generator
+        // (`fenced_raft_types::rng`), whatever a simulator seeds.
         let mut raw = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut raw);
         let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();
