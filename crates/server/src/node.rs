@@ -17,7 +17,7 @@ use openraft::ServerState;
 use tokio::sync::watch;
 
 use crate::batch::{Batcher, Limits, Refused};
-use crate::clock::LeaderClock;
+use crate::clock::{LeaderClock, NodeClock};
 use crate::error::NodeError;
 use crate::forward::client::Forwarder;
 use crate::hub::Hub;
@@ -100,7 +100,7 @@ impl Node {
                 id: cfg.id,
                 state,
                 hub,
-                clock: LeaderClock::new(),
+                clock: LeaderClock::new(cfg.clock.clone()),
                 handing_off: std::sync::atomic::AtomicBool::new(false),
                 alarms,
                 forwarder: Forwarder::new(
@@ -165,6 +165,11 @@ impl Node {
 
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// This node's clocks (the leader's log clock reads them).
+    pub fn clock(&self) -> &NodeClock {
+        self.inner.clock.node_clock()
     }
 
     pub fn hub(&self) -> &Hub {
