@@ -25,11 +25,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fenced_resp::acl::{Acl, Denied, User};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
 use tonic::{Request, Status};
 
 /// The metadata header that carries a token: `authorization: Bearer <token>`.
