@@ -85,7 +85,7 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// A new identity with a fresh random incarnation.
+    /// A new identity with a fresh random incarnation (drawn through [`crate::rng`]).
     pub fn new(cluster_id: u64, member_id: NodeId, state: MemberState) -> Identity {
         let created_unix_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -94,7 +94,7 @@ impl Identity {
             format: FORMAT,
             cluster_id,
             member_id,
-            incarnation: rand::random::<u64>().max(1),
+            incarnation: crate::rng::nonzero_u64(),
             state,
             created_unix_ms,
             peers: BTreeMap::new(),

@@ -2,12 +2,15 @@
 //! fenced share: openraft's type configuration ([`TypeConfig`]), [`NodeId`], the [`Raft`]
 //! handle and the snapshot file handle ([`SnapshotFile`], the configuration's
 //! `SnapshotData`), and the member's [`identity`] (the `identity` file of a data dir, its
-//! incarnation and the peers' pins), which the transport's identity checks read and update.
+//! incarnation and the peers' pins), which the transport's identity checks read and update;
+//! and the node's one source of randomness ([`rng`]: a per-thread generator a simulator can
+//! seed, and [`rng::FencedRuntime`], openraft's runtime drawing its election timeouts from it).
 //!
 //! Nothing here knows how the log, the vote or the state machine are stored (no sled): a crate
 //! that needs these types does not need the storage crate for them.
 
 pub mod identity;
+pub mod rng;
 mod snapshot;
 
 pub use snapshot::SnapshotFile;
@@ -22,7 +25,7 @@ openraft::declare_raft_types!(
         Node = openraft::BasicNode,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = SnapshotFile,
-        AsyncRuntime = openraft::TokioRuntime,
+        AsyncRuntime = rng::FencedRuntime,
 );
 
 pub type NodeId = u64;

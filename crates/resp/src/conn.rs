@@ -19,7 +19,6 @@ use fenced_core::kv::{
 };
 use fenced_core::limits::DEDUP_WINDOW;
 use fenced_core::RequestId;
-use rand::Rng;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::broadcast;
 
@@ -183,6 +182,7 @@ impl Connection {
     ) -> Self {
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
         let user = shared.config.acl.initial_user();
+        let client_id = shared.backend.client_id();
         shared.live.fetch_add(1, Ordering::Relaxed);
         Connection {
             shared,
@@ -196,7 +196,7 @@ impl Connection {
                 user,
                 id,
                 name: None,
-                client_id: rand::thread_rng().gen_range(1..u64::MAX),
+                client_id,
                 seq: 0,
                 multi: None,
                 watches: Vec::new(),

@@ -124,6 +124,9 @@ pub trait Backend: Send + Sync + 'static {
     fn events(&self) -> broadcast::Receiver<KvEvent>;
     /// Lines for `INFO` (`key:value`), e.g. node id, role, leader.
     fn info(&self) -> Vec<(String, String)>;
+    /// A fresh random client id (nonzero) for a new connection's request ids: the node draws
+    /// it from its own source of randomness, which a simulator seeds.
+    fn client_id(&self) -> u64;
 }
 
 /// RESP server settings.

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::clock::NodeClock;
 use crate::StartError;
 
 /// `--initial-cluster-state`: may an empty data dir bootstrap a new cluster?
@@ -121,6 +122,10 @@ pub struct NodeConfig {
     pub digest_interval: u64,
     /// Hooks for tests only (hidden flags, refused unless `FENCED_UNSAFE_TEST_HOOKS` is set).
     pub test_hooks: TestHooks,
+    /// This node's clocks (monotonic and wall): the real ones, with the test-only offset
+    /// file of [`TEST_CLOCK_OFFSET_ENV`] if that is set when the config is made; a
+    /// simulator puts its own per node ([`crate::clock::SimClock`]).
+    pub clock: NodeClock,
 }
 
 /// Default `--digest-interval`: a digest of the state every 1,000 log indexes.
@@ -140,6 +145,10 @@ pub struct TestHooks {
 
 /// The environment variable that must be `1` for `fenced serve` to accept test hooks.
 pub const TEST_HOOKS_ENV: &str = "FENCED_UNSAFE_TEST_HOOKS";
+
+/// Environment variable naming the test-only wall-clock offset file (`crate::clock`'s module
+/// docs), read into [`NodeConfig::clock`] by [`NodeConfig::new`].
+pub const TEST_CLOCK_OFFSET_ENV: &str = "FENCED_TEST_CLOCK_OFFSET_FILE";
 
 impl NodeConfig {
     pub fn new(id: u64, data_dir: PathBuf, grpc_addr: String, resp_addr: String) -> Self {
@@ -166,6 +175,7 @@ impl NodeConfig {
             test_hooks: TestHooks::default(),
             metrics_addr: None,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
+            clock: NodeClock::real(std::env::var_os(TEST_CLOCK_OFFSET_ENV).map(PathBuf::from)),
         }
     }
 

@@ -8,11 +8,12 @@
 //! acknowledged (README, "Losing a disk").
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fenced_raft_types::{NodeId, Raft};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, RaftMetrics};
+use tokio::time::Instant;
 
 use crate::error::NodeError;
 use crate::node::Node;

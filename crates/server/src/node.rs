@@ -4,7 +4,7 @@
 //! clock and expiry ticker.
 
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::NodeConfig;
 use fenced_core::{Batch, Command, Event, Request, RequestId, Response, StateMachine};
@@ -15,9 +15,10 @@ use fenced_storage::SharedState;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::ServerState;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::batch::{Batcher, Limits, Refused};
-use crate::clock::LeaderClock;
+use crate::clock::{LeaderClock, NodeClock};
 use crate::error::NodeError;
 use crate::forward::client::Forwarder;
 use crate::hub::Hub;
@@ -100,7 +101,7 @@ impl Node {
                 id: cfg.id,
                 state,
                 hub,
-                clock: LeaderClock::new(),
+                clock: LeaderClock::new(cfg.clock.clone()),
                 handing_off: std::sync::atomic::AtomicBool::new(false),
                 alarms,
                 forwarder: Forwarder::new(
@@ -165,6 +166,11 @@ impl Node {
 
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// This node's clocks (the leader's log clock reads them).
+    pub fn clock(&self) -> &NodeClock {
+        self.inner.clock.node_clock()
     }
 
     pub fn hub(&self) -> &Hub {
@@ -438,7 +444,8 @@ impl Node {
             // Stopped before this entry was handed to it: nothing of it can apply.
             return err(NodeError::Fatal("raft stopped".into()));
         }
-        let started = Instant::now();
+        // A metric only (commit_seconds): the real time an entry took, also under a simulator.
+        let started = std::time::Instant::now();
         let written =
             tokio::time::timeout(WRITE_TIMEOUT, self.inner.raft.client_write(batch)).await;
         if let Ok(Ok(resp)) = &written {

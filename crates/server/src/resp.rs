@@ -189,6 +189,10 @@ impl Backend for RespBackend {
         self.node.hub().kv_events()
     }
 
+    fn client_id(&self) -> u64 {
+        fenced_raft_types::rng::nonzero_u64()
+    }
+
     fn info(&self) -> Vec<(String, String)> {
         let m = self.node.raft().metrics();
         let m = m.borrow();

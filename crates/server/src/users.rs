@@ -25,11 +25,12 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fenced_resp::acl::{Acl, Denied, User};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
 use tonic::{Request, Status};
 
 /// The metadata header that carries a token: `authorization: Bearer <token>`.
@@ -90,6 +91,8 @@ impl Users {
         let Some(u) = self.acl.authenticate(name.as_bytes(), password.as_bytes()) else {
             return Err(Status::unauthenticated(WRONGPASS));
         };
+        // A secret: drawn from the OS, never through the node's seedable generator
+        // (`fenced_raft_types::rng`), whatever a simulator seeds.
         let mut raw = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut raw);
         let token: String = raw.iter().map(|b| format!("{b:02x}")).collect();

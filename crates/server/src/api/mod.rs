@@ -21,7 +21,6 @@ use fenced_proto::v1::kv_server::KvServer;
 use fenced_proto::v1::limiter_server::LimiterServer;
 use fenced_proto::v1::lock_server::LockServer;
 use fenced_proto::v1::session_server::SessionServer;
-use rand::Rng;
 use tonic::Status;
 
 use crate::error::NodeError;
@@ -72,8 +71,8 @@ fn lock_keys<'a>(name: &'a str, names: &'a [String]) -> Vec<&'a [u8]> {
     }
 }
 
-/// The request id of a call; calls without one get a random one-off id, so that retries
-/// inside the cluster are still deduplicated.
+/// The request id of a call; calls without one get a random one-off id (drawn through
+/// [`fenced_raft_types::rng`]), so that retries inside the cluster are still deduplicated.
 fn request_id(id: Option<pb::RequestId>) -> Result<RequestId, Status> {
     match id {
         Some(pb::RequestId { client_id, seq }) if client_id != 0 && seq != 0 => {
@@ -83,7 +82,7 @@ fn request_id(id: Option<pb::RequestId>) -> Result<RequestId, Status> {
             "request id needs a nonzero client_id and seq",
         )),
         None => Ok(RequestId {
-            client_id: rand::thread_rng().gen_range(1..u64::MAX),
+            client_id: fenced_raft_types::rng::nonzero_u64(),
             seq: 1,
         }),
     }

@@ -35,7 +35,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use fenced_core::Semantics;
 use fenced_proto::raft::{CheckReply, CorruptVerdict, IndexDigest};
@@ -199,7 +199,7 @@ impl Node {
                     digest: v.digest,
                     majority: v.majority,
                     raised_by: from,
-                    raised_at_ms: wall_ms(),
+                    raised_at_ms: self.clock().unix_ms(),
                 });
             } else {
                 tracing::warn!(
@@ -374,7 +374,7 @@ impl Node {
                     digest: v.digest,
                     majority: v.majority,
                     raised_by: me,
-                    raised_at_ms: wall_ms(),
+                    raised_at_ms: self.clock().unix_ms(),
                 });
                 return;
             }
@@ -465,12 +465,6 @@ fn compare(
         }
     }
     (verdicts.into_iter().collect(), undecided)
-}
-
-fn wall_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

@@ -18,10 +18,11 @@
 //! fails, the leader serves again as before.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fenced_raft_types::NodeId;
 use openraft::ServerState;
+use tokio::time::Instant;
 
 use crate::error::NodeError;
 use crate::membership::members;

@@ -31,11 +31,12 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Weak;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fenced_core::{Command, StateMachine};
 use fenced_raft_types::NodeId;
 use openraft::error::{CheckIsLeaderError, RaftError};
+use tokio::time::Instant;
 
 use super::{refused, Inner, Node, RETRY_PAUSE};
 use crate::batch::{Batcher, Limits};
