@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use fenced_core::{Batch, Command, Request, RequestId};
-use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE};
+use fenced_network::{raft_server, GrpcLinks, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE};
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
 use fenced_proto::raft::{PeerIdentity, RaftReply, RaftRequest};
@@ -216,7 +216,8 @@ async fn network_to(
 ) -> (fenced_network::Network, tempfile::TempDir) {
     let gate_dir = tempfile::tempdir().expect("tempdir");
     let gate = gate(gate_dir.path(), 9, "127.0.0.1:9").expect("identity");
-    let mut factory = NetworkFactory::new(gate).with_connect_timeout(connect_timeout);
+    let links = GrpcLinks::new().with_connect_timeout(connect_timeout);
+    let mut factory = NetworkFactory::with_links(gate, Arc::new(links));
     (factory.new_client(1, &BasicNode::new(addr)).await, gate_dir)
 }
 
