@@ -3,7 +3,7 @@
 
 use std::error::Error;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fenced_proto::raft::raft_server::Raft as RaftRpc;
 use fenced_proto::raft::RaftRequest;
@@ -20,6 +20,7 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use tokio::time::Instant;
 use tonic::Code;
 
 use crate::codec::{decode, encode};
@@ -240,6 +241,8 @@ impl Network {
         // a request nobody waits for any more.
         request.set_timeout(ttl);
 
+        // tokio's clock (simulated time when paused): decides whether a failed call timed
+        // out, and times a heartbeat's round trip.
         let start = Instant::now();
         let rpc = async {
             match action {

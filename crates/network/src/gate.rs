@@ -22,12 +22,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fenced_proto::raft::PeerIdentity;
 use fenced_raft_types::identity::{IdentityStore, MemberState, Pin};
 use fenced_raft_types::NodeId;
 use openraft::{BasicNode, Membership};
+use tokio::time::Instant;
 use tonic::Status;
 
 /// Metadata key on a refusal that tells the caller it is the stale incarnation.
@@ -40,7 +41,7 @@ pub struct PeerGate {
     ids: Arc<IdentityStore>,
     addr: String,
     /// When each member last answered a call of this node (for the leader's quorum checks
-    /// before a membership change).
+    /// before a membership change), on tokio's clock (simulated time when paused).
     heard: Arc<Mutex<HashMap<NodeId, Instant>>>,
 }
 
