@@ -359,3 +359,165 @@ pub fn status_to_error(status: &tonic::Status) -> NodeError {
         _ => NodeError::Unknown(format!("{}: {}", status.code(), status.message())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fenced_network::{NetworkFactory, TransportError};
+    use fenced_proto::raft::raft_server::Raft as RaftRpc;
+    use fenced_proto::raft::{
+        AdminReply, CampaignReply, ProposeBatchReply, ProposeReply, ReadIndexReply,
+    };
+    use fenced_raft_types::identity::{Identity, IdentityStore, MemberState};
+    use tonic::{Request, Response as Reply, Status};
+
+    /// A leader's forwarding service in miniature: answers batches (slowly, so that callers
+    /// meanwhile gather in the next batch) with the log time, refuses read rounds as "not
+    /// the leader", never answers a campaign.
+    #[derive(Default)]
+    struct Stub {
+        batches: Mutex<Vec<usize>>,
+        senders: Mutex<Vec<PeerIdentity>>,
+        unreachable: std::sync::atomic::AtomicBool,
+    }
+
+    #[tonic::async_trait]
+    impl Forward for Stub {
+        async fn propose(&self, _: Request<ProposeRequest>) -> Result<Reply<ProposeReply>, Status> {
+            Err(Status::unimplemented("batches only"))
+        }
+
+        async fn propose_batch(
+            &self,
+            req: Request<ProposeBatchRequest>,
+        ) -> Result<Reply<ProposeBatchReply>, Status> {
+            if self.unreachable.load(Ordering::Relaxed) {
+                return Err(Status::unavailable("simulated: leader unreachable"));
+            }
+            let req = req.into_inner();
+            let from = req
+                .from
+                .ok_or_else(|| Status::failed_precondition("no id"))?;
+            self.senders.lock().expect("senders").push(from);
+            let batch: Vec<Proposal> =
+                codec::decode(&req.data).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            self.batches.lock().expect("batches").push(batch.len());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let answers: Vec<Proposed> = batch.iter().map(|_| Ok(Response::NotGranted)).collect();
+            let data = codec::encode(&answers).map_err(|e| Status::internal(e.to_string()))?;
+            let mut reply = Reply::new(ProposeBatchReply { data });
+            reply.metadata_mut().insert(LOG_TIME_HEADER, 4242u64.into());
+            Ok(reply)
+        }
+
+        async fn read_index(
+            &self,
+            _: Request<ReadIndexRequest>,
+        ) -> Result<Reply<ReadIndexReply>, Status> {
+            Err(NodeError::NotLeader {
+                leader: Some("127.0.0.1:7001".into()),
+            }
+            .into())
+        }
+
+        async fn campaign(
+            &self,
+            _: Request<CampaignRequest>,
+        ) -> Result<Reply<CampaignReply>, Status> {
+            std::future::pending().await
+        }
+
+        async fn admin(&self, _: Request<AdminRequest>) -> Result<Reply<AdminReply>, Status> {
+            Err(Status::unimplemented("batches only"))
+        }
+
+        async fn check(&self, _: Request<CheckRequest>) -> Result<Reply<CheckReply>, Status> {
+            Err(Status::unimplemented("batches only"))
+        }
+    }
+
+    /// Links on which every forwarding call reaches the stub.
+    struct ToStub(Arc<Stub>);
+
+    impl Links for ToStub {
+        fn raft(&self, target: NodeId, addr: &str) -> Result<Arc<dyn RaftRpc>, TransportError> {
+            Err(TransportError::InvalidAddress {
+                node: target,
+                addr: addr.to_owned(),
+                reason: "no raft calls here".into(),
+            })
+        }
+
+        fn forward(&self, _: NodeId, _: &str) -> Result<Arc<dyn Forward>, TransportError> {
+            Ok(self.0.clone())
+        }
+    }
+
+    /// A forwarder of member 1 (its Raft uninitialized, calling nobody) over the stub.
+    async fn forwarder(dir: &std::path::Path) -> (Arc<Forwarder>, Arc<Stub>, Raft) {
+        let identity = Identity::new(7, 1, MemberState::Ready);
+        fenced_raft_types::identity::store(dir, &identity).expect("identity");
+        let gate = PeerGate::new(
+            Arc::new(IdentityStore::new(dir, identity)),
+            "127.0.0.1:7000",
+        );
+        let (log, sm) =
+            fenced_storage::open(dir, Arc::new(|_: &[fenced_core::Event]| {})).expect("storage");
+        let config = openraft::Config::default().validate().expect("config");
+        let raft = Raft::new(
+            1,
+            Arc::new(config),
+            NetworkFactory::new(gate.clone()),
+            log,
+            sm,
+        )
+        .await
+        .expect("raft");
+        let stub = Arc::new(Stub::default());
+        let links = Arc::new(ToStub(stub.clone()));
+        (Forwarder::new(raft.clone(), gate, links, 1000), stub, raft)
+    }
+
+    /// The production forwarder over a `Links` that is a function call: proposals batch,
+    /// carry this member's identity, and bring the leader's log time back; the leader's
+    /// refusal keeps its hint; an unreachable leader leaves the outcome unknown; a call never
+    /// answered ends at the forwarder's own deadline.
+    #[tokio::test]
+    async fn the_forwarder_over_in_process_links() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (fwd, stub, raft) = forwarder(dir.path()).await;
+        let cmd = Command::OpenSession { ttl_ms: 1000 };
+
+        let calls = (0..10).map(|_| fwd.forward("127.0.0.1:7001", None, &cmd, 0));
+        for answer in futures::future::join_all(calls).await {
+            assert!(matches!(answer, Ok(Response::NotGranted)), "{answer:?}");
+        }
+        let batches = stub.batches.lock().expect("batches").clone();
+        assert_eq!(batches.iter().sum::<usize>(), 10);
+        assert!(batches.len() < 10, "batched: {batches:?}");
+        assert_eq!(fwd.leader_log_time(), 4242);
+        let senders = stub.senders.lock().expect("senders").clone();
+        assert!(senders.iter().all(|s| s.member == 1 && s.cluster_id == 7));
+
+        let refused = fwd.read_index("127.0.0.1:7001").await;
+        assert!(
+            matches!(&refused, Err(NodeError::NotLeader { leader: Some(l) }) if l == "127.0.0.1:7001"),
+            "{refused:?}"
+        );
+
+        stub.unreachable.store(true, Ordering::Relaxed);
+        let lost = fwd.forward("127.0.0.1:7001", None, &cmd, 0).await;
+        assert!(matches!(lost, Err(NodeError::Unknown(_))), "{lost:?}");
+
+        let started = tokio::time::Instant::now();
+        let silent = fwd
+            .campaign("127.0.0.1:7001", Duration::from_millis(10))
+            .await;
+        assert!(
+            matches!(&silent, Err(NodeError::Unknown(m)) if m.contains("did not answer")),
+            "{silent:?}"
+        );
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        raft.shutdown().await.expect("shutdown");
+    }
+}
