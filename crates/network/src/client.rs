@@ -1,11 +1,11 @@
-//! Client side: openraft's `RaftNetworkFactory` / `RaftNetwork` over tonic channels.
+//! Client side: openraft's `RaftNetworkFactory` / `RaftNetwork` over [`Links`] (tonic
+//! channels in production).
 
-use std::collections::HashMap;
 use std::error::Error;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use fenced_proto::raft::raft_client::RaftClient;
+use fenced_proto::raft::raft_server::Raft as RaftRpc;
 use fenced_proto::raft::RaftRequest;
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::error::{
@@ -20,11 +20,12 @@ use openraft::raft::{
 use openraft::BasicNode;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, ClientTlsConfig};
+use tokio::time::Instant;
 use tonic::Code;
 
 use crate::codec::{decode, encode};
-use crate::{PeerGate, TransportError, DEFAULT_CONNECT_TIMEOUT, MAX_MESSAGE_SIZE};
+use crate::links::{GrpcLinks, Links};
+use crate::{PeerGate, TransportError, MAX_MESSAGE_SIZE};
 
 /// Bytes a `RaftRequest` adds around its payload (field tag and length varint), rounded up.
 const ENVELOPE: usize = 16;
@@ -33,17 +34,24 @@ type RpcResult<T, E> = Result<T, RPCError<NodeId, BasicNode, RaftError<NodeId, E
 
 /// Creates [`Network`] clients for openraft; pass it to [`openraft::Raft::new`].
 ///
-/// Clones share one cache of channels, keyed by target node id and address: every client to
-/// the same node multiplexes its RPCs over one lazily established HTTP/2 connection, which
-/// tonic re-establishes after a failure. A changed address replaces the cached channel.
-#[derive(Clone, Debug)]
+/// Each client calls its target through a handle from the factory's [`Links`]: with
+/// [`GrpcLinks`] (the default), every client to the same node multiplexes its RPCs over one
+/// lazily established HTTP/2 connection.
+#[derive(Clone)]
 pub struct NetworkFactory {
     id: NodeId,
     gate: PeerGate,
-    connect_timeout: Duration,
-    tls: Option<ClientTlsConfig>,
-    channels: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
+    links: Arc<dyn Links>,
     observer: Observer,
+}
+
+impl std::fmt::Debug for NetworkFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetworkFactory")
+            .field("id", &self.id)
+            .field("observer", &self.observer)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Receives the transport's timings (the server implements it with Prometheus histograms;
@@ -67,14 +75,19 @@ impl std::fmt::Debug for Observer {
 }
 
 impl NetworkFactory {
-    /// A factory for the node whose identity `gate` checks, with [`DEFAULT_CONNECT_TIMEOUT`].
+    /// A factory for the node whose identity `gate` checks, calling peers over plain-text
+    /// [`GrpcLinks`] with [`DEFAULT_CONNECT_TIMEOUT`](crate::DEFAULT_CONNECT_TIMEOUT).
     pub fn new(gate: PeerGate) -> Self {
+        Self::with_links(gate, Arc::new(GrpcLinks::new()))
+    }
+
+    /// A factory for the node whose identity `gate` checks, calling peers through `links`
+    /// (production: [`GrpcLinks`], TLS and connect timeout set there; a simulator: its own).
+    pub fn with_links(gate: PeerGate, links: Arc<dyn Links>) -> Self {
         Self {
             id: gate.identity().member_id(),
             gate,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-            tls: None,
-            channels: Arc::default(),
+            links,
             observer: Observer::default(),
         }
     }
@@ -85,58 +98,13 @@ impl NetworkFactory {
         self.observer = Observer(Some(observer));
         self
     }
-
-    /// Sets the timeout for establishing a connection to a peer. Affects channels created
-    /// afterwards.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Call peers over TLS with this configuration (the node's identity and the cluster CA,
-    /// see `fenced_tls::ServerTls::peer_client`). Affects channels created afterwards.
-    pub fn with_tls(mut self, tls: ClientTlsConfig) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-
-    /// The cached channel to `target` at `addr`, or a new lazily connecting one.
-    fn channel(&self, target: NodeId, addr: &str) -> Result<Channel, TransportError> {
-        let mut channels = self
-            .channels
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some((cached_addr, channel)) = channels.get(&target) {
-            if cached_addr == addr {
-                return Ok(channel.clone());
-            }
-        }
-        let endpoint = fenced_tls::endpoint(addr, self.tls.as_ref())
-            .map_err(|reason| TransportError::InvalidAddress {
-                node: target,
-                addr: addr.to_owned(),
-                reason,
-            })?
-            .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true);
-        let channel = endpoint.connect_lazy();
-        channels.insert(target, (addr.to_owned(), channel.clone()));
-        Ok(channel)
-    }
 }
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = Network;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Network {
-        let client = self.channel(target, &node.addr).map(|channel| {
-            RaftClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(MAX_MESSAGE_SIZE)
-        });
+        let client = self.links.raft(target, &node.addr);
         if let Err(e) = &client {
             tracing::warn!(id = self.id, target, error = %e, "cannot create raft client");
         }
@@ -163,7 +131,7 @@ pub struct Network {
     target: NodeId,
     node: BasicNode,
     gate: PeerGate,
-    client: Result<RaftClient<Channel>, TransportError>,
+    client: Result<Arc<dyn RaftRpc>, TransportError>,
     observer: Observer,
 }
 
@@ -260,9 +228,9 @@ impl Network {
             return Err(network_error(&too_large));
         }
 
-        let client = match &mut self.client {
+        let client = match &self.client {
             Ok(client) => client,
-            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&*e))),
+            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(e))),
         };
         let ttl = option.hard_ttl();
         let mut request = tonic::Request::new(RaftRequest {
@@ -273,6 +241,8 @@ impl Network {
         // a request nobody waits for any more.
         request.set_timeout(ttl);
 
+        // tokio's clock (simulated time when paused): decides whether a failed call timed
+        // out, and times a heartbeat's round trip.
         let start = Instant::now();
         let rpc = async {
             match action {

@@ -41,7 +41,7 @@ pub struct PeerGate {
     ids: Arc<IdentityStore>,
     addr: String,
     /// When each member last answered a call of this node (for the leader's quorum checks
-    /// before a membership change).
+    /// before a membership change), on tokio's clock (simulated time when paused).
     heard: Arc<Mutex<HashMap<NodeId, Instant>>>,
 }
 

@@ -3,10 +3,14 @@
 //!
 //! * Client side: [`NetworkFactory`] (give it to [`openraft::Raft::new`]) creates one
 //!   [`Network`] per target node. Targets are addressed by [`openraft::BasicNode::addr`]
-//!   (`"host:port"` of the node's gRPC listener). Channels are connected lazily and shared by
-//!   all clients of a factory (and its clones) that talk to the same node.
+//!   (`"host:port"` of the node's gRPC listener).
+//! * The seam: a [`Links`] hands out the call handles to a peer's Raft and Forward services
+//!   (the generated tonic server traits). Production uses [`GrpcLinks`]: channels connected
+//!   lazily and shared by all clients that talk to the same node; a simulator routes the
+//!   calls to the other nodes' services in its process (see [`links`]).
 //! * Server side: [`raft_server`] wraps a [`fenced_raft_types::Raft`] handle into a tonic service
-//!   to add to the node's gRPC router next to the client API.
+//!   to add to the node's gRPC router next to the client API; [`RaftService`] is the same
+//!   service without tonic's server around it.
 //!
 //! Payloads are openraft's own request, response and error types encoded with bincode (see
 //! `codec`), so the schema stays stable while openraft's types evolve.
@@ -20,12 +24,14 @@
 mod client;
 pub mod codec;
 pub mod gate;
+pub mod links;
 mod server;
 
 use std::time::Duration;
 
 pub use client::{Network, NetworkFactory, PeerObserver};
 pub use gate::PeerGate;
+pub use links::{GrpcLinks, Links};
 pub use server::{raft_server, RaftService};
 
 /// Largest gRPC message either end of the Raft transport encodes or decodes (64 MiB).

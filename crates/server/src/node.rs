@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::NodeConfig;
 use fenced_core::{Batch, Command, Event, Request, RequestId, Response, StateMachine};
-use fenced_network::PeerGate;
+use fenced_network::{Links, PeerGate};
 use fenced_proto::raft::PeerIdentity;
 use fenced_raft_types::{NodeId, Raft};
 use fenced_storage::SharedState;
@@ -81,7 +81,9 @@ struct Inner {
 }
 
 impl Node {
-    /// A node over a started Raft: its proposal batcher, forwarders and read rounds.
+    /// A node over a started Raft: its proposal batcher, forwarders and read rounds. Calls
+    /// to other nodes go through `links` (the one its Raft's `NetworkFactory` uses).
+    #[allow(clippy::too_many_arguments)] // the parts `run.rs` assembles, each once
     pub(crate) fn new(
         cfg: &NodeConfig,
         raft: Raft,
@@ -90,8 +92,8 @@ impl Node {
         gate: PeerGate,
         metrics: Arc<Metrics>,
         alarms: Alarms,
+        links: Arc<dyn Links>,
     ) -> Node {
-        let peer_tls = cfg.tls.as_ref().map(|t| t.peer_client());
         let bounded = |limits: Limits| Limits {
             max_queued: cfg.max_pending_requests.max(1),
             ..limits
@@ -107,7 +109,7 @@ impl Node {
                 forwarder: Forwarder::new(
                     raft.clone(),
                     gate.clone(),
-                    peer_tls,
+                    links,
                     cfg.max_pending_requests.max(1),
                 ),
                 metrics,

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE};
+use fenced_network::{
+    raft_server, GrpcLinks, Links, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE,
+};
 use fenced_raft_types::identity::MemberState;
 use fenced_raft_types::{NodeId, Raft};
 use fenced_storage::datadir;
@@ -164,19 +166,16 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
     }
     .validate()
     .map_err(|e| StartError::Config(e.to_string()))?;
-    let network = NetworkFactory::new(gate.clone()).with_observer(metrics.clone());
-    let raft = Raft::new(
-        cfg.id,
-        Arc::new(raft_config),
-        match &cfg.tls {
-            Some(t) => network.with_tls(t.peer_client()),
-            None => network,
-        },
-        log_store,
-        sm_store,
-    )
-    .await
-    .map_err(|e| StartError::Raft(e.to_string()))?;
+    // How this node reaches its peers (Raft and forwarding): gRPC, over TLS if configured.
+    let links: Arc<dyn Links> = Arc::new(match &cfg.tls {
+        Some(t) => GrpcLinks::new().with_tls(t.peer_client()),
+        None => GrpcLinks::new(),
+    });
+    let network =
+        NetworkFactory::with_links(gate.clone(), links.clone()).with_observer(metrics.clone());
+    let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log_store, sm_store)
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
 
     let listener = TcpListener::bind(&cfg.grpc_addr)
         .await
@@ -193,6 +192,7 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
         gate.clone(),
         metrics,
         alarms,
+        links,
     );
     node.apply_alarm_to_raft();
 

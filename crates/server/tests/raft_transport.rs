@@ -1,5 +1,7 @@
 //! The Raft transport end to end: a 3-node cluster on 127.0.0.1, plus the error mapping of
-//! the client side against unreachable, silent, broken and stopped peers.
+//! the client side against unreachable, silent, broken and stopped peers; and a 3-node cluster
+//! over in-process `Links` (a simulator's way: each call goes straight to the target's
+//! `RaftService`).
 //!
 //! In-process (no `fenced` binary). It lives with the server, the crate that puts
 //! `fenced-network` and `fenced-storage` together, so that the transport crate does not
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use fenced_core::{Batch, Command, Request, RequestId};
-use fenced_network::{raft_server, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE};
+use fenced_network::{raft_server, GrpcLinks, NetworkFactory, PeerGate, SNAPSHOT_CHUNK_SIZE};
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
 use fenced_proto::raft::{PeerIdentity, RaftReply, RaftRequest};
@@ -216,7 +218,8 @@ async fn network_to(
 ) -> (fenced_network::Network, tempfile::TempDir) {
     let gate_dir = tempfile::tempdir().expect("tempdir");
     let gate = gate(gate_dir.path(), 9, "127.0.0.1:9").expect("identity");
-    let mut factory = NetworkFactory::new(gate).with_connect_timeout(connect_timeout);
+    let links = GrpcLinks::new().with_connect_timeout(connect_timeout);
+    let mut factory = NetworkFactory::with_links(gate, Arc::new(links));
     (factory.new_client(1, &BasicNode::new(addr)).await, gate_dir)
 }
 
@@ -491,5 +494,223 @@ async fn late_learner_catches_up_through_chunked_snapshot() -> anyhow::Result<()
 
     learner.stop().await?;
     leader.stop().await?;
+    Ok(())
+}
+
+/// Every node's Raft service in this process, and the nodes cut off from the rest: the
+/// simulated network of [`InProcess`] links.
+#[derive(Clone, Default)]
+struct Wires {
+    services: Arc<std::sync::Mutex<BTreeMap<NodeId, Arc<dyn RaftRpc>>>>,
+    cut: Arc<std::sync::Mutex<std::collections::BTreeSet<NodeId>>>,
+}
+
+impl Wires {
+    /// The service a call from `from` to `to` reaches now, if any.
+    fn route(&self, from: NodeId, to: NodeId) -> Option<Arc<dyn RaftRpc>> {
+        let cut = self.cut.lock().expect("cut");
+        if cut.contains(&from) || cut.contains(&to) {
+            return None;
+        }
+        self.services.lock().expect("services").get(&to).cloned()
+    }
+
+    fn cut(&self, id: NodeId, off: bool) {
+        let mut cut = self.cut.lock().expect("cut");
+        if off {
+            cut.insert(id);
+        } else {
+            cut.remove(&id);
+        }
+    }
+}
+
+/// Node `me`'s links: each call goes straight to the target's `RaftService`, no tonic server
+/// between; a cut-off node is unreachable (`UNAVAILABLE`).
+struct InProcess {
+    me: NodeId,
+    wires: Wires,
+}
+
+struct Wire {
+    from: NodeId,
+    to: NodeId,
+    wires: Wires,
+}
+
+impl Wire {
+    fn service(&self) -> Result<Arc<dyn RaftRpc>, tonic::Status> {
+        self.wires
+            .route(self.from, self.to)
+            .ok_or_else(|| tonic::Status::unavailable("simulated: cut off"))
+    }
+}
+
+#[tonic::async_trait]
+impl RaftRpc for Wire {
+    async fn append_entries(
+        &self,
+        req: tonic::Request<RaftRequest>,
+    ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        self.service()?.append_entries(req).await
+    }
+    async fn vote(
+        &self,
+        req: tonic::Request<RaftRequest>,
+    ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        self.service()?.vote(req).await
+    }
+    async fn install_snapshot(
+        &self,
+        req: tonic::Request<RaftRequest>,
+    ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        self.service()?.install_snapshot(req).await
+    }
+}
+
+impl fenced_network::Links for InProcess {
+    fn raft(
+        &self,
+        target: NodeId,
+        _addr: &str,
+    ) -> Result<Arc<dyn RaftRpc>, fenced_network::TransportError> {
+        Ok(Arc::new(Wire {
+            from: self.me,
+            to: target,
+            wires: self.wires.clone(),
+        }))
+    }
+
+    fn forward(
+        &self,
+        target: NodeId,
+        addr: &str,
+    ) -> Result<Arc<dyn fenced_proto::raft::forward_server::Forward>, fenced_network::TransportError>
+    {
+        Err(fenced_network::TransportError::InvalidAddress {
+            node: target,
+            addr: addr.to_owned(),
+            reason: "no forwarding here".into(),
+        })
+    }
+}
+
+/// A node of an in-process cluster: openraft over `InProcess` links, its `RaftService`
+/// registered in `wires` (no listener).
+async fn start_wired(
+    id: NodeId,
+    wires: &Wires,
+) -> anyhow::Result<(Raft, SharedState, tempfile::TempDir)> {
+    let dir = tempfile::tempdir()?;
+    let (log, sm) = fenced_storage::open(dir.path(), Arc::new(|_: &[fenced_core::Event]| {}))?;
+    let state = sm.shared();
+    let gate = gate(dir.path(), id, &format!("sim-{id}"))?;
+    let links = InProcess {
+        me: id,
+        wires: wires.clone(),
+    };
+    let network = NetworkFactory::with_links(gate.clone(), Arc::new(links));
+    let raft = Raft::new(id, config(SNAPSHOT_CHUNK_SIZE)?, network, log, sm).await?;
+    wires.services.lock().expect("services").insert(
+        id,
+        Arc::new(fenced_network::RaftService::new(raft.clone(), gate)),
+    );
+    Ok((raft, state, dir))
+}
+
+/// Write through whoever leads among `nodes` (retrying across an election); the log index.
+async fn write_through_leader(
+    nodes: &[(NodeId, Raft)],
+    request: Batch,
+) -> anyhow::Result<(NodeId, u64)> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let leader = nodes[0]
+            .1
+            .wait(Some(WAIT))
+            .metrics(
+                |m| {
+                    m.current_leader
+                        .is_some_and(|l| nodes.iter().any(|(id, _)| *id == l))
+                },
+                "a leader among these nodes",
+            )
+            .await?
+            .current_leader
+            .context("no leader")?;
+        let raft = &nodes
+            .iter()
+            .find(|(id, _)| *id == leader)
+            .context("leader")?
+            .1;
+        match raft.client_write(request.clone()).await {
+            Ok(resp) => return Ok((leader, resp.log_id.index)),
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                eprintln!("client_write on {leader} failed, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => bail!("client_write kept failing: {e}"),
+        }
+    }
+}
+
+/// Real openraft nodes and `RaftService`s, the production `NetworkFactory` (envelopes, gate,
+/// error mapping), and links that are function calls: a cluster elects, replicates, and
+/// elects again when its leader is cut off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_in_process_links_replicates_and_fails_over() -> anyhow::Result<()> {
+    let wires = Wires::default();
+    let mut nodes = Vec::new();
+    let mut states = BTreeMap::new();
+    let mut dirs = Vec::new();
+    for id in 1..=3 {
+        let (raft, state, dir) = start_wired(id, &wires).await?;
+        nodes.push((id, raft));
+        states.insert(id, state);
+        dirs.push(dir);
+    }
+    let members: BTreeMap<NodeId, BasicNode> = (1..=3)
+        .map(|id| (id, BasicNode::new(format!("sim-{id}"))))
+        .collect();
+    nodes[0].1.initialize(members).await?;
+
+    let (leader, index) = write_through_leader(&nodes, open_session(1)).await?;
+    for (id, raft) in &nodes {
+        raft.wait(Some(WAIT))
+            .applied_index_at_least(Some(index), "first write applied")
+            .await
+            .with_context(|| format!("node {id}"))?;
+        assert_eq!(states[id].read(|sm| sm.session_count()), 1, "node {id}");
+    }
+
+    // The leader is cut off: its calls and the calls to it fail as unreachable; the two
+    // others elect one of them and commit without it.
+    wires.cut(leader, true);
+    let rest: Vec<(NodeId, Raft)> = nodes
+        .iter()
+        .filter(|(id, _)| *id != leader)
+        .cloned()
+        .collect();
+    let (new_leader, index) = write_through_leader(&rest, open_session(2)).await?;
+    assert_ne!(new_leader, leader);
+    for (id, raft) in &rest {
+        raft.wait(Some(WAIT))
+            .applied_index_at_least(Some(index), "second write applied")
+            .await
+            .with_context(|| format!("node {id}"))?;
+        assert_eq!(states[id].read(|sm| sm.session_count()), 2, "node {id}");
+    }
+
+    // Healed, the old leader catches up.
+    wires.cut(leader, false);
+    let old = &nodes.iter().find(|(id, _)| *id == leader).context("old")?.1;
+    old.wait(Some(WAIT))
+        .applied_index_at_least(Some(index), "the old leader caught up")
+        .await?;
+    assert_eq!(states[&leader].read(|sm| sm.session_count()), 2);
+
+    for (_, raft) in &nodes {
+        raft.shutdown().await?;
+    }
     Ok(())
 }

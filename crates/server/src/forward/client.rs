@@ -4,18 +4,17 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use fenced_core::{Command, RequestId, Response};
-use fenced_network::{codec, PeerGate};
-use fenced_proto::raft::forward_client::ForwardClient;
+use fenced_network::{codec, Links, PeerGate};
+use fenced_proto::raft::forward_server::Forward;
 use fenced_proto::raft::{
     AdminRequest, CampaignRequest, CheckReply, CheckRequest, CorruptVerdict, PeerIdentity,
     ProposeBatchRequest, ProposeRequest, ReadIndexRequest,
 };
-use fenced_raft_types::Raft;
-use tonic::transport::{Channel, ClientTlsConfig};
+use fenced_raft_types::{NodeId, Raft};
 
 use super::LOG_TIME_HEADER;
 use crate::batch::{Batcher, Limits};
@@ -35,15 +34,15 @@ const FORWARD_LIMITS: Limits = Limits {
     max_queued: usize::MAX,
 };
 
-/// A node's calls to the leader.
+/// A node's calls to the leader, through its [`Links`] (production: gRPC channels per
+/// address).
 pub(crate) struct Forwarder {
     /// Who the members are (the identity sent with a call names the member called).
     raft: Raft,
     /// Identity checks of node-to-node calls, both directions.
     gate: PeerGate,
-    /// TLS for forwarding calls to the leader (the node's identity and the cluster CA).
-    peer_tls: Option<ClientTlsConfig>,
-    peers: Mutex<HashMap<String, ForwardClient<Channel>>>,
+    /// How calls reach the other nodes' `Forward` services.
+    links: Arc<dyn Links>,
     /// Proposals forwarded to the leader, batched per leader address.
     batchers: Mutex<HashMap<String, Batcher<Proposal, Proposed>>>,
     /// The largest log time a leader reported with a forwarded answer ([`LOG_TIME_HEADER`]).
@@ -57,14 +56,13 @@ impl Forwarder {
     pub(crate) fn new(
         raft: Raft,
         gate: PeerGate,
-        peer_tls: Option<ClientTlsConfig>,
+        links: Arc<dyn Links>,
         max_queued: usize,
     ) -> Arc<Forwarder> {
         Arc::new_cyclic(|me| Forwarder {
             raft,
             gate,
-            peer_tls,
-            peers: Mutex::new(HashMap::new()),
+            links,
             batchers: Mutex::new(HashMap::new()),
             leader_log_time: AtomicU64::new(0),
             max_queued,
@@ -110,10 +108,8 @@ impl Forwarder {
 
     /// One read-index round on the leader at `addr`: `(read index, leader log time)`.
     pub(crate) async fn read_index(&self, addr: &str) -> Result<(u64, u64), NodeError> {
-        let mut client = self.peer(addr)?;
-        let mut req = tonic::Request::new(ReadIndexRequest {
-            from: Some(self.envelope_for(addr)),
-        });
+        let (client, from) = self.peer(addr)?;
+        let mut req = tonic::Request::new(ReadIndexRequest { from: Some(from) });
         req.set_timeout(PROPOSE_TIMEOUT);
         let reply = tokio::time::timeout(PROPOSE_TIMEOUT, client.read_index(req))
             .await
@@ -129,9 +125,9 @@ impl Forwarder {
 
     /// Ask the voter at `addr` to campaign from `after` on (a leadership hand-off).
     pub(crate) async fn campaign(&self, addr: &str, after: Duration) -> Result<(), NodeError> {
-        let mut client = self.peer(addr)?;
+        let (client, from) = self.peer(addr)?;
         let mut req = tonic::Request::new(CampaignRequest {
-            from: Some(self.envelope_for(addr)),
+            from: Some(from),
             after_ms: after.as_millis() as u64,
         });
         req.set_timeout(Duration::from_secs(1));
@@ -151,11 +147,11 @@ impl Forwarder {
         corrupt: Option<CorruptVerdict>,
         timeout: Duration,
     ) -> Result<CheckReply, tonic::Status> {
-        let mut client = self
+        let (client, from) = self
             .peer(addr)
             .map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
         let mut req = tonic::Request::new(CheckRequest {
-            from: Some(self.envelope_for(addr)),
+            from: Some(from),
             term,
             corrupt,
         });
@@ -176,11 +172,11 @@ impl Forwarder {
         addr: &str,
         op: &crate::admin::AdminOp,
     ) -> Result<crate::admin::AdminDone, NodeError> {
-        let mut client = self.peer(addr)?;
+        let (client, from) = self.peer(addr)?;
         let data = codec::encode(op).map_err(|e| NodeError::Invalid(e.to_string()))?;
         let timeout = PROPOSE_TIMEOUT + op.patience() + Duration::from_secs(5);
         let mut req = tonic::Request::new(AdminRequest {
-            from: Some(self.envelope_for(addr)),
+            from: Some(from),
             data,
         });
         req.set_timeout(timeout);
@@ -194,22 +190,15 @@ impl Forwarder {
         }
     }
 
-    fn peer(&self, addr: &str) -> Result<ForwardClient<Channel>, NodeError> {
-        if let Some(c) = self.lock_peers().get(addr) {
-            return Ok(c.clone());
-        }
-        let endpoint = fenced_tls::endpoint(addr, self.peer_tls.as_ref())
-            .map_err(|e| NodeError::Invalid(format!("leader address {addr}: {e}")))?
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true);
-        let client = ForwardClient::new(endpoint.connect_lazy())
-            .max_decoding_message_size(fenced_network::MAX_MESSAGE_SIZE);
-        self.lock_peers().insert(addr.to_owned(), client.clone());
-        Ok(client)
-    }
-
-    fn lock_peers(&self) -> MutexGuard<'_, HashMap<String, ForwardClient<Channel>>> {
-        self.peers.lock().unwrap_or_else(|e| e.into_inner())
+    /// The `Forward` service of the node at `addr`, and the identity to send with a call to
+    /// it.
+    fn peer(&self, addr: &str) -> Result<(Arc<dyn Forward>, PeerIdentity), NodeError> {
+        let to = self.member_at(addr);
+        let service = self
+            .links
+            .forward(to, addr)
+            .map_err(|e| NodeError::Invalid(format!("leader address {addr}: {e}")))?;
+        Ok((service, self.gate.envelope(to)))
     }
 
     /// The batcher of forwarded proposals to the leader at `addr`.
@@ -250,13 +239,13 @@ impl Forwarder {
             Ok(d) => d,
             Err(e) => return err(NodeError::Invalid(format!("encoding: {e}"))),
         };
-        let mut client = match self.peer(addr) {
+        let (client, from) = match self.peer(addr) {
             Ok(c) => c,
             Err(e) => return err(e),
         };
         let mut req = tonic::Request::new(ProposeBatchRequest {
             data,
-            from: Some(self.envelope_for(addr)),
+            from: Some(from),
         });
         req.set_timeout(PROPOSE_TIMEOUT);
         let reply = match tokio::time::timeout(PROPOSE_TIMEOUT, client.propose_batch(req)).await {
@@ -285,11 +274,11 @@ impl Forwarder {
     ) -> Result<Response, NodeError> {
         let data =
             codec::encode(&(rid, cmd)).map_err(|e| NodeError::Invalid(format!("encoding: {e}")))?;
-        let mut client = self.peer(addr)?;
+        let (client, from) = self.peer(addr)?;
         let mut req = tonic::Request::new(ProposeRequest {
             data,
             wait_ms,
-            from: Some(self.envelope_for(addr)),
+            from: Some(from),
         });
         let waiting = if wait_ms > 0 {
             Duration::from_millis(wait_ms) + WAIT_SLACK
@@ -322,20 +311,17 @@ impl Forwarder {
         }
     }
 
-    /// The identity to send with a forwarding call to the member serving at `addr`.
-    fn envelope_for(&self, addr: &str) -> PeerIdentity {
-        let to = {
-            let metrics = self.raft.metrics();
-            let metrics = metrics.borrow();
-            let found = metrics
-                .membership_config
-                .membership()
-                .nodes()
-                .find(|(_, n)| n.addr == addr)
-                .map_or(0, |(id, _)| *id);
-            found
-        };
-        self.gate.envelope(to)
+    /// The member serving at `addr` in the membership this node knows (0 if none).
+    fn member_at(&self, addr: &str) -> NodeId {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let found = metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .find(|(_, n)| n.addr == addr)
+            .map_or(0, |(id, _)| *id);
+        found
     }
 
     /// A forwarding call was refused: retire if the peer said this node is stale; the
@@ -371,5 +357,167 @@ pub fn status_to_error(status: &tonic::Status) -> NodeError {
         }
         tonic::Code::InvalidArgument => NodeError::Invalid(status.message().to_owned()),
         _ => NodeError::Unknown(format!("{}: {}", status.code(), status.message())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fenced_network::{NetworkFactory, TransportError};
+    use fenced_proto::raft::raft_server::Raft as RaftRpc;
+    use fenced_proto::raft::{
+        AdminReply, CampaignReply, ProposeBatchReply, ProposeReply, ReadIndexReply,
+    };
+    use fenced_raft_types::identity::{Identity, IdentityStore, MemberState};
+    use tonic::{Request, Response as Reply, Status};
+
+    /// A leader's forwarding service in miniature: answers batches (slowly, so that callers
+    /// meanwhile gather in the next batch) with the log time, refuses read rounds as "not
+    /// the leader", never answers a campaign.
+    #[derive(Default)]
+    struct Stub {
+        batches: Mutex<Vec<usize>>,
+        senders: Mutex<Vec<PeerIdentity>>,
+        unreachable: std::sync::atomic::AtomicBool,
+    }
+
+    #[tonic::async_trait]
+    impl Forward for Stub {
+        async fn propose(&self, _: Request<ProposeRequest>) -> Result<Reply<ProposeReply>, Status> {
+            Err(Status::unimplemented("batches only"))
+        }
+
+        async fn propose_batch(
+            &self,
+            req: Request<ProposeBatchRequest>,
+        ) -> Result<Reply<ProposeBatchReply>, Status> {
+            if self.unreachable.load(Ordering::Relaxed) {
+                return Err(Status::unavailable("simulated: leader unreachable"));
+            }
+            let req = req.into_inner();
+            let from = req
+                .from
+                .ok_or_else(|| Status::failed_precondition("no id"))?;
+            self.senders.lock().expect("senders").push(from);
+            let batch: Vec<Proposal> =
+                codec::decode(&req.data).map_err(|e| Status::invalid_argument(e.to_string()))?;
+            self.batches.lock().expect("batches").push(batch.len());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let answers: Vec<Proposed> = batch.iter().map(|_| Ok(Response::NotGranted)).collect();
+            let data = codec::encode(&answers).map_err(|e| Status::internal(e.to_string()))?;
+            let mut reply = Reply::new(ProposeBatchReply { data });
+            reply.metadata_mut().insert(LOG_TIME_HEADER, 4242u64.into());
+            Ok(reply)
+        }
+
+        async fn read_index(
+            &self,
+            _: Request<ReadIndexRequest>,
+        ) -> Result<Reply<ReadIndexReply>, Status> {
+            Err(NodeError::NotLeader {
+                leader: Some("127.0.0.1:7001".into()),
+            }
+            .into())
+        }
+
+        async fn campaign(
+            &self,
+            _: Request<CampaignRequest>,
+        ) -> Result<Reply<CampaignReply>, Status> {
+            std::future::pending().await
+        }
+
+        async fn admin(&self, _: Request<AdminRequest>) -> Result<Reply<AdminReply>, Status> {
+            Err(Status::unimplemented("batches only"))
+        }
+
+        async fn check(&self, _: Request<CheckRequest>) -> Result<Reply<CheckReply>, Status> {
+            Err(Status::unimplemented("batches only"))
+        }
+    }
+
+    /// Links on which every forwarding call reaches the stub.
+    struct ToStub(Arc<Stub>);
+
+    impl Links for ToStub {
+        fn raft(&self, target: NodeId, addr: &str) -> Result<Arc<dyn RaftRpc>, TransportError> {
+            Err(TransportError::InvalidAddress {
+                node: target,
+                addr: addr.to_owned(),
+                reason: "no raft calls here".into(),
+            })
+        }
+
+        fn forward(&self, _: NodeId, _: &str) -> Result<Arc<dyn Forward>, TransportError> {
+            Ok(self.0.clone())
+        }
+    }
+
+    /// A forwarder of member 1 (its Raft uninitialized, calling nobody) over the stub.
+    async fn forwarder(dir: &std::path::Path) -> (Arc<Forwarder>, Arc<Stub>, Raft) {
+        let identity = Identity::new(7, 1, MemberState::Ready);
+        fenced_raft_types::identity::store(dir, &identity).expect("identity");
+        let gate = PeerGate::new(
+            Arc::new(IdentityStore::new(dir, identity)),
+            "127.0.0.1:7000",
+        );
+        let (log, sm) =
+            fenced_storage::open(dir, Arc::new(|_: &[fenced_core::Event]| {})).expect("storage");
+        let config = openraft::Config::default().validate().expect("config");
+        let raft = Raft::new(
+            1,
+            Arc::new(config),
+            NetworkFactory::new(gate.clone()),
+            log,
+            sm,
+        )
+        .await
+        .expect("raft");
+        let stub = Arc::new(Stub::default());
+        let links = Arc::new(ToStub(stub.clone()));
+        (Forwarder::new(raft.clone(), gate, links, 1000), stub, raft)
+    }
+
+    /// The production forwarder over a `Links` that is a function call: proposals batch,
+    /// carry this member's identity, and bring the leader's log time back; the leader's
+    /// refusal keeps its hint; an unreachable leader leaves the outcome unknown; a call never
+    /// answered ends at the forwarder's own deadline.
+    #[tokio::test]
+    async fn the_forwarder_over_in_process_links() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (fwd, stub, raft) = forwarder(dir.path()).await;
+        let cmd = Command::OpenSession { ttl_ms: 1000 };
+
+        let calls = (0..10).map(|_| fwd.forward("127.0.0.1:7001", None, &cmd, 0));
+        for answer in futures::future::join_all(calls).await {
+            assert!(matches!(answer, Ok(Response::NotGranted)), "{answer:?}");
+        }
+        let batches = stub.batches.lock().expect("batches").clone();
+        assert_eq!(batches.iter().sum::<usize>(), 10);
+        assert!(batches.len() < 10, "batched: {batches:?}");
+        assert_eq!(fwd.leader_log_time(), 4242);
+        let senders = stub.senders.lock().expect("senders").clone();
+        assert!(senders.iter().all(|s| s.member == 1 && s.cluster_id == 7));
+
+        let refused = fwd.read_index("127.0.0.1:7001").await;
+        assert!(
+            matches!(&refused, Err(NodeError::NotLeader { leader: Some(l) }) if l == "127.0.0.1:7001"),
+            "{refused:?}"
+        );
+
+        stub.unreachable.store(true, Ordering::Relaxed);
+        let lost = fwd.forward("127.0.0.1:7001", None, &cmd, 0).await;
+        assert!(matches!(lost, Err(NodeError::Unknown(_))), "{lost:?}");
+
+        let started = tokio::time::Instant::now();
+        let silent = fwd
+            .campaign("127.0.0.1:7001", Duration::from_millis(10))
+            .await;
+        assert!(
+            matches!(&silent, Err(NodeError::Unknown(m)) if m.contains("did not answer")),
+            "{silent:?}"
+        );
+        assert!(started.elapsed() >= Duration::from_secs(1));
+        raft.shutdown().await.expect("shutdown");
     }
 }

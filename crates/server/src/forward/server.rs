@@ -64,7 +64,7 @@ pub fn forward_server(
     check: PeerCertCheck,
 ) -> InterceptedService<ForwardServer<Leader>, PeerCertCheck> {
     InterceptedService::new(
-        ForwardServer::new(Leader { node })
+        ForwardServer::new(Leader::new(node))
             .max_decoding_message_size(fenced_network::MAX_MESSAGE_SIZE),
         check,
     )
@@ -76,6 +76,12 @@ pub struct Leader {
 }
 
 impl Leader {
+    /// The forwarding service of `node`. [`forward_server`] serves it over gRPC; a simulator
+    /// calls it directly (through its `fenced_network::Links`).
+    pub fn new(node: Node) -> Leader {
+        Leader { node }
+    }
+
     /// A forwarded proposal's answer. Its entry is applied here: tell the follower the log
     /// time this node reached ([`LOG_TIME_HEADER`]).
     fn with_log_time<T>(&self, body: T) -> tonic::Response<T> {
