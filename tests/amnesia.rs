@@ -458,9 +458,16 @@ async fn bad_data_dirs_are_refused_naming_the_file() {
     assert!(err.contains("holds no Raft state"), "{err}");
     assert_eq!(listing(&copy), ["identity"], "files were created");
 
-    // Flipped bytes at several offsets of the sled file (snapshots, meta) and of the log's
-    // segment: refused, naming the data dir — or, where the flips hit nothing that matters,
-    // the whole log is there. Never a shorter log.
+    // A data dir holds no sled files (sled is only opened to upgrade an older one).
+    for sled_file in ["db", "conf", "blobs"] {
+        assert!(
+            !dir.join(sled_file).exists(),
+            "{sled_file} in a new data dir"
+        );
+    }
+    // Flipped bytes at several offsets of the purged file and of the log's segment: refused,
+    // naming the data dir — or, where the flips hit nothing that matters, the whole log is
+    // there. Never a shorter log.
     let mut targets = Vec::new();
     let wal = dir.join(fenced_storage::wal::DIR);
     let segment = std::fs::read_dir(&wal)
@@ -468,10 +475,11 @@ async fn bad_data_dirs_are_refused_naming_the_file() {
         .map(|e| e.expect("entry").path())
         .max()
         .expect("a log segment");
+    let purged = dir.join(fenced_storage::purged::FILE_NAME);
     for (file, len) in [
         (
-            dir.join("db"),
-            std::fs::metadata(dir.join("db")).expect("stat").len(),
+            purged.clone(),
+            std::fs::metadata(&purged).expect("stat").len(),
         ),
         (segment.clone(), records_end(&segment)),
     ] {

@@ -18,7 +18,7 @@ use fenced_raft_types::identity::{self, Identity, IdentityStore, MemberState};
 use fenced_raft_types::NodeId;
 use sha2::{Digest, Sha256};
 
-use crate::{hardstate, EventSink, LogStore, StateMachineStore, StoreError};
+use crate::{hardstate, EventSink, Io, LogStore, StateMachineStore, StoreError};
 
 /// What the operator asked for.
 #[derive(Clone, Debug)]
@@ -107,19 +107,27 @@ fn is_fresh(dir: &Path) -> Result<bool, StoreError> {
     }
 }
 
-/// Open `dir` under `plan`'s rules (see the module docs).
+/// Open `dir` under `plan`'s rules (see the module docs), its stores doing their blocking
+/// work on threads ([`Io::Threads`]).
 pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
+    open_with(dir, plan, events, Io::Threads)
+}
+
+/// [`open`], with the stores' blocking work run as `io` says.
+pub fn open_with(dir: &Path, plan: &Plan, events: EventSink, io: Io) -> Result<Opened, StoreError> {
     let shown = dir.display();
     if is_fresh(dir)? {
-        return bootstrap_empty(dir, plan, events);
+        return bootstrap_empty(dir, plan, events, io);
     }
 
     let loaded = identity::load(dir).map_err(|e| unusable(dir, e.into()))?;
     let had_hard_state = hardstate::HardState::path_in(dir).exists();
-    let has_sled = dir.join("db").exists() || dir.join("conf").exists();
-    if loaded.is_none() && !had_hard_state && !has_sled {
+    // sled's files: a data dir of an older layout (upgraded by `crate::open`). Every data dir
+    // that ever held Raft state has the hard-state file or these.
+    let has_raft_files = had_hard_state || crate::has_sled(dir);
+    if loaded.is_none() && !has_raft_files {
         // Other files only (a mount point's lost+found, say): as good as empty.
-        return bootstrap_empty(dir, plan, events);
+        return bootstrap_empty(dir, plan, events, io);
     }
     if let Some(id) = &loaded {
         if id.member_id != plan.member_id {
@@ -135,11 +143,11 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
                 id.member_id
             )));
         }
-        if id.state == MemberState::Ready && !has_sled && plan.join.is_none() {
+        if id.state == MemberState::Ready && !has_raft_files && plan.join.is_none() {
             return Err(no_state(dir, id));
         }
     }
-    let (log, state_machine) = crate::open(dir, events.clone())?;
+    let (log, state_machine) = crate::open_with(dir, events.clone(), io)?;
     let holds_state = log.holds_state();
     let identity = match loaded {
         Some(id) => {
@@ -156,7 +164,7 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
         None if !holds_state => {
             // An empty store and no identity: as good as empty.
             drop((log, state_machine));
-            return bootstrap_empty(dir, plan, events);
+            return bootstrap_empty(dir, plan, events, io);
         }
         None if had_hard_state => {
             return Err(unusable(
@@ -190,11 +198,23 @@ pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreE
 }
 
 /// An empty data dir: a new member of a new cluster, if the plan allows it.
-fn bootstrap_empty(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
+fn bootstrap_empty(
+    dir: &Path,
+    plan: &Plan,
+    events: EventSink,
+    io: Io,
+) -> Result<Opened, StoreError> {
     if let Some(cluster_id) = plan.join {
         // Ready at once: a learner has no bootstrap to wait for; the leader sends it the log.
         std::fs::create_dir_all(dir).map_err(|error| StoreError::file(dir, error))?;
-        return create(dir, cluster_id, plan.member_id, MemberState::Ready, events);
+        return create(
+            dir,
+            cluster_id,
+            plan.member_id,
+            MemberState::Ready,
+            events,
+            io,
+        );
     }
     if !plan.may_bootstrap {
         return Err(StoreError::Refused(format!(
@@ -212,6 +232,7 @@ fn bootstrap_empty(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened,
         plan.member_id,
         MemberState::Bootstrapping,
         events,
+        io,
     )
 }
 
@@ -223,11 +244,12 @@ fn create(
     member_id: NodeId,
     state: MemberState,
     events: EventSink,
+    io: Io,
 ) -> Result<Opened, StoreError> {
     let bootstrap = state == MemberState::Bootstrapping;
     let id = Identity::new(cluster_id, member_id, state);
     identity::store(dir, &id)?;
-    let (log, state_machine) = crate::open(dir, events)?;
+    let (log, state_machine) = crate::open_with(dir, events, io)?;
     tracing::info!(
         member = id.member_id,
         cluster = id.cluster_id,

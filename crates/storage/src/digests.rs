@@ -8,6 +8,9 @@
 //! no mutation is hooked. A digest the thread cannot take in time (more than [`QUEUE`] waiting)
 //! is skipped: the leader then compares at another index. The digests are not in snapshots.
 //!
+//! With [`Io::Inline`] there is no thread: the digest is computed during `apply`, at once,
+//! and never skipped.
+//!
 //! The leader compares digests at equal indexes (`fenced_server::alarm`). A replica that
 //! installs a snapshot skips the indexes it covers; one that restarts recomputes from its log.
 
@@ -17,6 +20,8 @@ use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use fenced_core::{Batch, Command, Request, Semantics, StateMachine};
+
+use crate::Io;
 
 /// How many `(index, digest)` pairs a [`DigestLog`] keeps.
 pub const KEPT: usize = 16;
@@ -77,14 +82,24 @@ pub(crate) struct Digester {
     log: DigestLog,
     /// Test only ([`crate::StateMachineStore::diverge_at_for_tests`]).
     diverge_at: Option<u64>,
+    /// [`Io::Inline`]: digest in [`Digester::applied`], no thread.
+    io: Io,
 }
 
 impl Digester {
+    /// A digester whose digests are computed as `io` says.
+    pub(crate) fn new(io: Io) -> Digester {
+        Digester {
+            io,
+            ..Digester::default()
+        }
+    }
+
     /// Digest every `every` indexes (0: never), from now on.
     pub(crate) fn start(&mut self, every: u64) {
         self.every = every;
         self.tx = None;
-        if every == 0 {
+        if every == 0 || self.io == Io::Inline {
             return;
         }
         let (tx, rx) = sync_channel::<(u64, StateMachine)>(QUEUE);
@@ -125,10 +140,14 @@ impl Digester {
             self.diverge_at = None;
             diverge(index, machine);
         }
-        let Some(tx) = &self.tx else { return };
-        if !index.is_multiple_of(self.every) {
+        if self.every == 0 || !index.is_multiple_of(self.every) {
             return;
         }
+        if self.io == Io::Inline {
+            self.log.record(index, machine.digest());
+            return;
+        }
+        let Some(tx) = &self.tx else { return };
         match tx.try_send((index, machine.clone())) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
@@ -201,6 +220,14 @@ mod tests {
             vec![5, 10]
         );
         assert_eq!(recent[0].1, StateMachine::new().digest());
+        // Inline: the digests are there as soon as the entries are applied.
+        let mut inline = Digester::new(Io::Inline);
+        inline.start(5);
+        let mut m = StateMachine::new();
+        for i in 1..=12 {
+            inline.applied(i, &mut m);
+        }
+        assert_eq!(inline.log().recent(), recent);
         // The hook changes the state: the digest shows it.
         let mut b = Digester::default();
         b.set_diverge_at(3);

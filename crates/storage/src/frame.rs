@@ -1,4 +1,5 @@
-//! Checksummed, versioned records. Every value fenced keeps in sled is stored as
+//! Checksummed, versioned records. Every log entry, the `purged` file's value, and every value
+//! older layouts kept in sled is stored as
 //!
 //! ```text
 //! [format version: u8][crc32 of the payload: u32 LE][payload: bincode]

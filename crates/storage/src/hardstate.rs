@@ -1,4 +1,5 @@
-//! The hard-state file: the vote and the last appended log id, kept *apart from* sled.
+//! The hard-state file: the vote and the last appended log id, kept *apart from* sled (which
+//! older layouts used for the rest, and which is now gone from a node).
 //!
 //! sled recovers from a damaged file by dropping everything after the first bad record, as if
 //! the tail had never been written. For a Raft member that is amnesia: a log that silently

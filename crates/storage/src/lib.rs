@@ -1,21 +1,18 @@
 //! Raft storage of fenced: the log in a write-ahead log of its own ([`wal`]), the vote and
-//! the last durable log id in the [`hardstate`] file, snapshots and a few meta records in one
-//! sled `Db`. The member's identity file (`fenced_raft_types::identity`) lives beside them;
-//! [`datadir`] applies its rules when a data dir is opened.
+//! the last durable log id in the [`hardstate`] file, the last purged log id in the
+//! [`purged`] file, snapshots in files ([`snapshot`]). The member's identity file
+//! (`fenced_raft_types::identity`) lives beside them; [`datadir`] applies its rules when a
+//! data dir is opened.
 //!
-//! * `wal/`: segment files of sealed bincode [`openraft::Entry`] records ([`wal`]);
-//! * sled tree `meta`: `format` ([`DATA_DIR_FORMAT`]) and `last_purged` (sealed bincode;
-//!   layouts 1 and 2 kept `committed` here too);
-//! * sled tree `snapshot`: `meta` (sealed bincode [`SnapshotMeta`]) and `data` (sealed bincode
-//!   [`fenced_core::StateMachine`]), always written together in one transaction;
-//! * sled tree `log`: the log of layouts 1 and 2, moved into the `wal` when such a data dir is
-//!   opened.
+//! Data dirs of older layouts kept records in one sled `Db` (tree `meta`: `format`, `vote`,
+//! `last_purged`, `committed`; tree `snapshot`; tree `log`); [`open`] moves them out once
+//! (see `open.rs`) and removes sled's files. sled is never opened otherwise.
 //!
 //! Every stored value is sealed by [`frame`]: a format version and a CRC, checked on every
 //! read. [`open`] reads and checks everything once (every log entry, the snapshot, the hard
-//! state) and refuses a data dir whose log is damaged, has a hole or ends before the last log
-//! id recorded in the hard-state file: such a node could vote from a log shorter than what it
-//! acknowledged.
+//! state, the purged log id) and refuses a data dir whose log is damaged, has a hole or ends
+//! before the last log id recorded in the hard-state file: such a node could vote from a log
+//! shorter than what it acknowledged.
 //!
 //! The state machine lives in memory (see [`SharedState`]) and is rebuilt on [`open`] from the
 //! stored snapshot; openraft re-applies the committed log entries after it.
@@ -23,9 +20,12 @@
 //! Durability: `append` is acknowledged after the log is fdatasync'ed *and* the hard state
 //! records its last log id (group commit, [`wal::Flusher`]); `save_vote` writes the hard state;
 //! `truncate` and `purge` sync before they report success, as do `build_snapshot` and
-//! `install_snapshot` (a sled flush). `save_committed` only remembers the value; the next
-//! hard-state record carries it (openraft does not need it durable). Unreadable bytes on disk become a [`StorageError`](openraft::StorageError), never a panic, and openraft
-//! then stops the node.
+//! `install_snapshot`. `save_committed` only remembers the value; the next hard-state record
+//! carries it (openraft does not need it durable). Unreadable bytes on disk become a
+//! [`StorageError`](openraft::StorageError), never a panic, and openraft then stops the node.
+//!
+//! Where the blocking part of that work runs — threads, or inline in the calling task — is
+//! chosen per store ([`Io`], [`open_with`]).
 
 pub mod alarm;
 pub mod datadir;
@@ -36,6 +36,7 @@ pub mod inspect;
 mod log;
 pub mod observe;
 mod open;
+pub mod purged;
 pub mod restore;
 pub mod snapshot;
 mod state;
@@ -46,6 +47,7 @@ pub use log::LogStore;
 pub use observe::StorageObserver;
 pub use state::{CompactionGauge, SharedState, SnapshotBuilder, StateMachineStore};
 
+pub(crate) use open::has_sled;
 use open::open_checked;
 
 use std::io::{self, Cursor};
@@ -87,10 +89,15 @@ const KEY_FORMAT: &[u8] = b"format";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 const KEY_COMMITTED: &[u8] = b"committed";
 /// Layout of the data dir this build writes: 1 and 2 kept the Raft log in sled's `log` tree
-/// (records of [`frame`] version 1 and 2); 3 keeps it in the [`wal`]. Older layouts are
-/// upgraded when opened; an older build refuses a layout-3 dir as "written by another
-/// version".
-pub const DATA_DIR_FORMAT: u8 = 3;
+/// (records of [`frame`] version 1 and 2); 3 keeps it in the [`wal`] and the last purged log
+/// id in sled; 4 has no sled at all (the last purged log id in the [`purged`] file). Older
+/// layouts are upgraded when opened, and their sled files removed. A layout-4 dir has no
+/// sled `format` record; sled's files left by an interrupted upgrade carry 4, which an older
+/// build refuses as "written by another version" (and an older build refuses a dir without
+/// sled files whose identity is ready, as one that lost its Raft state).
+pub const DATA_DIR_FORMAT: u8 = 4;
+/// The last layout that kept records in sled.
+const LAST_SLED_FORMAT: u8 = 3;
 const KEY_SNAPSHOT_META: &[u8] = b"meta";
 const KEY_SNAPSHOT_DATA: &[u8] = b"data";
 
@@ -223,14 +230,41 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
         .map_err(|error| StoreError::file(dir, error))
 }
 
-/// One fsync at a time: concurrent `flush_async` calls on one sled `Db` were seen to hang
-/// (64 concurrent callers in a probe never finished), and the group commit, votes, truncation
-/// and snapshots all flush. Process-wide, which also covers several nodes in one test process.
-static FLUSH: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Where a store runs its blocking work: the `fdatasync`s of the group commit, hard-state
+/// writes, snapshot files and state digests. Chosen per store when it is opened
+/// ([`open_with`], [`datadir::open_with`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Io {
+    /// Off the async runtime (production): the group commit on a flusher thread of its own
+    /// ([`wal::Flusher`]), hard-state and snapshot I/O in `spawn_blocking`, digests on a
+    /// digest thread.
+    #[default]
+    Threads,
+    /// Synchronously, in the calling task, at once: `append` has written, `fdatasync`ed the
+    /// log, recorded the hard state and called openraft's callback before it returns; a digest
+    /// is computed during `apply`; snapshot files are written and read in the task. Nothing
+    /// waits on another thread, so a single-threaded runtime with paused time (the
+    /// simulator) stays deterministic.
+    Inline,
+}
 
-async fn flush_db(db: &sled::Db) -> Result<usize, sled::Error> {
-    let _one_at_a_time = FLUSH.lock().await;
-    db.flush_async().await
+impl Io {
+    /// Run blocking `f` as this mode says: on tokio's blocking pool, or right here.
+    pub(crate) async fn run<T: Send + 'static>(
+        self,
+        what: &'static str,
+        f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        match self {
+            Io::Inline => f(),
+            Io::Threads => tokio::task::spawn_blocking(f)
+                .await
+                .map_err(|e| StoreError::File {
+                    path: PathBuf::from(what),
+                    error: io::Error::other(e.to_string()),
+                })?,
+        }
+    }
 }
 
 /// Open (or create) the store in `dir`: check every stored record (log entries, snapshot,
@@ -242,7 +276,16 @@ async fn flush_db(db: &sled::Db) -> Result<usize, sled::Error> {
 /// [`StoreError::Unusable`], never truncated or repaired: a node that votes from it could elect
 /// a leader that lacks entries this node acknowledged.
 pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_checked(dir, events).map_err(|e| match e {
+    open_with(dir, events, Io::Threads)
+}
+
+/// [`open`], with the stores' blocking work run as `io` says.
+pub fn open_with(
+    dir: &Path,
+    events: EventSink,
+    io: Io,
+) -> Result<(LogStore, StateMachineStore), StoreError> {
+    open_checked(dir, events, io).map_err(|e| match e {
         StoreError::Corrupt { .. }
         | StoreError::Checksum { .. }
         | StoreError::LogKeyMismatch { .. }

@@ -1,11 +1,10 @@
 //! openraft's log storage over the [`Wal`]: entries in the write-ahead log; the vote, the last
 //! durable and the committed log id in the [`hardstate`](crate::hardstate) file; the last
-//! purged log id in sled's `meta` tree.
+//! purged log id in the [`purged`](crate::purged) file.
 
 use std::fmt;
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
@@ -15,24 +14,23 @@ use openraft::{
     BasicNode, Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, StorageError,
     StorageIOError, Vote,
 };
-use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 use crate::hardstate::{HardState, HardStateValue};
 use crate::observe::{Hook, StorageObserver};
+use crate::purged::Purged;
 use crate::wal::{Flusher, Wal};
-use crate::{decode, encode, flush_db, StoreError, KEY_LAST_PURGED};
+use crate::{Io, StoreError};
 
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
 /// Raft log, vote and commit index. Cheap to clone (the clone is the log reader).
 #[derive(Clone)]
 pub struct LogStore {
-    db: sled::Db,
-    meta: sled::Tree,
+    /// The last purged log id; std mutex, held only while it is read or written.
+    purged: Arc<Mutex<Purged>>,
     wal: Arc<Mutex<Wal>>,
     /// The vote and the last durable log id; std mutex, held only by blocking code (the
-    /// flusher thread, blocking tasks).
+    /// group commit, blocking tasks, or inline in [`Io::Inline`]).
     hard: Arc<Mutex<HardState>>,
     /// The last committed log id openraft told us; written with the next hard-state record.
     committed: Arc<Mutex<Option<LogId<NodeId>>>>,
@@ -40,6 +38,8 @@ pub struct LogStore {
     /// Where timings go ([`LogStore::observe`]); shared with the flusher thread and the
     /// state machine store of the same data dir.
     hook: Hook,
+    /// Where blocking work runs.
+    io: Io,
 }
 
 impl fmt::Debug for LogStore {
@@ -48,54 +48,58 @@ impl fmt::Debug for LogStore {
     }
 }
 
-/// Update the hard state on a blocking thread (it fsyncs), with the latest committed log id
-/// that the log reaches.
+/// Update the hard state (it fsyncs) as the store's [`Io`] says, with the latest committed
+/// log id that the log reaches.
 async fn update_hard(
     store: &LogStore,
     f: impl FnOnce(&mut HardStateValue) + Send + 'static,
 ) -> Result<(), StoreError> {
     let hard = store.hard.clone();
     let committed = store.committed.clone();
-    tokio::task::spawn_blocking(move || {
-        let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut value = h.value().clone();
-        f(&mut value);
-        crate::wal::note_committed(&mut value, &committed);
-        h.write(value)
-    })
-    .await
-    .map_err(|e| StoreError::File {
-        path: PathBuf::from(crate::hardstate::FILE_NAME),
-        error: io::Error::other(e.to_string()),
-    })?
+    store
+        .io
+        .run(crate::hardstate::FILE_NAME, move || {
+            let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut value = h.value().clone();
+            f(&mut value);
+            crate::wal::note_committed(&mut value, &committed);
+            h.write(value)
+        })
+        .await
 }
 
 impl LogStore {
-    /// `committed`: the committed log id a data dir of an older layout kept in sled, used
-    /// if the hard state holds none.
+    /// The store over an opened data dir; blocking work runs as `io` says.
     pub(crate) fn new(
-        db: sled::Db,
-        meta: sled::Tree,
+        purged: Purged,
         wal: Wal,
         hard: HardState,
-        committed: Option<LogId<NodeId>>,
         hook: Hook,
+        io: Io,
     ) -> Result<LogStore, StoreError> {
-        let committed = Arc::new(Mutex::new(hard.value().committed.or(committed)));
+        let committed = Arc::new(Mutex::new(hard.value().committed));
         let hard = Arc::new(Mutex::new(hard));
         Ok(LogStore {
             flusher: Arc::new(Flusher::start(
                 hard.clone(),
                 committed.clone(),
                 hook.clone(),
+                io,
             )?),
             hook,
-            db,
-            meta,
+            purged: Arc::new(Mutex::new(purged)),
             wal: Arc::new(Mutex::new(wal)),
             hard,
             committed,
+            io,
         })
+    }
+
+    fn last_purged(&self) -> Option<LogId<NodeId>> {
+        self.purged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .value()
     }
 
     /// Report the storage's timings (WAL fsyncs and appends, snapshots built) to `observer`
@@ -128,7 +132,7 @@ impl LogStore {
         hard.value().vote.is_some()
             || hard.value().last_log_id.is_some()
             || !self.wal().is_empty()
-            || self.meta.contains_key(KEY_LAST_PURGED).unwrap_or(true)
+            || self.last_purged().is_some()
     }
 
     /// The membership this store holds: the last membership entry of the log, else none
@@ -157,27 +161,6 @@ impl LogStore {
         }
         Ok(None)
     }
-
-    fn get_meta<T: DeserializeOwned>(
-        &self,
-        key: &[u8],
-        what: &'static str,
-    ) -> Result<Option<T>, StoreError> {
-        match self.meta.get(key)? {
-            Some(v) => Ok(Some(decode(what, &v)?)),
-            None => Ok(None),
-        }
-    }
-
-    fn put_meta<T: Serialize>(
-        &self,
-        key: &[u8],
-        what: &'static str,
-        value: &T,
-    ) -> Result<(), StoreError> {
-        self.meta.insert(key, encode(what, value)?)?;
-        Ok(())
-    }
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -205,9 +188,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
-        let last_purged_log_id: Option<LogId<NodeId>> = self
-            .get_meta(KEY_LAST_PURGED, "last purged log id")
-            .map_err(|e| StorageIOError::read_logs(&e))?;
+        let last_purged_log_id = self.last_purged();
         let last_in_log = self.wal().last_log_id();
         Ok(LogState {
             last_purged_log_id,
@@ -304,10 +285,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .map(|e| e.log_id),
             None => None,
         };
-        let last_purged: Option<LogId<NodeId>> = self
-            .get_meta(KEY_LAST_PURGED, "last purged log id")
-            .map_err(|e| StorageIOError::read_logs(&e))?;
-        let remaining = before.max(last_purged);
+        let remaining = before.max(self.last_purged());
         update_hard(self, move |v| v.last_log_id = remaining)
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;
@@ -321,11 +299,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         tracing::debug!(%log_id, "purge log up to");
         // Record first, durably: a crash before the segments are gone leaves only harmless
         // stale entries, while segments gone without the record would look like a hole.
-        self.put_meta(KEY_LAST_PURGED, "last purged log id", &log_id)
-            .map_err(|e| StorageIOError::write_logs(&e))?;
-        flush_db(&self.db)
+        let purged = self.purged.clone();
+        self.io
+            .run(crate::purged::FILE_NAME, move || {
+                purged
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .write(Some(log_id))
+            })
             .await
-            .map_err(|e| StorageIOError::write_logs(&StoreError::from(e)))?;
+            .map_err(|e| StorageIOError::write_logs(&e))?;
         self.wal()
             .purge(log_id.index)
             .map_err(|e| StorageIOError::write_logs(&e))?;

@@ -1,6 +1,7 @@
-//! Opening a data dir ([`crate::open`]): sled, the checks of every stored record, and the
-//! upgrades of data dirs written by older layouts (unsealed records, the log in sled, the
-//! snapshot in sled) with the legacy decoding they alone need.
+//! Opening a data dir ([`crate::open`]): the checks of every stored record, and the upgrades
+//! of data dirs written by older layouts (unsealed records, the log in sled, the snapshot in
+//! sled, the last purged log id in sled) with the legacy decoding they alone need. sled is
+//! opened only to upgrade a data dir that has its files; afterwards they are gone.
 
 use std::path::Path;
 use std::sync::{Arc, RwLock};
@@ -11,12 +12,13 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sled::transaction::ConflictableTransactionError;
 
+use crate::purged::Purged;
 use crate::state::SmState;
 use crate::{
     decode, decode_entry, decode_raw, digests, encode, frame, hardstate, observe, snapshot,
-    upgrade_entry, wal, EventSink, LegacyTypeConfig, LogStore, Meta, StateMachineStore, StoreError,
-    CACHE_CAPACITY, DATA_DIR_FORMAT, KEY_COMMITTED, KEY_FORMAT, KEY_LAST_PURGED, KEY_SNAPSHOT_DATA,
-    KEY_SNAPSHOT_META, KEY_VOTE,
+    upgrade_entry, wal, EventSink, Io, LegacyTypeConfig, LogStore, Meta, StateMachineStore,
+    StoreError, CACHE_CAPACITY, DATA_DIR_FORMAT, KEY_COMMITTED, KEY_FORMAT, KEY_LAST_PURGED,
+    KEY_SNAPSHOT_DATA, KEY_SNAPSHOT_META, KEY_VOTE, LAST_SLED_FORMAT,
 };
 
 /// How long [`open_sled`] waits for a just-closed handle of the same data dir to let go of
@@ -61,72 +63,60 @@ fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
     })
 }
 
+/// Whether `dir` holds sled's files: a data dir of layout 1 to 3, or what an upgrade that a
+/// crash interrupted left of one.
+pub(crate) fn has_sled(dir: &Path) -> bool {
+    SLED_FILES.iter().any(|f| dir.join(f).exists())
+}
+
+/// sled's files in a data dir (besides `snap.*` files), `db` last: the one
+/// [`remove_sled`] removes last.
+const SLED_FILES: [&str; 3] = ["conf", "blobs", "db"];
+
 pub(crate) fn open_checked(
     dir: &Path,
     events: EventSink,
+    io: Io,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
-    let db = open_sled(dir)?;
-    let sled_log = db.open_tree("log")?;
-    let meta = db.open_tree("meta")?;
-    let snapshot = db.open_tree("snapshot")?;
-
-    let format = match meta.get(KEY_FORMAT)? {
-        None => None,
-        Some(v) if v.len() == 1 && (1..=DATA_DIR_FORMAT).contains(&v[0]) => Some(v[0]),
-        Some(v) => {
-            return Err(StoreError::UnknownFormat {
-                what: "data dir",
-                found: v.first().copied().map_or(0, u32::from),
-                supported: u32::from(DATA_DIR_FORMAT),
-            })
+    let mut purged_file = Purged::open(dir)?;
+    if has_sled(dir) {
+        match purged_file {
+            None => purged_file = Some(upgrade_from_sled(dir)?),
+            // Left by an upgrade interrupted after its records had moved out.
+            Some(_) => remove_sled(dir)?,
         }
-    };
-    let legacy_vote = match format {
-        None => upgrade_unsealed(&db, &sled_log, &meta, &snapshot)?,
-        Some(_) => None,
-    };
-    let last_purged: Option<LogId<NodeId>> = match meta.get(KEY_LAST_PURGED)? {
-        Some(v) => Some(decode("last purged log id", &v)?),
-        None => None,
-    };
+    }
+    let wal_dir = dir.join(wal::DIR);
     let hard = match hardstate::HardState::open(dir)? {
         Some(h) => h,
-        None if format.is_some() => {
+        None if purged_file.is_some() || wal_dir.exists() => {
             return Err(StoreError::Damaged {
                 path: hardstate::HardState::path_in(dir),
                 detail: "the file is missing (it holds the vote and the last appended log id)"
                     .into(),
             })
         }
+        None => hardstate::HardState::create(dir, hardstate::HardStateValue::default())?,
+    };
+    let purged_file = match purged_file {
+        Some(p) => p,
+        // A new data dir (or one whose creation a crash interrupted here): the hard state is
+        // written first, then this file, then the log directory.
+        None if hard.value() == &hardstate::HardStateValue::default() && !wal_dir.exists() => {
+            Purged::create(dir, None)?
+        }
         None => {
-            let last_in_log = check_log(&sled_log)?;
-            hardstate::HardState::create(
-                dir,
-                hardstate::HardStateValue {
-                    vote: legacy_vote,
-                    last_log_id: last_in_log.max(last_purged),
-                    committed: None,
-                },
-            )?
+            return Err(StoreError::Damaged {
+                path: Purged::path_in(dir),
+                detail: "the file is missing (it holds the last purged log id)".into(),
+            })
         }
     };
+    let last_purged = purged_file.value();
     let recorded = hard.value().last_log_id;
-    if format.is_none_or(|f| f < DATA_DIR_FORMAT) {
-        move_log_out_of_sled(dir, &db, &sled_log, &meta, last_purged, recorded)?;
-    } else if !sled_log.is_empty() {
-        // A copy left by an upgrade interrupted after the log had moved.
-        sled_log.clear()?;
-        db.flush()?;
-    }
     let wal = wal::Wal::open(dir, recorded, last_purged.map(|l| l.index))?;
-    // Layouts 1 and 2 kept the committed log id in sled; the hard state holds it now.
-    let legacy_committed = match meta.get(KEY_COMMITTED)? {
-        Some(v) => decode::<Option<LogId<NodeId>>>("committed log id", &v)?,
-        None => None,
-    };
 
     let snapshots = snapshot::SnapshotStore::open(dir)?;
-    move_snapshot_out_of_sled(&db, &snapshot, &snapshots)?;
     let state = match snapshots.current()? {
         Some((_, path)) => {
             let (meta, machine) = snapshot::load(&path)?;
@@ -154,16 +144,147 @@ pub(crate) fn open_checked(
     }
 
     let hook = observe::Hook::default();
-    let log_store = LogStore::new(db, meta, wal, hard, legacy_committed, hook.clone())?;
+    let log_store = LogStore::new(purged_file, wal, hard, hook.clone(), io)?;
     let sm_store = StateMachineStore {
         snapshots: Arc::new(snapshots),
         state: Arc::new(RwLock::new(state)),
         events,
         snapshot_seq: 0,
         hook,
-        digester: digests::Digester::default(),
+        digester: digests::Digester::new(io),
+        io,
     };
     Ok((log_store, sm_store))
+}
+
+/// Upgrade a data dir of layout 1 to 3 (sled's `db` and `conf` files are there, the
+/// `purged` file is not): seal its records (layout 0), create its hard state (before the
+/// hard-state file), move its log into the write-ahead log (1 and 2) and its snapshot into a
+/// file, fold the committed log id it kept into the hard state, then write the `purged` file
+/// — from that moment sled holds nothing needed — mark sled's layout
+/// [`DATA_DIR_FORMAT`] (an older build opening what is left refuses it as written by another
+/// version) and remove sled's files. Each step is durable before the next starts; a crash
+/// before the `purged` file leaves the old layout (the upgrade runs again), one after it
+/// leaves sled's files to remove ([`open_checked`] does).
+fn upgrade_from_sled(dir: &Path) -> Result<Purged, StoreError> {
+    let db = open_sled(dir)?;
+    let sled_log = db.open_tree("log")?;
+    let meta = db.open_tree("meta")?;
+    let snapshot = db.open_tree("snapshot")?;
+
+    let format = match meta.get(KEY_FORMAT)? {
+        None => None,
+        Some(v) if v.len() == 1 && (1..=LAST_SLED_FORMAT).contains(&v[0]) => Some(v[0]),
+        Some(v) if v.len() == 1 && v[0] == DATA_DIR_FORMAT => {
+            return Err(StoreError::Damaged {
+                path: Purged::path_in(dir),
+                detail: "the file is missing (it holds the last purged log id), sled's \
+                         files say it was written"
+                    .into(),
+            })
+        }
+        Some(v) => {
+            return Err(StoreError::UnknownFormat {
+                what: "data dir",
+                found: v.first().copied().map_or(0, u32::from),
+                supported: u32::from(DATA_DIR_FORMAT),
+            })
+        }
+    };
+    let legacy_vote = match format {
+        None => upgrade_unsealed(&db, &sled_log, &meta, &snapshot)?,
+        Some(_) => None,
+    };
+    let last_purged: Option<LogId<NodeId>> = match meta.get(KEY_LAST_PURGED)? {
+        Some(v) => Some(decode("last purged log id", &v)?),
+        None => None,
+    };
+    let mut hard = match hardstate::HardState::open(dir)? {
+        Some(h) => h,
+        None if format.is_some() => {
+            return Err(StoreError::Damaged {
+                path: hardstate::HardState::path_in(dir),
+                detail: "the file is missing (it holds the vote and the last appended log id)"
+                    .into(),
+            })
+        }
+        None => {
+            let last_in_log = check_log(&sled_log)?;
+            hardstate::HardState::create(
+                dir,
+                hardstate::HardStateValue {
+                    vote: legacy_vote,
+                    last_log_id: last_in_log.max(last_purged),
+                    committed: None,
+                },
+            )?
+        }
+    };
+    let recorded = hard.value().last_log_id;
+    if format.is_none_or(|f| f < LAST_SLED_FORMAT) {
+        move_log_out_of_sled(dir, &db, &sled_log, &meta, last_purged, recorded)?;
+    } else if !sled_log.is_empty() {
+        // A copy left by an upgrade interrupted after the log had moved.
+        sled_log.clear()?;
+        db.flush()?;
+    }
+    // Layouts 1 and 2 kept the committed log id in sled; the hard state holds it now.
+    let legacy_committed = match meta.get(KEY_COMMITTED)? {
+        Some(v) => decode::<Option<LogId<NodeId>>>("committed log id", &v)?,
+        None => None,
+    };
+    if hard.value().committed.is_none() && legacy_committed.is_some() {
+        let mut value = hard.value().clone();
+        let committed = std::sync::Mutex::new(legacy_committed);
+        wal::note_committed(&mut value, &committed);
+        hard.write(value)?;
+    }
+    drop(hard);
+    let snapshots = snapshot::SnapshotStore::open(dir)?;
+    move_snapshot_out_of_sled(&db, &snapshot, &snapshots)?;
+
+    let purged = Purged::create(dir, last_purged)?;
+    meta.insert(KEY_FORMAT, &[DATA_DIR_FORMAT])?;
+    db.flush()?;
+    drop((sled_log, meta, snapshot, db));
+    remove_sled(dir)?;
+    tracing::info!(
+        dir = %dir.display(),
+        "moved the last records out of sled (last purged log id: the purged file) and removed \
+         sled's files"
+    );
+    Ok(purged)
+}
+
+/// Remove sled's files from `dir` (`db` last), durably. Missing ones are fine.
+fn remove_sled(dir: &Path) -> Result<(), StoreError> {
+    let listing = std::fs::read_dir(dir).map_err(|e| StoreError::file(dir, e))?;
+    let mut snaps = Vec::new();
+    for item in listing {
+        let path = item.map_err(|e| StoreError::file(dir, e))?.path();
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("snap."))
+        {
+            snaps.push(path);
+        }
+    }
+    for path in snaps
+        .into_iter()
+        .chain(SLED_FILES.iter().map(|f| dir.join(f)))
+    {
+        let removed = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match removed {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StoreError::file(&path, e)),
+        }
+    }
+    crate::sync_dir(dir)
 }
 
 /// Upgrade a data dir that keeps its Raft log in sled (layouts 1 and 2): check the log as
@@ -197,7 +318,7 @@ fn move_log_out_of_sled(
     }
     let moved = entries.len();
     wal::Wal::create_from(dir, entries, last_purged.map(|l| l.index))?;
-    meta.insert(KEY_FORMAT, &[DATA_DIR_FORMAT])?;
+    meta.insert(KEY_FORMAT, &[LAST_SLED_FORMAT])?;
     meta.remove(KEY_VOTE)?;
     db.flush()?;
     sled_log.clear()?;

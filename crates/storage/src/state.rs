@@ -2,8 +2,6 @@
 //! [`SharedState`]) and its snapshots ([`SnapshotBuilder`], [`CompactionGauge`]).
 
 use std::fmt;
-use std::io;
-use std::path::PathBuf;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard};
 
 use fenced_raft_types::{NodeId, SnapshotFile, TypeConfig};
@@ -13,7 +11,7 @@ use openraft::{
     SnapshotMeta, StorageError, StorageIOError, StoredMembership,
 };
 
-use crate::{digests, observe, snapshot, DigestLog, EventSink, LogStore, Meta, StoreError};
+use crate::{digests, observe, snapshot, DigestLog, EventSink, Io, LogStore, Meta, StoreError};
 
 type StorageResult<T> = Result<T, StorageError<NodeId>>;
 
@@ -89,6 +87,8 @@ pub struct StateMachineStore {
     pub(crate) hook: observe::Hook,
     /// Digests of the state at every N-th index, for the divergence alarm ([`digests`]).
     pub(crate) digester: digests::Digester,
+    /// Where snapshot file I/O runs.
+    pub(crate) io: Io,
 }
 
 impl fmt::Debug for StateMachineStore {
@@ -156,18 +156,6 @@ impl CompactionGauge {
     }
 }
 
-/// Run blocking snapshot I/O off the runtime's workers.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
-) -> Result<T, StoreError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| StoreError::File {
-            path: PathBuf::from(snapshot::DIR),
-            error: io::Error::other(e.to_string()),
-        })?
-}
-
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotBuilder = SnapshotBuilder;
 
@@ -226,6 +214,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             state,
             seq: self.snapshot_seq,
             hook: self.hook.clone(),
+            io: self.io,
         }
     }
 
@@ -254,17 +243,22 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             // over the leader's own): install a copy, never move someone else's file.
             let own = self.snapshots.receiving().map_err(err)?.path().to_owned();
             let (from, to) = (path, own.clone());
-            blocking(move || {
-                std::fs::copy(&from, &to)
-                    .and_then(|_| std::fs::File::open(&to)?.sync_all())
-                    .map_err(|error| StoreError::File { path: from, error })
-            })
-            .await
-            .map_err(err)?;
+            self.io
+                .run(snapshot::DIR, move || {
+                    std::fs::copy(&from, &to)
+                        .and_then(|_| std::fs::File::open(&to)?.sync_all())
+                        .map_err(|error| StoreError::File { path: from, error })
+                })
+                .await
+                .map_err(err)?;
             path = own;
         }
         let checked = path.clone();
-        let (stored_meta, machine) = match blocking(move || snapshot::load(&checked)).await {
+        let (stored_meta, machine) = match self
+            .io
+            .run(snapshot::DIR, move || snapshot::load(&checked))
+            .await
+        {
             Ok(loaded) => loaded,
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
@@ -284,7 +278,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
         let store = self.snapshots.clone();
         let m = meta.clone();
-        blocking(move || store.install(&path, &m))
+        self.io
+            .run(snapshot::DIR, move || store.install(&path, &m))
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
         let new_state = SmState {
@@ -319,6 +314,7 @@ pub struct SnapshotBuilder {
     state: SmState,
     seq: u64,
     hook: observe::Hook,
+    io: Io,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -339,13 +335,15 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             meta.clone(),
             self.state.machine.clone(),
         );
-        let path = blocking(move || {
-            let path = store.write(&m, &machine)?;
-            store.install(&path, &m)?;
-            Ok(store.current_path())
-        })
-        .await
-        .map_err(err)?;
+        let path = self
+            .io
+            .run(snapshot::DIR, move || {
+                let path = store.write(&m, &machine)?;
+                store.install(&path, &m)?;
+                Ok(store.current_path())
+            })
+            .await
+            .map_err(err)?;
         let file = SnapshotFile::open(&path).map_err(|e| err(StoreError::file(&path, e)))?;
         let (bytes, took) = (
             std::fs::metadata(&path).map_or(0, |m| m.len()),

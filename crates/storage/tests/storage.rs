@@ -4,7 +4,9 @@ use std::sync::{Arc, Mutex};
 
 use fenced_core::{Batch, Command, Event, Request, RequestId, Response};
 use fenced_raft_types::{NodeId, TypeConfig};
-use fenced_storage::{open, EventSink, LegacyTypeConfig, LogStore, StateMachineStore, StoreError};
+use fenced_storage::{
+    open, open_with, EventSink, Io, LegacyTypeConfig, LogStore, StateMachineStore, StoreError,
+};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::{
@@ -14,12 +16,13 @@ use openraft::{
 use tempfile::TempDir;
 use tokio::io::AsyncWriteExt;
 
-struct SledBuilder;
+struct Builder(Io);
 
-impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for SledBuilder {
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder {
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
         let dir = TempDir::new().map_err(|e| StorageIOError::write(&e))?;
-        let (log, sm) = open(dir.path(), no_events()).map_err(|e| StorageIOError::write(&e))?;
+        let (log, sm) =
+            open_with(dir.path(), no_events(), self.0).map_err(|e| StorageIOError::write(&e))?;
         Ok((dir, log, sm))
     }
 }
@@ -27,7 +30,14 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for SledBuil
 #[allow(clippy::result_large_err)]
 #[test]
 fn openraft_storage_suite() -> Result<(), StorageError<NodeId>> {
-    Suite::test_all(SledBuilder)
+    Suite::test_all(Builder(Io::Threads))
+}
+
+/// The same suite with every piece of blocking work inline.
+#[allow(clippy::result_large_err)]
+#[test]
+fn openraft_storage_suite_inline() -> Result<(), StorageError<NodeId>> {
+    Suite::test_all(Builder(Io::Inline))
 }
 
 fn no_events() -> EventSink {
@@ -99,6 +109,15 @@ fn history() -> Vec<Entry<TypeConfig>> {
 
 #[tokio::test]
 async fn state_survives_restart() {
+    state_survives_restart_with(Io::Threads).await;
+}
+
+#[tokio::test]
+async fn state_survives_restart_inline() {
+    state_survives_restart_with(Io::Inline).await;
+}
+
+async fn state_survives_restart_with(io: Io) {
     let dir = TempDir::new().unwrap();
     let seen: Arc<Mutex<Vec<Event>>> = Arc::default();
     let sink: EventSink = {
@@ -109,7 +128,7 @@ async fn state_survives_restart() {
     let vote = Vote::new(1, 1);
 
     let expected_state = {
-        let (mut log, mut sm) = open(dir.path(), sink).unwrap();
+        let (mut log, mut sm) = open_with(dir.path(), sink, io).unwrap();
         log.blocking_append(entries.clone()).await.unwrap();
         log.save_vote(&vote).await.unwrap();
         log.save_committed(Some(log_id(1, 6))).await.unwrap();
@@ -161,7 +180,7 @@ async fn state_survives_restart() {
     };
 
     // Reopen the same directory.
-    let (mut log, mut sm) = open(dir.path(), no_events()).unwrap();
+    let (mut log, mut sm) = open_with(dir.path(), no_events(), io).unwrap();
     assert_eq!(log.read_vote().await.unwrap(), Some(vote));
     assert_eq!(log.read_committed().await.unwrap(), Some(log_id(1, 6)));
     let state = log.get_log_state().await.unwrap();
@@ -445,7 +464,7 @@ async fn damaged_log_is_refused_at_open_never_truncated() {
         )
     });
 
-    // The whole sled state is gone, the hard state is not.
+    // Everything but the hard state is gone: the purged file is missing, and so is the log.
     let dir = TempDir::new().unwrap();
     stored_history(dir.path()).await;
     for f in std::fs::read_dir(dir.path()).unwrap() {
@@ -458,6 +477,14 @@ async fn damaged_log_is_refused_at_open_never_truncated() {
             }
         }
     }
+    assert_refused(
+        dir.path(),
+        |e| matches!(e, StoreError::Damaged { path, .. } if path.ends_with("purged")),
+    );
+    // Only the log is gone: the hard state notices.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    std::fs::remove_dir_all(dir.path().join(fenced_storage::wal::DIR)).unwrap();
     assert_refused(dir.path(), |e| {
         matches!(
             e,
@@ -760,16 +787,216 @@ async fn sled_snapshot_moves_into_a_file() {
         record_old_hard_state(dir.path());
     }
     for _ in 0..2 {
-        let (_log, mut sm) = open(dir.path(), no_events()).unwrap();
+        let (mut log, mut sm) = open(dir.path(), no_events()).unwrap();
         assert_eq!(sm.shared().read(|m| m.clone()), state);
         let cur = sm.get_current_snapshot().await.unwrap().unwrap();
         assert_eq!(cur.meta, meta);
+        let st = log.get_log_state().await.unwrap();
+        assert_eq!(st.last_purged_log_id, Some(log_id(1, 6)));
+        assert_no_sled(dir.path());
     }
-    let db = sled::open(dir.path()).unwrap();
-    assert!(
-        db.open_tree("snapshot").unwrap().is_empty(),
-        "sled's copy is gone"
+}
+
+/// sled's files (or what a crash left of them) in `dir`.
+fn sled_files(dir: &Path) -> Vec<String> {
+    listing(dir)
+        .into_iter()
+        .filter(|n| ["db", "conf", "blobs"].contains(&n.as_str()) || n.starts_with("snap."))
+        .collect()
+}
+
+fn assert_no_sled(dir: &Path) {
+    assert_eq!(
+        sled_files(dir),
+        Vec::<String>::new(),
+        "sled's files are left"
     );
+}
+
+fn listing(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// A new data dir never has sled's files; the last purged log id is in the `purged` file,
+/// read back after a restart; a damaged or missing `purged` file refuses the data dir.
+#[tokio::test]
+async fn a_new_data_dir_keeps_last_purged_in_its_own_file_and_refuses_it_damaged() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (mut log, mut sm) = open(dir.path(), no_events()).unwrap();
+        log.blocking_append(history()).await.unwrap();
+        sm.apply(history()).await.unwrap();
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        log.purge(log_id(1, 5)).await.unwrap();
+    }
+    assert_eq!(
+        listing(dir.path()),
+        ["hardstate", "purged", "snapshots", "wal"]
+    );
+    {
+        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+        let st = log.get_log_state().await.unwrap();
+        assert_eq!(st.last_purged_log_id, Some(log_id(1, 5)));
+        assert_eq!(st.last_log_id, Some(log_id(1, 6)));
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), history()[5..]);
+    }
+    let path = dir.path().join(fenced_storage::purged::FILE_NAME);
+    let good = std::fs::read(&path).unwrap();
+    let is_purged =
+        |e: &StoreError| matches!(e, StoreError::Damaged { path, .. } if path.ends_with("purged"));
+    for at in [0, 9, 13, good.len() - 1] {
+        let mut bad = good.clone();
+        bad[at] ^= 0x04;
+        std::fs::write(&path, &bad).unwrap();
+        assert_refused(dir.path(), is_purged);
+    }
+    std::fs::write(&path, &good[..good.len() - 1]).unwrap();
+    assert_refused(dir.path(), is_purged);
+    std::fs::remove_file(&path).unwrap();
+    assert_refused(dir.path(), is_purged);
+    assert_no_sled(dir.path());
+    std::fs::write(&path, &good).unwrap();
+    open(dir.path(), no_events()).unwrap();
+}
+
+/// A data dir as the previous layout (3) left it: entries 4..=6 in the write-ahead log, 1..=3
+/// purged (sled's `meta` tree says so) and covered by a snapshot file.
+fn layout_three_dir(dir: &Path) {
+    let mut machine = fenced_core::StateMachine::default();
+    for e in &history()[..3] {
+        if let EntryPayload::Normal(b) = &e.payload {
+            machine.apply_batch(e.log_id.index, b);
+        }
+    }
+    let meta = openraft::SnapshotMeta::<NodeId, openraft::BasicNode> {
+        last_log_id: Some(log_id(1, 3)),
+        last_membership: StoredMembership::default(),
+        snapshot_id: "1-3-1".into(),
+    };
+    let snapshots = fenced_storage::snapshot::SnapshotStore::open(dir).unwrap();
+    let file = snapshots.write(&meta, &machine).unwrap();
+    snapshots.install(&file, &meta).unwrap();
+    fenced_storage::wal::Wal::create_from(dir, history()[3..].to_vec(), Some(3)).unwrap();
+    record_old_hard_state(dir);
+    let db = sled::open(dir).unwrap();
+    let m = db.open_tree("meta").unwrap();
+    m.insert("format", &[3u8][..]).unwrap();
+    let sealed = fenced_storage::frame::seal(&bincode::serialize(&log_id(1, 3)).unwrap());
+    m.insert("last_purged", sealed).unwrap();
+    db.flush().unwrap();
+}
+
+/// Opened, a layout-3 data dir moves its last purged log id into the `purged` file and loses
+/// sled's files; later opens never look for them.
+#[tokio::test]
+async fn layout_three_data_dir_moves_last_purged_out_of_sled() {
+    let dir = TempDir::new().unwrap();
+    layout_three_dir(dir.path());
+    assert!(!sled_files(dir.path()).is_empty());
+    for _ in 0..2 {
+        let (mut log, sm) = open(dir.path(), no_events()).unwrap();
+        let st = log.get_log_state().await.unwrap();
+        assert_eq!(st.last_purged_log_id, Some(log_id(1, 3)));
+        assert_eq!(st.last_log_id, Some(log_id(1, 6)));
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), history()[3..]);
+        assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(1, 1)));
+        assert_eq!(sm.shared().last_applied(), Some(log_id(1, 3)));
+        assert_no_sled(dir.path());
+        assert!(dir.path().join(fenced_storage::purged::FILE_NAME).exists());
+    }
+}
+
+/// A crash after the `purged` file was written but before sled's files were gone: they are
+/// removed at the next open and the file wins (sled's stale value is not read). sled's own
+/// layout record then says 4, which an older build refuses; with the file lost as well the
+/// data dir is refused.
+#[tokio::test]
+async fn sled_files_left_by_an_interrupted_upgrade_are_removed_and_never_read() {
+    let dir = TempDir::new().unwrap();
+    layout_three_dir(dir.path());
+    drop(open(dir.path(), no_events()).unwrap());
+    let leftovers = |format: u8| {
+        let db = sled::open(dir.path()).unwrap();
+        let m = db.open_tree("meta").unwrap();
+        m.insert("format", &[format][..]).unwrap();
+        let stale = fenced_storage::frame::seal(&bincode::serialize(&log_id(1, 1)).unwrap());
+        m.insert("last_purged", stale).unwrap();
+        db.flush().unwrap();
+    };
+    leftovers(fenced_storage::DATA_DIR_FORMAT);
+    {
+        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+        let st = log.get_log_state().await.unwrap();
+        assert_eq!(st.last_purged_log_id, Some(log_id(1, 3)));
+        assert_no_sled(dir.path());
+    }
+    leftovers(fenced_storage::DATA_DIR_FORMAT);
+    std::fs::remove_file(dir.path().join(fenced_storage::purged::FILE_NAME)).unwrap();
+    assert_refused(
+        dir.path(),
+        |e| matches!(e, StoreError::Damaged { path, .. } if path.ends_with("purged")),
+    );
+}
+
+/// [`Io::Inline`]: nothing waits on another thread. On this current-thread runtime with paused
+/// time, the ticker below would run (time auto-advances) only if the runtime went idle
+/// waiting for something outside it, such as a flusher thread or `spawn_blocking`; it never
+/// does, and the paused clock never moves.
+#[tokio::test(start_paused = true)]
+async fn inline_io_never_leaves_the_task() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let ticks = Arc::new(AtomicU64::new(0));
+    let ticker = {
+        let ticks = ticks.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                ticks.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let started = tokio::time::Instant::now();
+    let dir = TempDir::new().unwrap();
+    let entries = history();
+    {
+        let (mut log, mut sm) = open_with(dir.path(), no_events(), Io::Inline).unwrap();
+        sm.digest_every(2);
+        log.blocking_append(entries[..4].to_vec()).await.unwrap();
+        log.save_vote(&Vote::new(1, 1)).await.unwrap();
+        sm.apply(entries[..4].to_vec()).await.unwrap();
+        // Digests are taken during apply.
+        let at: Vec<u64> = sm.digests().recent().iter().map(|(i, _)| *i).collect();
+        assert_eq!(at, [2, 4]);
+        sm.get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        log.purge(log_id(1, 3)).await.unwrap();
+        log.blocking_append(entries[4..].to_vec()).await.unwrap();
+        log.truncate(log_id(1, 6)).await.unwrap();
+        log.save_committed(Some(log_id(1, 5))).await.unwrap();
+        log.blocking_append([blank(2, 6)]).await.unwrap();
+    }
+    assert_eq!(ticks.load(Ordering::Relaxed), 0, "the runtime waited");
+    assert_eq!(tokio::time::Instant::now(), started);
+    ticker.abort();
+    let (mut log, sm) = open_with(dir.path(), no_events(), Io::Inline).unwrap();
+    let st = log.get_log_state().await.unwrap();
+    assert_eq!(st.last_purged_log_id, Some(log_id(1, 3)));
+    assert_eq!(st.last_log_id, Some(log_id(2, 6)));
+    assert_eq!(log.read_vote().await.unwrap(), Some(Vote::new(1, 1)));
+    assert_eq!(log.read_committed().await.unwrap(), Some(log_id(1, 5)));
+    assert_eq!(sm.shared().last_applied(), Some(log_id(1, 4)));
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! The group commit: the thread that makes appended entries durable and acknowledges them.
+//! The group commit: makes appended entries durable and acknowledges them, on a thread of
+//! its own or inline ([`Io`]).
 
 use std::fs::File;
 use std::io;
@@ -13,18 +14,31 @@ use openraft::LogId;
 
 use crate::hardstate::HardState;
 use crate::observe::Hook;
-use crate::StoreError;
+use crate::{Io, StoreError};
 
-/// The group commit: one thread that makes appended entries durable and acknowledges them.
+/// The group commit: makes appended entries durable and acknowledges them.
 ///
-/// For everything queued since its last round it runs one `fdatasync` of the open segment,
-/// then records the last log id in the hard state (its own `fdatasync`), then calls the
-/// appends' callbacks in order. An append is never acknowledged before an `fdatasync` that
-/// started after its entries were written. After a failed sync every later append fails
-/// too: the kernel may have dropped the dirty pages, so a later successful sync proves
-/// nothing (and openraft stops the node on the first failure anyway).
+/// Each round takes everything queued since the last one, runs one `fdatasync` of every
+/// segment file those appends wrote, then records the last log id in the hard state (its own
+/// `fdatasync`), then calls the appends' callbacks in order. An append is never acknowledged
+/// before an `fdatasync` that started after its entries were written. After a failed sync
+/// every later append fails too: the kernel may have dropped the dirty pages, so a later
+/// successful sync proves nothing (and openraft stops the node on the first failure anyway).
+///
+/// The round ([`Step::round`]) is one piece of code for both [`Io`] modes: with
+/// [`Io::Threads`] a thread of its own (`fenced-wal`) runs it over whatever queued meanwhile;
+/// with [`Io::Inline`] [`Flusher::sync`] runs it at once over the one append, in the caller.
+///
+/// Dropping the last handle: the thread finishes the rounds already queued (fsyncs and
+/// acknowledges them), then ends; nothing is written that a crash at the same moment would
+/// need — an append is promised only once acknowledged. Inline mode has nothing queued.
 pub struct Flusher {
-    jobs: mpsc::Sender<Job>,
+    mode: Mode,
+}
+
+enum Mode {
+    Thread(mpsc::Sender<Job>),
+    Inline(Mutex<Step>),
 }
 
 enum Job {
@@ -39,27 +53,56 @@ enum Job {
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
+/// What a round needs, and whether a sync failed before.
+struct Step {
+    hard: Arc<Mutex<HardState>>,
+    committed: Arc<Mutex<Option<LogId<NodeId>>>>,
+    hook: Hook,
+    failed: Option<String>,
+}
+
 impl Flusher {
-    /// Start the thread; it ends when the last [`Flusher`] handle is dropped.
-    /// `committed` is written with every hard-state record (see
-    /// [`HardStateValue::committed`](crate::hardstate::HardStateValue)). The thread reports
-    /// its fsync and append timings to the observer in `hook`, once one is installed.
+    /// Start the group commit (with [`Io::Threads`], its thread; it ends when the last
+    /// [`Flusher`] handle is dropped). `committed` is written with every hard-state record
+    /// (see [`HardStateValue::committed`](crate::hardstate::HardStateValue)). Fsync and
+    /// append timings go to the observer in `hook`, once one is installed.
     pub(crate) fn start(
         hard: Arc<Mutex<HardState>>,
         committed: Arc<Mutex<Option<LogId<NodeId>>>>,
         hook: Hook,
+        io: Io,
     ) -> Result<Flusher, StoreError> {
-        let (jobs, rx) = mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("fenced-wal".into())
-            .spawn(move || flush_loop(&rx, &hard, &committed, &hook))
-            .map_err(|e| StoreError::file(Path::new("fenced-wal thread"), e))?;
-        Ok(Flusher { jobs })
+        let mut step = Step {
+            hard,
+            committed,
+            hook,
+            failed: None,
+        };
+        let mode = match io {
+            Io::Inline => Mode::Inline(Mutex::new(step)),
+            Io::Threads => {
+                let (jobs, rx) = mpsc::channel::<Job>();
+                std::thread::Builder::new()
+                    .name("fenced-wal".into())
+                    .spawn(move || {
+                        let mut batch = Vec::new();
+                        while let Ok(first) = rx.recv() {
+                            batch.push(first);
+                            batch.extend(rx.try_iter());
+                            step.round(&mut batch);
+                        }
+                    })
+                    .map_err(|e| StoreError::file(Path::new("fenced-wal thread"), e))?;
+                Mode::Thread(jobs)
+            }
+        };
+        Ok(Flusher { mode })
     }
 
-    /// Acknowledge `callback` once the entries up to `last`, written to `file`, are durable.
-    /// If the thread is gone, the callback is dropped, which openraft reports as an error.
-    /// `since`: when the append began (its duration is reported once it is durable).
+    /// Acknowledge `callback` once the entries up to `last`, written to `file`, are durable
+    /// (inline: before this returns). If the thread is gone, the callback is dropped, which
+    /// openraft reports as an error. `since`: when the append began (its duration is reported
+    /// once it is durable).
     pub fn sync(
         &self,
         file: Arc<File>,
@@ -67,18 +110,30 @@ impl Flusher {
         callback: LogFlushed<TypeConfig>,
         since: Instant,
     ) {
-        let _ = self.jobs.send(Job::Append {
+        let job = Job::Append {
             file,
             last,
             callback,
             since,
-        });
+        };
+        match &self.mode {
+            Mode::Thread(jobs) => {
+                let _ = jobs.send(job);
+            }
+            Mode::Inline(step) => step
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .round(&mut vec![job]),
+        }
     }
 
-    /// Wait until every append queued so far is acknowledged.
+    /// Wait until every append queued so far is acknowledged (inline: at once, none is).
     pub async fn drain(&self) {
+        let Mode::Thread(jobs) = &self.mode else {
+            return;
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if self.jobs.send(Job::Barrier(tx)).is_ok() {
+        if jobs.send(Job::Barrier(tx)).is_ok() {
             let _ = rx.await;
         }
     }
@@ -96,20 +151,13 @@ pub(crate) fn note_committed(
     }
 }
 
-fn flush_loop(
-    rx: &mpsc::Receiver<Job>,
-    hard: &Mutex<HardState>,
-    committed: &Mutex<Option<LogId<NodeId>>>,
-    hook: &Hook,
-) {
-    let mut failed: Option<String> = None;
-    let mut batch = Vec::new();
-    while let Ok(first) = rx.recv() {
-        batch.push(first);
-        batch.extend(rx.try_iter());
+impl Step {
+    /// One round of the group commit over `batch` (emptied): sync, record, acknowledge.
+    fn round(&mut self, batch: &mut Vec<Job>) {
+        let hook = &self.hook;
         let mut files: Vec<&Arc<File>> = Vec::new();
         let mut last = None;
-        for job in &batch {
+        for job in batch.iter() {
             if let Job::Append { file, last: l, .. } = job {
                 if !files.iter().any(|f| Arc::ptr_eq(f, file)) {
                     files.push(file);
@@ -117,7 +165,7 @@ fn flush_loop(
                 last = Some(*l);
             }
         }
-        if failed.is_none() && last.is_some() {
+        if self.failed.is_none() && last.is_some() {
             let synced = files
                 .iter()
                 .try_for_each(|f| {
@@ -130,24 +178,24 @@ fn flush_loop(
                 })
                 .map_err(|e| format!("log fsync failed: {e}"))
                 .and_then(|()| {
-                    let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
+                    let mut h = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
                     let mut value = h.value().clone();
                     value.last_log_id = last;
-                    note_committed(&mut value, committed);
+                    note_committed(&mut value, &self.committed);
                     h.write(value).map_err(|e| e.to_string())
                 });
             if let Err(e) = synced {
                 tracing::error!("{e}");
-                failed = Some(e);
+                self.failed = Some(e);
             }
         }
-        let observer = hook.get().filter(|_| failed.is_none());
+        let observer = hook.get().filter(|_| self.failed.is_none());
         for job in batch.drain(..) {
             match job {
                 Job::Append {
                     callback, since, ..
                 } => {
-                    let result = match &failed {
+                    let result = match &self.failed {
                         None => Ok(()),
                         Some(e) => Err(io::Error::other(e.clone())),
                     };
