@@ -9,23 +9,45 @@ use std::task::{Context, Poll};
 
 /// A snapshot file as openraft's `SnapshotData`: the bytes openraft streams to a follower,
 /// or receives from the leader.
+///
+/// Two ways to do its I/O, chosen when it is made: on tokio's blocking pool (production,
+/// [`SnapshotFile::new`]), or **inline** in the task that polls it
+/// ([`SnapshotFile::new_inline`]: the deterministic simulator's, whose runtime must never
+/// wait on another thread — each poll completes at once with a blocking read or write).
 pub struct SnapshotFile {
-    file: tokio::fs::File,
+    file: Handle,
     path: PathBuf,
 }
 
+enum Handle {
+    Pool(tokio::fs::File),
+    Inline(File),
+}
+
 impl SnapshotFile {
-    /// The open `file` found at `path`.
+    /// The open `file` found at `path`, its I/O on tokio's blocking pool.
     pub fn new(file: File, path: PathBuf) -> SnapshotFile {
         SnapshotFile {
-            file: tokio::fs::File::from_std(file),
+            file: Handle::Pool(tokio::fs::File::from_std(file)),
             path,
         }
     }
 
-    /// Open the snapshot file at `path` for reading.
-    pub fn open(path: &Path) -> io::Result<SnapshotFile> {
-        Ok(SnapshotFile::new(File::open(path)?, path.to_owned()))
+    /// The open `file` found at `path`, its I/O done inline when polled.
+    pub fn new_inline(file: File, path: PathBuf) -> SnapshotFile {
+        SnapshotFile {
+            file: Handle::Inline(file),
+            path,
+        }
+    }
+
+    /// Open the snapshot file at `path` for reading (`inline`: see [`SnapshotFile::new_inline`]).
+    pub fn open(path: &Path, inline: bool) -> io::Result<SnapshotFile> {
+        let file = File::open(path)?;
+        Ok(match inline {
+            true => SnapshotFile::new_inline(file, path.to_owned()),
+            false => SnapshotFile::new(file, path.to_owned()),
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -35,8 +57,16 @@ impl SnapshotFile {
     /// Flush and fsync what was written into it.
     pub async fn sync(&mut self) -> io::Result<()> {
         use tokio::io::AsyncWriteExt;
-        self.file.flush().await?;
-        self.file.sync_all().await
+        match &mut self.file {
+            Handle::Pool(f) => {
+                f.flush().await?;
+                f.sync_all().await
+            }
+            Handle::Inline(f) => {
+                io::Write::flush(f)?;
+                f.sync_all()
+            }
+        }
     }
 }
 
@@ -54,7 +84,14 @@ impl tokio::io::AsyncRead for SnapshotFile {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.file).poll_read(cx, buf)
+        match &mut self.file {
+            Handle::Pool(f) => Pin::new(f).poll_read(cx, buf),
+            Handle::Inline(f) => {
+                let n = io::Read::read(f, buf.initialize_unfilled())?;
+                buf.advance(n);
+                Poll::Ready(Ok(()))
+            }
+        }
     }
 }
 
@@ -64,24 +101,39 @@ impl tokio::io::AsyncWrite for SnapshotFile {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.file).poll_write(cx, buf)
+        match &mut self.file {
+            Handle::Pool(f) => Pin::new(f).poll_write(cx, buf),
+            Handle::Inline(f) => Poll::Ready(io::Write::write(f, buf)),
+        }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.file).poll_flush(cx)
+        match &mut self.file {
+            Handle::Pool(f) => Pin::new(f).poll_flush(cx),
+            Handle::Inline(f) => Poll::Ready(io::Write::flush(f)),
+        }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.file).poll_shutdown(cx)
+        match &mut self.file {
+            Handle::Pool(f) => Pin::new(f).poll_shutdown(cx),
+            Handle::Inline(f) => Poll::Ready(io::Write::flush(f)),
+        }
     }
 }
 
 impl tokio::io::AsyncSeek for SnapshotFile {
     fn start_seek(mut self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
-        Pin::new(&mut self.file).start_seek(position)
+        match &mut self.file {
+            Handle::Pool(f) => Pin::new(f).start_seek(position),
+            Handle::Inline(f) => io::Seek::seek(f, position).map(|_| ()),
+        }
     }
 
     fn poll_complete(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
-        Pin::new(&mut self.file).poll_complete(cx)
+        match &mut self.file {
+            Handle::Pool(f) => Pin::new(f).poll_complete(cx),
+            Handle::Inline(f) => Poll::Ready(io::Seek::stream_position(f)),
+        }
     }
 }

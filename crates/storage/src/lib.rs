@@ -249,6 +249,12 @@ pub enum Io {
 }
 
 impl Io {
+    /// Whether the work runs inline (a [`SnapshotFile`](fenced_raft_types::SnapshotFile)'s
+    /// I/O included).
+    pub fn inline(self) -> bool {
+        self == Io::Inline
+    }
+
     /// Run blocking `f` as this mode says: on tokio's blocking pool, or right here.
     pub(crate) async fn run<T: Send + 'static>(
         self,

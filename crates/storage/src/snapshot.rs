@@ -165,8 +165,9 @@ impl SnapshotStore {
         Ok(Some((read_meta(&path)?, path)))
     }
 
-    /// A new temporary file to receive a snapshot into.
-    pub fn receiving(&self) -> Result<SnapshotFile, StoreError> {
+    /// A new temporary file to receive a snapshot into (`inline`: its I/O done when polled,
+    /// [`SnapshotFile::new_inline`]).
+    pub fn receiving(&self, inline: bool) -> Result<SnapshotFile, StoreError> {
         let path = self.tmp_path()?;
         let file = OpenOptions::new()
             .read(true)
@@ -174,7 +175,10 @@ impl SnapshotStore {
             .create_new(true)
             .open(&path)
             .map_err(|e| StoreError::file(&path, e))?;
-        Ok(SnapshotFile::new(file, path))
+        Ok(match inline {
+            true => SnapshotFile::new_inline(file, path),
+            false => SnapshotFile::new(file, path),
+        })
     }
 }
 

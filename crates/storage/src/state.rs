@@ -221,7 +221,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<SnapshotFile>> {
         let file = self
             .snapshots
-            .receiving()
+            .receiving(self.io.inline())
             .map_err(|e| StorageIOError::write_snapshot(None, &e))?;
         Ok(Box::new(file))
     }
@@ -241,7 +241,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         if path.parent() != Some(self.snapshots.dir()) {
             // Not a file of `begin_receiving_snapshot` (openraft's storage test suite hands
             // over the leader's own): install a copy, never move someone else's file.
-            let own = self.snapshots.receiving().map_err(err)?.path().to_owned();
+            let own = self
+                .snapshots
+                .receiving(self.io.inline())
+                .map_err(err)?
+                .path()
+                .to_owned();
             let (from, to) = (path, own.clone());
             self.io
                 .run(snapshot::DIR, move || {
@@ -299,7 +304,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let Some((meta, path)) = self.snapshots.current().map_err(err)? else {
             return Ok(None);
         };
-        let file = SnapshotFile::open(&path).map_err(|e| err(StoreError::file(&path, e)))?;
+        let file = SnapshotFile::open(&path, self.io.inline())
+            .map_err(|e| err(StoreError::file(&path, e)))?;
         Ok(Some(Snapshot {
             meta,
             snapshot: Box::new(file),
@@ -344,7 +350,8 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             })
             .await
             .map_err(err)?;
-        let file = SnapshotFile::open(&path).map_err(|e| err(StoreError::file(&path, e)))?;
+        let file = SnapshotFile::open(&path, self.io.inline())
+            .map_err(|e| err(StoreError::file(&path, e)))?;
         let (bytes, took) = (
             std::fs::metadata(&path).map_or(0, |m| m.len()),
             started.elapsed(),

@@ -1,0 +1,162 @@
+//! `fenced-sim`: run seeds of the deterministic cluster simulation (docs/simulation.md).
+//!
+//! ```text
+//! fenced-sim --seeds 0..200                 # each seed once; a failure prints its replay command
+//! fenced-sim --seed 17 --trace              # replay one seed with its readable trace
+//! fenced-sim --seeds 1000.. --hours 2       # seeds from 1000 on until 2 real hours have passed
+//! ```
+
+use std::ops::Range;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use fenced_sim::{Options, Report};
+
+#[derive(Parser, Debug)]
+#[command(name = "fenced-sim", about = "Deterministic simulation of a fenced cluster")]
+struct Args {
+    /// Seeds to run, `A..B` (B excluded) or `A..` (with --hours).
+    #[arg(long, default_value = "0..20")]
+    seeds: String,
+    /// Run this one seed (overrides --seeds).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Print the run's trace (with --seed: as it happens).
+    #[arg(long)]
+    trace: bool,
+    /// Keep running seeds until this many real hours have passed.
+    #[arg(long)]
+    hours: Option<f64>,
+    /// Nodes in the cluster (3 or 5).
+    #[arg(long, default_value_t = 3)]
+    nodes: u64,
+    /// Simulated clients.
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// Simulated seconds each run's clients and faults last.
+    #[arg(long, default_value_t = 20)]
+    duration_s: u64,
+    /// Faults to inject: all, none, or a comma list of partitions,noise,crashes,pauses,clocks.
+    #[arg(long, default_value = "all")]
+    faults: String,
+    /// Print only each run's fingerprint (the reproducibility check compares them).
+    #[arg(long)]
+    fingerprint: bool,
+}
+
+fn seeds(spec: &str, open_ended: bool) -> anyhow::Result<Range<u64>> {
+    let (a, b) = spec
+        .split_once("..")
+        .with_context(|| format!("--seeds wants A..B, got {spec:?}"))?;
+    let a: u64 = a.trim().parse().context("--seeds start")?;
+    let b: u64 = match b.trim() {
+        "" if open_ended => u64::MAX,
+        "" => bail!("--seeds A.. (no end) needs --hours"),
+        b => b.parse().context("--seeds end")?,
+    };
+    if b <= a {
+        bail!("--seeds {spec}: empty range");
+    }
+    Ok(a..b)
+}
+
+fn options(args: &Args) -> anyhow::Result<Options> {
+    let mut o = Options::default();
+    if !(args.nodes == 3 || args.nodes == 5) {
+        bail!("--nodes must be 3 or 5");
+    }
+    o.cluster.nodes = args.nodes;
+    o.workload.clients = args.clients.max(1);
+    o.duration = Duration::from_secs(args.duration_s.max(1));
+    o.faults = match args.faults.as_str() {
+        "all" => fenced_sim::faults::Faults::default(),
+        "none" => fenced_sim::faults::Faults::none(),
+        list => {
+            let mut f = fenced_sim::faults::Faults::none();
+            for k in list.split(',') {
+                match k.trim() {
+                    "partitions" => f.partitions = true,
+                    "noise" => f.noise = true,
+                    "crashes" => f.crashes = true,
+                    "pauses" => f.pauses = true,
+                    "clocks" => f.clocks = true,
+                    other => bail!("unknown fault {other:?}"),
+                }
+            }
+            f
+        }
+    };
+    Ok(o)
+}
+
+fn replay(args: &Args, seed: u64) -> String {
+    format!(
+        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {}",
+        args.nodes, args.clients, args.duration_s, args.faults
+    )
+}
+
+fn main() -> anyhow::Result<ExitCode> {
+    let args = Args::parse();
+    let mut opts = options(&args)?;
+    let range = match args.seed {
+        Some(s) => s..s + 1,
+        None => seeds(&args.seeds, args.hours.is_some())?,
+    };
+    if args.seed.is_some() && args.trace {
+        opts.echo = true;
+    }
+    let deadline = args
+        .hours
+        .map(|h| Instant::now() + Duration::from_secs_f64(h * 3600.0));
+    let started = Instant::now();
+    let (mut runs, mut failed, mut simulated) = (0u64, Vec::new(), 0.0f64);
+    for seed in range {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        let t = Instant::now();
+        let report: Report = fenced_sim::run(seed, &opts)?;
+        let real = t.elapsed().as_secs_f64();
+        runs += 1;
+        simulated += report.simulated_s;
+        if args.fingerprint {
+            println!("{seed} {:016x}", report.fingerprint);
+        } else {
+            println!(
+                "seed {seed}: {} — {} ops, {:.1} simulated s in {:.2} real s ({:.0}×), messages {:?}, fingerprint {:016x}",
+                if report.valid() { "ok" } else { "FAILED" },
+                report.ops,
+                report.simulated_s,
+                real,
+                report.simulated_s / real.max(1e-9),
+                report.messages,
+                report.fingerprint,
+            );
+        }
+        if !report.valid() {
+            for f in report.failures() {
+                println!("    {f}");
+            }
+            println!("    replay: {}", replay(&args, seed));
+            failed.push(seed);
+        }
+    }
+    let real = started.elapsed().as_secs_f64();
+    if !args.fingerprint {
+        println!(
+            "{runs} runs, {} failed {failed:?}; {simulated:.0} simulated s in {real:.0} real s: {:.1} simulated s per real s ({} nodes, {} clients)",
+            failed.len(),
+            simulated / real.max(1e-9),
+            args.nodes,
+            args.clients
+        );
+    }
+    Ok(if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,85 @@
+//! The simulator's own tests: seeds pass, a seed replays exactly (in this process and in
+//! another one), and each verdict the simulator adds can fail.
+
+use std::process::Command;
+use std::time::Duration;
+
+use fenced_sim::{run, Options};
+
+/// Short runs: the seeds the README's test command covers.
+fn short() -> Options {
+    Options {
+        duration: Duration::from_secs(8),
+        ..Options::default()
+    }
+}
+
+fn seeds_pass(range: std::ops::Range<u64>, opts: &Options) {
+    let mut failed = Vec::new();
+    for seed in range {
+        let r = run(seed, opts).expect("run");
+        assert!(r.ops > 0, "seed {seed}: no operation completed");
+        if !r.valid() {
+            failed.push(format!("seed {seed}: {:?}", r.failures()));
+        }
+    }
+    assert!(failed.is_empty(), "failed seeds:\n{}", failed.join("\n"));
+}
+
+#[test]
+fn seeds_with_every_fault_pass() {
+    seeds_pass(0..60, &short());
+}
+
+#[test]
+fn seeds_of_a_five_node_cluster_pass() {
+    let mut o = short();
+    o.cluster.nodes = 5;
+    seeds_pass(1_000..1_020, &o);
+}
+
+#[test]
+fn a_seed_replays_exactly_in_this_process() {
+    let o = short();
+    let a = run(7, &o).expect("run");
+    let b = run(7, &o).expect("run");
+    assert_eq!(a.fingerprint, b.fingerprint, "seed 7 ran differently twice");
+    let c = run(8, &o).expect("run");
+    assert_ne!(a.fingerprint, c.fingerprint, "two seeds gave the same run");
+}
+
+/// Hash seeds and address layout differ between processes: the run must not.
+#[test]
+fn a_seed_replays_exactly_in_another_process() {
+    let bin = env!("CARGO_BIN_EXE_fenced-sim");
+    let once = || {
+        let out = Command::new(bin)
+            .args(["--seeds", "3..5", "--duration-s", "8", "--fingerprint"])
+            .output()
+            .expect("run fenced-sim");
+        assert!(out.status.success(), "fenced-sim failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (a, b) = (once(), once());
+    assert_eq!(a.lines().count(), 2, "{a}");
+    assert_eq!(a, b, "the same seeds ran differently in two processes");
+}
+
+#[test]
+fn liveness_fails_when_the_bound_cannot_be_met() {
+    let mut o = short();
+    o.liveness_bound = Duration::from_millis(1);
+    let r = run(5, &o).expect("run");
+    let v = r.verdicts.iter().find(|v| v.checker == "liveness").expect("liveness verdict");
+    assert_eq!(v.valid, Some(false), "{v:?}");
+}
+
+#[test]
+fn a_diverging_replica_fails_agreement() {
+    let mut o = short();
+    o.faults = fenced_sim::faults::Faults::none();
+    o.cluster.diverge = Some((2, 40));
+    let r = run(11, &o).expect("run");
+    let v = r.verdicts.iter().find(|v| v.checker == "replicas-agree").expect("agreement verdict");
+    assert_eq!(v.valid, Some(false), "{v:?}");
+}
