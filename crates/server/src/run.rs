@@ -51,6 +51,19 @@ impl Running {
             tracing::warn!("raft shutdown: {e}");
         }
     }
+
+    /// Stop as a crash would (a simulator's crash): the background tasks are aborted at
+    /// once and Raft's core stops, with no drain, no hand-off and no shutdown work of ours;
+    /// whatever is on disk stays as it is. Requests in flight on other tasks fail as Raft is
+    /// gone.
+    pub async fn crash(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Err(e) = self.node.raft().shutdown().await {
+            tracing::debug!("raft shutdown after a crash: {e}");
+        }
+    }
 }
 
 /// `--force-new-cluster`: rewrite the data dir as a one-node cluster (once; a restart that
@@ -87,11 +100,42 @@ async fn force_new_cluster(cfg: &NodeConfig) -> Result<(), StartError> {
     Ok(())
 }
 
+/// What a node is built from besides its configuration: the production defaults
+/// ([`Seams::production`]), or a simulator's (`crates/sim`), which runs several nodes in one
+/// process on simulated time, network and disk scheduling.
+pub struct Seams {
+    /// How the node calls its peers (Raft and forwarding); `None`: gRPC ([`GrpcLinks`],
+    /// over TLS if the configuration has it).
+    pub links: Option<Arc<dyn Links>>,
+    /// How the storage runs its blocking work: on threads of its own (production) or inline
+    /// in the calling task (a simulator: nothing may wait on a real thread).
+    pub io: fenced_storage::Io,
+    /// Serve the configured addresses (gRPC, RESP, metrics). A simulator calls the node's
+    /// services directly instead.
+    pub listen: bool,
+}
+
+impl Seams {
+    /// What `fenced serve` runs with.
+    pub fn production() -> Seams {
+        Seams {
+            links: None,
+            io: fenced_storage::Io::Threads,
+            listen: true,
+        }
+    }
+}
+
 /// Open the data dir (under the bootstrap and identity rules of
 /// [`fenced_storage::datadir`]), start Raft and the gRPC server (Raft transport, forwarding
 /// and client API on one port) and the RESP listener, bootstrap a new cluster, start the
 /// expiry ticker and the compactor.
 pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
+    start_with(cfg, Seams::production()).await
+}
+
+/// [`start`] with `seams` in place of the production ones.
+pub async fn start_with(cfg: NodeConfig, seams: Seams) -> Result<Running, StartError> {
     if cfg.force_new_cluster {
         force_new_cluster(&cfg).await?;
     }
@@ -106,13 +150,14 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
     let sink_hub = hub.clone();
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let sink_metrics = metrics.clone();
-    let opened = datadir::open(
+    let opened = datadir::open_with(
         &cfg.data_dir,
         &plan,
         Arc::new(move |events: &[fenced_core::Event]| {
             sink_metrics.observe_events(events);
             sink_hub.deliver(events)
         }),
+        seams.io,
     )?;
     let identity = opened.identity.clone();
     let gate = PeerGate::new(identity.clone(), cfg.grpc_addr.clone());
@@ -167,22 +212,29 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
     .validate()
     .map_err(|e| StartError::Config(e.to_string()))?;
     // How this node reaches its peers (Raft and forwarding): gRPC, over TLS if configured.
-    let links: Arc<dyn Links> = Arc::new(match &cfg.tls {
-        Some(t) => GrpcLinks::new().with_tls(t.peer_client()),
-        None => GrpcLinks::new(),
-    });
+    let links: Arc<dyn Links> = match seams.links {
+        Some(links) => links,
+        None => Arc::new(match &cfg.tls {
+            Some(t) => GrpcLinks::new().with_tls(t.peer_client()),
+            None => GrpcLinks::new(),
+        }),
+    };
     let network =
         NetworkFactory::with_links(gate.clone(), links.clone()).with_observer(metrics.clone());
     let raft = Raft::new(cfg.id, Arc::new(raft_config), network, log_store, sm_store)
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
 
-    let listener = TcpListener::bind(&cfg.grpc_addr)
-        .await
-        .map_err(|source| StartError::Bind {
-            addr: cfg.grpc_addr.clone(),
-            source,
-        })?;
+    let listener =
+        match seams.listen {
+            true => Some(TcpListener::bind(&cfg.grpc_addr).await.map_err(|source| {
+                StartError::Bind {
+                    addr: cfg.grpc_addr.clone(),
+                    source,
+                }
+            })?),
+            false => None,
+        };
 
     let node = Node::new(
         &cfg,
@@ -197,6 +249,59 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
     node.apply_alarm_to_raft();
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut tasks = Vec::new();
+    if let Some(listener) = listener {
+        tasks.extend(listen(&cfg, &node, &raft, &gate, listener, &shutdown_rx).await?);
+    }
+
+    if opened.bootstrap {
+        let nodes: BTreeMap<NodeId, BasicNode> = members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+            .collect();
+        tracing::info!(?nodes, "bootstrapping a new cluster");
+        match raft.initialize(nodes).await {
+            Ok(()) => {}
+            // Already initialized: a restart before this member heard from every member
+            // (it stays `Bootstrapping` until then).
+            Err(RaftError::APIError(e)) => tracing::info!("not initializing: {e}"),
+            Err(e) => return Err(StartError::Raft(e.to_string())),
+        }
+        // Alone, this member has heard from every member; in a cluster it votes once it
+        // has heard from all of them (`PeerGate::bootstrapped`).
+        if members.keys().all(|id| *id == cfg.id) {
+            identity.set_state(MemberState::Ready)?;
+        }
+    }
+
+    if seams.listen {
+        tasks.push(crate::resp::start(node.clone(), &cfg, shutdown_rx.clone()).await?);
+    }
+    tasks.push(tokio::spawn(compactor(
+        raft.clone(),
+        gauge,
+        cfg.snapshot_logs,
+        shutdown_rx.clone(),
+    )));
+    tasks.push(tokio::spawn(node.clone().checker(shutdown_rx.clone())));
+    tasks.push(tokio::spawn(node.clone().ticker(shutdown_rx)));
+    Ok(Running {
+        node,
+        shutdown: shutdown_tx,
+        tasks,
+    })
+}
+
+/// Serve the node's gRPC port (Raft transport, forwarding, the client API, health) on
+/// `listener`, and metrics on `--metrics-addr`: the tasks doing it.
+async fn listen(
+    cfg: &NodeConfig,
+    node: &Node,
+    raft: &Raft,
+    gate: &PeerGate,
+    listener: TcpListener,
+    shutdown_rx: &watch::Receiver<bool>,
+) -> Result<Vec<JoinHandle<()>>, StartError> {
     let mut tasks = Vec::new();
     // The standard gRPC health service: SERVING while a leader is known.
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -273,40 +378,7 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
         }));
     }
 
-    if opened.bootstrap {
-        let nodes: BTreeMap<NodeId, BasicNode> = members
-            .iter()
-            .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
-            .collect();
-        tracing::info!(?nodes, "bootstrapping a new cluster");
-        match raft.initialize(nodes).await {
-            Ok(()) => {}
-            // Already initialized: a restart before this member heard from every member
-            // (it stays `Bootstrapping` until then).
-            Err(RaftError::APIError(e)) => tracing::info!("not initializing: {e}"),
-            Err(e) => return Err(StartError::Raft(e.to_string())),
-        }
-        // Alone, this member has heard from every member; in a cluster it votes once it
-        // has heard from all of them (`PeerGate::bootstrapped`).
-        if members.keys().all(|id| *id == cfg.id) {
-            identity.set_state(MemberState::Ready)?;
-        }
-    }
-
-    tasks.push(crate::resp::start(node.clone(), &cfg, shutdown_rx.clone()).await?);
-    tasks.push(tokio::spawn(compactor(
-        raft.clone(),
-        gauge,
-        cfg.snapshot_logs,
-        shutdown_rx.clone(),
-    )));
-    tasks.push(tokio::spawn(node.clone().checker(shutdown_rx.clone())));
-    tasks.push(tokio::spawn(node.clone().ticker(shutdown_rx)));
-    Ok(Running {
-        node,
-        shutdown: shutdown_tx,
-        tasks,
-    })
+    Ok(tasks)
 }
 
 /// How often [`compactor`] looks at the log.
