@@ -108,8 +108,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
             let minority = rng.gen_range(1..=((ids.len() - 1) / 2).max(1));
             let (a, b) = shuffled.split_at(minority);
             let mut links = Vec::new();
-            let what;
-            match shape {
+            let what = match shape {
                 // One-way: a's messages to b are lost, b's to a arrive.
                 0 => {
                     for x in a {
@@ -117,7 +116,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
                             links.push((*x, *y));
                         }
                     }
-                    what = format!("one-way cut {a:?} -> {b:?}");
+                    format!("one-way cut {a:?} -> {b:?}")
                 }
                 // A bridge (five nodes or more): two halves that only one node hears both of.
                 1 if ids.len() >= 5 => {
@@ -129,7 +128,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
                             links.push((*y, *x));
                         }
                     }
-                    what = format!("bridge n{bridge} between {l:?} and {r:?}");
+                    format!("bridge n{bridge} between {l:?} and {r:?}")
                 }
                 _ => {
                     for x in a {
@@ -138,9 +137,9 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
                             links.push((*y, *x));
                         }
                     }
-                    what = format!("partition {a:?} | {b:?}");
+                    format!("partition {a:?} | {b:?}")
                 }
-            }
+            };
             trace.line("nemesis", format!("{what} for {lasting:?}"));
             net.cut(&links);
             tokio::time::sleep(lasting).await;

@@ -31,8 +31,22 @@ impl History {
 
     /// Record an invocation by `process` (`f` on `key`), with `fill` adding its value, token,
     /// ttl.
-    pub fn invoke(&self, process: u64, f: &str, key: &str, fill: impl FnOnce(Event) -> Event) -> Pending {
-        let e = fill(Event::new(Process::Client(process), Kind::Invoke, f, self.trace.now_ns()).key(key));
+    pub fn invoke(
+        &self,
+        process: u64,
+        f: &str,
+        key: &str,
+        fill: impl FnOnce(Event) -> Event,
+    ) -> Pending {
+        let e = fill(
+            Event::new(
+                Process::Client(process),
+                Kind::Invoke,
+                f,
+                self.trace.now_ns(),
+            )
+            .key(key),
+        );
         self.trace.line(&format!("p{process}"), describe(&e));
         self.events.borrow_mut().push(e.clone());
         Pending { event: e }

@@ -100,7 +100,12 @@ impl Report {
                     "{}: {} anomalies, e.g. {}",
                     v.checker,
                     v.anomalies,
-                    v.examples.iter().take(3).cloned().collect::<Vec<_>>().join(" | ")
+                    v.examples
+                        .iter()
+                        .take(3)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(" | ")
                 )
             })
             .collect()
@@ -239,11 +244,12 @@ async fn liveness(cluster: &Cluster, bound: Duration, since: tokio::time::Instan
                 break false;
             }
             seq += 1;
-            let rid = RequestId {
-                client_id: id,
-                seq,
-            };
-            let argv = vec![b"SET".to_vec(), format!("live-{id}").into_bytes(), b"1".to_vec()];
+            let rid = RequestId { client_id: id, seq };
+            let argv = vec![
+                b"SET".to_vec(),
+                format!("live-{id}").into_bytes(),
+                b"1".to_vec(),
+            ];
             let cmd = Command::Kv(KvCommand::Batch(vec![argv]));
             let r = cluster
                 .call(id, move |n| async move { n.propose(Some(rid), cmd).await })
@@ -255,11 +261,14 @@ async fn liveness(cluster: &Cluster, bound: Duration, since: tokio::time::Instan
         };
         let took = since.elapsed();
         worst = worst.max(took);
-        cluster
-            .trace()
-            .line("check", format!("n{id} serves again after {took:?}: {served}"));
+        cluster.trace().line(
+            "check",
+            format!("n{id} serves again after {took:?}: {served}"),
+        );
         if !served {
-            slow.push(format!("n{id} did not serve a write within {bound:?} of the faults ending"));
+            slow.push(format!(
+                "n{id} did not serve a write within {bound:?} of the faults ending"
+            ));
         }
     }
     Verdict::new(
@@ -298,9 +307,10 @@ async fn agreement(cluster: &Cluster) -> Verdict {
     for id in cluster.ids() {
         if let Some(n) = cluster.node(id) {
             let d = n.local(|sm| sm.digest());
-            cluster
-                .trace()
-                .line("check", format!("n{id} applied {} digest {d:016x}", at[id as usize - 1]));
+            cluster.trace().line(
+                "check",
+                format!("n{id} applied {} digest {d:016x}", at[id as usize - 1]),
+            );
             cluster.trace().fold(&d.to_le_bytes());
             digests.push((id, d));
             if let Some(why) = n.alarm() {

@@ -15,7 +15,10 @@ use clap::Parser;
 use fenced_sim::{Options, Report};
 
 #[derive(Parser, Debug)]
-#[command(name = "fenced-sim", about = "Deterministic simulation of a fenced cluster")]
+#[command(
+    name = "fenced-sim",
+    about = "Deterministic simulation of a fenced cluster"
+)]
 struct Args {
     /// Seeds to run, `A..B` (B excluded) or `A..` (with --hours).
     #[arg(long, default_value = "0..20")]

@@ -359,8 +359,10 @@ impl Handle {
 #[tonic::async_trait]
 impl RaftRpc for Handle {
     async fn append_entries(&self, r: Request<RaftRequest>) -> Reply<RaftReply> {
-        self.carry(r, |e, r| Box::pin(async move { e.raft.append_entries(r).await }))
-            .await
+        self.carry(r, |e, r| {
+            Box::pin(async move { e.raft.append_entries(r).await })
+        })
+        .await
     }
 
     async fn vote(&self, r: Request<RaftRequest>) -> Reply<RaftReply> {
@@ -379,8 +381,10 @@ impl RaftRpc for Handle {
 #[tonic::async_trait]
 impl Forward for Handle {
     async fn propose(&self, r: Request<ProposeRequest>) -> Reply<ProposeReply> {
-        self.carry(r, |e, r| Box::pin(async move { e.forward.propose(r).await }))
-            .await
+        self.carry(r, |e, r| {
+            Box::pin(async move { e.forward.propose(r).await })
+        })
+        .await
     }
 
     async fn propose_batch(&self, r: Request<ProposeBatchRequest>) -> Reply<ProposeBatchReply> {
@@ -391,8 +395,10 @@ impl Forward for Handle {
     }
 
     async fn campaign(&self, r: Request<CampaignRequest>) -> Reply<CampaignReply> {
-        self.carry(r, |e, r| Box::pin(async move { e.forward.campaign(r).await }))
-            .await
+        self.carry(r, |e, r| {
+            Box::pin(async move { e.forward.campaign(r).await })
+        })
+        .await
     }
 
     async fn admin(&self, r: Request<AdminRequest>) -> Reply<AdminReply> {
@@ -406,7 +412,9 @@ impl Forward for Handle {
     }
 
     async fn read_index(&self, r: Request<ReadIndexRequest>) -> Reply<ReadIndexReply> {
-        self.carry(r, |e, r| Box::pin(async move { e.forward.read_index(r).await }))
-            .await
+        self.carry(r, |e, r| {
+            Box::pin(async move { e.forward.read_index(r).await })
+        })
+        .await
     }
 }

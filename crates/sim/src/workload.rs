@@ -277,13 +277,17 @@ impl Client {
             }
         };
         let kind = if accepted { Kind::Ok } else { Kind::Fail };
-        h.complete(inv, kind, |e| {
-            if accepted {
-                e
-            } else {
-                e.error("stale token")
-            }
-        });
+        h.complete(
+            inv,
+            kind,
+            |e| {
+                if accepted {
+                    e
+                } else {
+                    e.error("stale token")
+                }
+            },
+        );
         accepted
     }
 
@@ -312,7 +316,11 @@ impl Client {
         match self.rng.gen_range(0..3) {
             0 => self.get(&key).await,
             1 => {
-                let argv = vec![b"SET".to_vec(), key.clone().into_bytes(), value.clone().into_bytes()];
+                let argv = vec![
+                    b"SET".to_vec(),
+                    key.clone().into_bytes(),
+                    value.clone().into_bytes(),
+                ];
                 self.write("put", &key, json!(value), argv).await
             }
             _ => {

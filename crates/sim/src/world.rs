@@ -175,7 +175,7 @@ impl Cluster {
         }
         let cfg = self.config(id);
         let seams = fenced_server::run::Seams {
-            links: self.inner.net.links(id),
+            links: Some(self.inner.net.links(id)),
             io: fenced_storage::Io::Inline,
             listen: false,
         };

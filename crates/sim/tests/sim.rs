@@ -57,7 +57,11 @@ fn a_seed_replays_exactly_in_another_process() {
             .args(["--seeds", "3..5", "--duration-s", "8", "--fingerprint"])
             .output()
             .expect("run fenced-sim");
-        assert!(out.status.success(), "fenced-sim failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "fenced-sim failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let (a, b) = (once(), once());
@@ -70,7 +74,11 @@ fn liveness_fails_when_the_bound_cannot_be_met() {
     let mut o = short();
     o.liveness_bound = Duration::from_millis(1);
     let r = run(5, &o).expect("run");
-    let v = r.verdicts.iter().find(|v| v.checker == "liveness").expect("liveness verdict");
+    let v = r
+        .verdicts
+        .iter()
+        .find(|v| v.checker == "liveness")
+        .expect("liveness verdict");
     assert_eq!(v.valid, Some(false), "{v:?}");
 }
 
@@ -80,6 +88,10 @@ fn a_diverging_replica_fails_agreement() {
     o.faults = fenced_sim::faults::Faults::none();
     o.cluster.diverge = Some((2, 40));
     let r = run(11, &o).expect("run");
-    let v = r.verdicts.iter().find(|v| v.checker == "replicas-agree").expect("agreement verdict");
+    let v = r
+        .verdicts
+        .iter()
+        .find(|v| v.checker == "replicas-agree")
+        .expect("agreement verdict");
     assert_eq!(v.valid, Some(false), "{v:?}");
 }
