@@ -59,7 +59,7 @@ impl History {
         e.time = self.trace.now_ns();
         e.value = match e.f.as_str() {
             // A read's value is what it returned (set by `fill`); the others keep their input.
-            "get" | "read-counter" => None,
+            "get" | "read-counter" | "read-ttl" => None,
             _ => e.value,
         };
         e.token = match e.f.as_str() {

@@ -12,9 +12,10 @@
 //!
 //! After the faults stop every run is judged: linearizable registers, mutual exclusion with
 //! the lease promise, fencing (tokens unique and increasing per lock, storage never taking a
-//! smaller one), replicas agree, no divergence alarm, no node refusing its own data dir, and
+//! smaller one), expiry as reads tell it ([`expiry`]), replicas agree, no divergence alarm, no node refusing its own data dir, and
 //! liveness (every node serves again within a bound once the faults end).
 
+pub mod expiry;
 pub mod faults;
 pub mod history;
 pub mod net;
@@ -211,6 +212,7 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
     verdicts.push(linear::check(&ops, linear::DEFAULT_BUDGET));
     verdicts.push(mutex::check(&ops));
     verdicts.push(fencing::check(&ops, true));
+    verdicts.push(expiry::check(&ops));
     for e in &events {
         trace.fold(serde_json::to_string(e).unwrap_or_default().as_bytes());
     }

@@ -31,8 +31,11 @@ pub struct Workload {
     pub keys: usize,
     /// Lease lengths asked for, ms.
     pub ttl_ms: (u64, u64),
-    /// Share of operations that are lock cycles (the rest are register operations).
+    /// Share of operations that are lock cycles.
     pub lock_share: f64,
+    /// Share of operations on keys with a TTL (`put-ttl`, `read-ttl`); the rest are register
+    /// operations.
+    pub ttl_share: f64,
     /// Clock-rate drift bound of the nodes, in ppm: a lease asked for `ttl` is promised
     /// `ttl·(1 − ρ)` of real time (README, "The lease bound"); the history records that.
     pub drift_ppm: u64,
@@ -45,7 +48,8 @@ impl Default for Workload {
             locks: 2,
             keys: 3,
             ttl_ms: (300, 3_000),
-            lock_share: 0.6,
+            lock_share: 0.5,
+            ttl_share: 0.15,
             drift_ppm: 100,
         }
     }
@@ -123,8 +127,11 @@ pub async fn run(shared: Rc<Shared>, rng: StdRng) {
         seen: BTreeMap::new(),
     };
     while !c.shared.stop.get() {
-        if c.rng.gen_bool(c.shared.spec.lock_share) {
+        let dice: f64 = c.rng.gen();
+        if dice < c.shared.spec.lock_share {
             c.lock_cycle().await;
+        } else if dice < c.shared.spec.lock_share + c.shared.spec.ttl_share {
+            c.ttl_op().await;
         } else {
             c.register_op().await;
         }
@@ -337,6 +344,51 @@ impl Client {
                 ];
                 self.write("cas", &key, json!([old, value]), argv).await
             }
+        }
+    }
+
+    /// A key with a TTL: write it (`SET e v PX ttl`) or read its value and TTL together.
+    async fn ttl_op(&mut self) {
+        let key = format!("e{}", self.rng.gen_range(0..2));
+        if self.rng.gen_bool(0.3) {
+            let value = format!("{}-{}", self.process, self.seq + 1);
+            let ttl = self.rng.gen_range(100..3_000u64);
+            let argv = vec![
+                b"SET".to_vec(),
+                key.clone().into_bytes(),
+                value.clone().into_bytes(),
+                b"PX".to_vec(),
+                ttl.to_string().into_bytes(),
+            ];
+            return self.write("put-ttl", &key, json!(value), argv).await;
+        }
+        let h = self.shared.history.clone();
+        let inv = h.invoke(self.process, "read-ttl", &key, |e| e);
+        let node = self.pick_node();
+        let k = key.as_bytes().to_vec();
+        let r = self
+            .shared
+            .cluster
+            .call(node, move |n| async move {
+                n.read_clone_timed(|sm, now| {
+                    let v = sm.kv().read(now, &[b"GET".to_vec(), k.clone()]);
+                    let t = sm.kv().read(now, &[b"PTTL".to_vec(), k.clone()]);
+                    (v, t)
+                })
+                .await
+            })
+            .await;
+        match r {
+            Ok(Ok((v, Some(Reply::Int(t))))) => {
+                let v = match v {
+                    Some(Reply::Bulk(b)) => json!(String::from_utf8_lossy(&b)),
+                    _ => json!(null),
+                };
+                h.complete(inv, Kind::Ok, |e| e.value(json!([v, t])))
+            }
+            Ok(Ok(other)) => h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}"))),
+            Ok(Err(e)) => h.complete(inv, Kind::Fail, |ev| ev.error(e.to_string())),
+            Err(g) => h.complete(inv, Kind::Fail, |e| e.error(format!("{g:?}"))),
         }
     }
 
