@@ -68,6 +68,8 @@ struct Slot {
     life: watch::Sender<u64>,
     /// Start failures (a data dir the node refuses): each is an anomaly.
     refusals: Vec<String>,
+    /// Writes this node's leader changes into the trace while it runs.
+    watcher: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The cluster of one run. Cheap to clone.
@@ -99,6 +101,7 @@ impl Cluster {
                     running: None,
                     life,
                     refusals: Vec::new(),
+                    watcher: None,
                 },
             );
         }
@@ -189,12 +192,20 @@ impl Cluster {
                             node.raft().clone(),
                             node.gate().clone(),
                         )),
-                        forward: Arc::new(fenced_server::forward::server::Leader::new(node)),
+                        forward: Arc::new(fenced_server::forward::server::Leader::new(
+                            node.clone(),
+                        )),
                     },
                 );
                 self.inner.trace.line(&format!("n{id}"), "started");
+                let watcher = tokio::task::spawn_local(watch_leader(
+                    id,
+                    node.raft().metrics(),
+                    self.inner.trace.clone(),
+                ));
                 if let Some(s) = self.inner.slots.borrow_mut().get_mut(&id) {
                     s.running = Some(running);
+                    s.watcher = Some(watcher);
                 }
             }
             Err(e) => {
@@ -219,6 +230,9 @@ impl Cluster {
             let Some(r) = slot.running.take() else {
                 return;
             };
+            if let Some(w) = slot.watcher.take() {
+                w.abort();
+            }
             slot.life.send_modify(|l| *l += 1);
             r
         };
@@ -246,12 +260,12 @@ impl Cluster {
     /// Stop every node (at the end of a run), abruptly.
     pub async fn stop_all(&self) {
         for id in self.ids() {
-            let running = self
-                .inner
-                .slots
-                .borrow_mut()
-                .get_mut(&id)
-                .and_then(|s| s.running.take());
+            let running = self.inner.slots.borrow_mut().get_mut(&id).and_then(|s| {
+                if let Some(w) = s.watcher.take() {
+                    w.abort();
+                }
+                s.running.take()
+            });
             if let Some(r) = running {
                 self.inner.net.down(id);
                 r.crash().await;
@@ -319,5 +333,29 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         None
+    }
+}
+
+/// Write node `id`'s view of the leader into the trace whenever it changes.
+async fn watch_leader(
+    id: u64,
+    mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, openraft::BasicNode>>,
+    trace: Trace,
+) {
+    let mut seen = None;
+    loop {
+        let now = {
+            let m = metrics.borrow_and_update();
+            (m.current_term, m.current_leader)
+        };
+        if seen != Some(now) {
+            seen = Some(now);
+            let (term, leader) = now;
+            let who = leader.map_or("none".to_owned(), |l| format!("n{l}"));
+            trace.line(&format!("n{id}"), format!("term {term}, leader {who}"));
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
     }
 }
