@@ -128,7 +128,7 @@ pub enum SimError {
 pub fn run(seed: u64, opts: &Options) -> Result<Report, SimError> {
     let root = tempfile::Builder::new()
         .prefix("fenced-sim-")
-        .tempdir()
+        .tempdir_in(data_root())
         .map_err(SimError::Dir)?;
     let rt = runtime(seed)?;
     fenced_raft_types::rng::seed_thread(seed);
@@ -138,6 +138,21 @@ pub fn run(seed: u64, opts: &Options) -> Result<Report, SimError> {
     drop(local);
     rt.shutdown_background();
     Ok(report)
+}
+
+/// Where the runs' data dirs go: `FENCED_SIM_DIR` if set, else `/dev/shm` (a RAM disk: the
+/// nodes' `fdatasync`s still run, at memory speed — on a disk they would make the simulator
+/// 20 times slower), else the system's temporary dir. The simulated crash keeps what was
+/// written either way; losing unsynced writes is the simulated disk's job, not the real one's.
+fn data_root() -> std::path::PathBuf {
+    if let Some(d) = std::env::var_os("FENCED_SIM_DIR") {
+        return d.into();
+    }
+    let shm = std::path::Path::new("/dev/shm");
+    if shm.is_dir() && tempfile::tempdir_in(shm).is_ok() {
+        return shm.to_owned();
+    }
+    std::env::temp_dir()
 }
 
 #[cfg(tokio_unstable)]

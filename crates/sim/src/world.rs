@@ -80,6 +80,8 @@ pub struct Cluster {
 
 struct Inner {
     spec: ClusterSpec,
+    /// The data dirs' root, as text.
+    root: String,
     net: Arc<Net>,
     trace: Trace,
     slots: RefCell<BTreeMap<u64, Slot>>,
@@ -108,6 +110,7 @@ impl Cluster {
         Cluster {
             inner: Rc::new(Inner {
                 spec,
+                root: root.display().to_string(),
                 net,
                 trace,
                 slots: RefCell::new(slots),
@@ -209,11 +212,13 @@ impl Cluster {
                 }
             }
             Err(e) => {
+                // The data dirs' root differs between runs: keep it out of the trace.
+                let why = e.to_string().replace(&*self.inner.root, "<data>");
                 self.inner
                     .trace
-                    .line(&format!("n{id}"), format!("REFUSED TO START: {e}"));
+                    .line(&format!("n{id}"), format!("REFUSED TO START: {why}"));
                 if let Some(s) = self.inner.slots.borrow_mut().get_mut(&id) {
-                    s.refusals.push(e.to_string());
+                    s.refusals.push(why);
                 }
             }
         }
