@@ -70,7 +70,7 @@ pub struct Metrics {
     purged_index: Gauge,
     committed_index: Gauge,
     /// Where the committed index is read from at each scrape ([`Metrics::read_log`]).
-    log: OnceLock<fenced_storage::LogStore>,
+    log: OnceLock<fenced_storage::CommittedIndex>,
     revision: Gauge,
     locks_held: Gauge,
     waiters: Gauge,
@@ -379,8 +379,9 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// Read the committed index from `log` (a clone of the node's log store) at each scrape.
-    pub fn read_log(&self, log: fenced_storage::LogStore) {
+    /// Read the committed index from `log` at each scrape (a reader, not the store: the store
+    /// holds these metrics as its observer).
+    pub fn read_log(&self, log: fenced_storage::CommittedIndex) {
         let _ = self.log.set(log);
     }
 
@@ -472,8 +473,7 @@ impl Metrics {
                 .set(m.purged.map_or(0, |l| l.index) as i64);
         }
         if let Some(log) = self.log.get() {
-            self.committed_index
-                .set(log.committed_index().unwrap_or(0) as i64);
+            self.committed_index.set(log.index().unwrap_or(0) as i64);
         }
         let (revision, locks, waiters, sessions) = node.local(|sm| {
             let waiters: usize = sm.locks().map(|l| sm.waiter_count(&l.name)).sum();

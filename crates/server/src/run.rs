@@ -179,7 +179,7 @@ pub async fn start_with(cfg: NodeConfig, seams: Seams) -> Result<Running, StartE
     };
     let alarms = crate::node::Alarms::open(cfg.data_dir.clone(), advertise, sm_store.digests());
     log_store.observe(metrics.clone());
-    metrics.read_log(log_store.clone());
+    metrics.read_log(log_store.committed());
     let state = sm_store.shared();
     let gauge = fenced_storage::CompactionGauge::new(&log_store, &sm_store);
 

@@ -43,7 +43,7 @@ mod state;
 pub mod wal;
 
 pub use digests::DigestLog;
-pub use log::LogStore;
+pub use log::{CommittedIndex, LogStore};
 pub use observe::StorageObserver;
 pub use state::{CompactionGauge, SharedState, SnapshotBuilder, StateMachineStore};
 

@@ -42,6 +42,19 @@ pub struct LogStore {
     io: Io,
 }
 
+/// See [`LogStore::committed`].
+#[derive(Clone, Debug)]
+pub struct CommittedIndex(Arc<Mutex<Option<LogId<NodeId>>>>);
+
+impl CommittedIndex {
+    pub fn index(&self) -> Option<u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .map(|c| c.index)
+    }
+}
+
 impl fmt::Debug for LogStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LogStore").finish_non_exhaustive()
@@ -111,10 +124,15 @@ impl LogStore {
 
     /// The index of the last committed entry openraft reported (`save_committed`), if any.
     pub fn committed_index(&self) -> Option<u64> {
-        self.committed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .map(|c| c.index)
+        self.committed().index()
+    }
+
+    /// A reader of [`LogStore::committed_index`] that keeps nothing else of the store alive:
+    /// for an observer the store itself holds (a clone of the store there would be a
+    /// reference cycle, which leaks the store's files when a node stops in a process that
+    /// goes on, like the simulator).
+    pub fn committed(&self) -> CommittedIndex {
+        CommittedIndex(self.committed.clone())
     }
 
     fn wal(&self) -> MutexGuard<'_, Wal> {
