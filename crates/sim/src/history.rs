@@ -76,6 +76,11 @@ impl History {
         self.events.borrow_mut().push(e);
     }
 
+    /// Simulated nanoseconds since the run started.
+    pub fn now_ns(&self) -> u64 {
+        self.trace.now_ns()
+    }
+
     pub fn events(&self) -> Vec<Event> {
         self.events.borrow().clone()
     }

@@ -33,6 +33,9 @@ pub struct Workload {
     pub ttl_ms: (u64, u64),
     /// Share of operations that are lock cycles.
     pub lock_share: f64,
+    /// Share of operations that are lock cycles inside a session (open, acquire, keep-alives
+    /// or a lapse, release, close).
+    pub session_share: f64,
     /// Share of operations on keys with a TTL (`put-ttl`, `read-ttl`); the rest are register
     /// operations.
     pub ttl_share: f64,
@@ -48,7 +51,8 @@ impl Default for Workload {
             locks: 2,
             keys: 3,
             ttl_ms: (300, 3_000),
-            lock_share: 0.5,
+            lock_share: 0.4,
+            session_share: 0.15,
             ttl_share: 0.15,
             drift_ppm: 100,
         }
@@ -128,9 +132,13 @@ pub async fn run(shared: Rc<Shared>, rng: StdRng) {
     };
     while !c.shared.stop.get() {
         let dice: f64 = c.rng.gen();
-        if dice < c.shared.spec.lock_share {
+        let spec = &c.shared.spec;
+        let (locks, sessions) = (spec.lock_share, spec.lock_share + spec.session_share);
+        if dice < locks {
             c.lock_cycle().await;
-        } else if dice < c.shared.spec.lock_share + c.shared.spec.ttl_share {
+        } else if dice < sessions {
+            c.session_cycle().await;
+        } else if dice < sessions + spec.ttl_share {
             c.ttl_op().await;
         } else {
             c.register_op().await;
@@ -264,6 +272,121 @@ impl Client {
         let v = self.shared.storage.borrow().read(&lock) + 1;
         self.storage_op("fenced-write", &lock, token, Some(v));
         self.release(&lock, &owner, token).await;
+    }
+
+    /// A lock held through a session: open it (TTL `t`), acquire in it, keep it alive while
+    /// holding (or, one time in five, let it lapse), write, release, close (or leave it to
+    /// expire). A session-bound grant lasts as long as its session, so the history gives the
+    /// acquire the session's TTL left at its invoke — `t` from the session's opening,
+    /// less the drift bound — and each keep-alive is an `extend` of the lock by `t`.
+    async fn session_cycle(&mut self) {
+        let spec = &self.shared.spec;
+        let ttl = self.rng.gen_range(spec.ttl_ms.0..=spec.ttl_ms.1);
+        let lock = format!("L{}", self.rng.gen_range(0..spec.locks));
+        let h = self.shared.history.clone();
+        let promised = self.promised(ttl);
+        let inv = h.invoke(self.process, "open-session", "session", |e| {
+            e.ttl_ms(promised)
+        });
+        let opened = self.shared.history.now_ns();
+        let session = match self.propose(Command::OpenSession { ttl_ms: ttl }, 0).await {
+            Answer::Ok(Response::SessionOpened { session, .. }) => {
+                h.complete(inv, Kind::Ok, |e| e.value(json!(session)));
+                session
+            }
+            Answer::Ok(other) => {
+                return h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}")));
+            }
+            Answer::Refused(m) => return h.complete(inv, Kind::Fail, |e| e.error(m)),
+            Answer::Unknown(m) => {
+                h.complete(inv, Kind::Info, |e| e.error(m));
+                return self.retire();
+            }
+        };
+        let owner = format!("p{}", self.process);
+        let wait = if self.rng.gen_bool(0.5) {
+            self.rng.gen_range(1..ttl)
+        } else {
+            0
+        };
+        let left = |now: u64| promised.saturating_sub((now - opened) / 1_000_000);
+        let inv = h.invoke(self.process, "acquire", &lock, |e| {
+            e.ttl_ms(left(h.now_ns()))
+        });
+        let cmd = Command::Acquire {
+            name: lock.clone(),
+            owner: owner.clone(),
+            ttl_ms: ttl,
+            session: Some(session),
+            wait_ms: wait,
+        };
+        let token = match self.propose(cmd, wait).await {
+            Answer::Ok(Response::Granted { token, .. }) => {
+                h.complete(inv, Kind::Ok, |e| e.token(token));
+                Some(token)
+            }
+            Answer::Ok(other) => {
+                h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}")));
+                None
+            }
+            Answer::Refused(m) => {
+                h.complete(inv, Kind::Fail, |e| e.error(m));
+                None
+            }
+            Answer::Unknown(m) => {
+                h.complete(inv, Kind::Info, |e| e.error(m));
+                return self.retire();
+            }
+        };
+        let lapse = self.rng.gen_bool(0.2);
+        if let Some(token) = token {
+            if self.storage_op("fence", &lock, token, None) {
+                // Hold for a while, keeping the session alive every third of its TTL.
+                let hold = self.rng.gen_range(0..ttl * 2);
+                let started = h.now_ns();
+                while h.now_ns() - started < hold * 1_000_000 {
+                    tokio::time::sleep(Duration::from_millis(ttl / 3)).await;
+                    if lapse {
+                        continue;
+                    }
+                    let inv = h.invoke(self.process, "extend", &lock, |e| {
+                        e.token(token).ttl_ms(promised)
+                    });
+                    match self.propose(Command::KeepAlive { session }, 0).await {
+                        Answer::Ok(Response::SessionAlive { .. }) => {
+                            h.complete(inv, Kind::Ok, |e| e)
+                        }
+                        Answer::Ok(other) => {
+                            h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}")));
+                            break;
+                        }
+                        Answer::Refused(m) => h.complete(inv, Kind::Fail, |e| e.error(m)),
+                        Answer::Unknown(m) => {
+                            h.complete(inv, Kind::Info, |e| e.error(m));
+                            return self.retire();
+                        }
+                    }
+                }
+                let v = self.shared.storage.borrow().read(&lock) + 1;
+                self.storage_op("fenced-write", &lock, token, Some(v));
+            }
+            self.release(&lock, &owner, token).await;
+        }
+        if lapse || self.rng.gen_bool(0.3) {
+            return;
+        }
+        let inv = h.invoke(self.process, "close-session", "session", |e| {
+            e.value(json!(session))
+        });
+        match self.propose(Command::CloseSession { session }, 0).await {
+            Answer::Ok(Response::SessionClosed) => h.complete(inv, Kind::Ok, |e| e),
+            Answer::Ok(other) => h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}"))),
+            Answer::Refused(m) => h.complete(inv, Kind::Fail, |e| e.error(m)),
+            Answer::Unknown(m) => {
+                h.complete(inv, Kind::Info, |e| e.error(m));
+                self.retire();
+            }
+        }
     }
 
     /// A write at the protected storage with `token` (instant: the storage is local).
