@@ -7,6 +7,14 @@
 //! (leases stretch by the failover time: the safe direction). The very first leader of a new
 //! cluster anchors log time to Unix time, so log time reads as Unix milliseconds.
 //!
+//! A leader continues from the *committed* log time it applied when it took office, never
+//! from times it stamped in an earlier term. Those may never have been committed: a leader
+//! cut off in a minority keeps stamping while the majority, leaderless for a while, holds log
+//! time still. Continuing from them would run log time ahead of what the majority's leases were
+//! granted at, and expire them early (found by the simulator, docs/simulation.md). The state
+//! machine keeps the time it applies from going back (`now = max(previous now, entry time)`),
+//! so a lower stamp is harmless.
+//!
 //! A node reads time only through tokio's clock or its [`NodeClock`] (docs/architecture.md,
 //! "Seams for the simulator"): production passes [`NodeClock::real`], a simulator a
 //! [`SimClock`] per node, whose wall clock it can step and whose rate it can drift.
@@ -208,12 +216,13 @@ impl LeaderClock {
     }
 
     /// The log time for an entry proposed now by the leader of `term`. `applied_now` is the
-    /// state machine's log time, read only when the term changes (taking office).
-    /// Never smaller than a time this node stamped before.
+    /// state machine's log time, read only when the term changes (taking office). Never
+    /// smaller than a time this node stamped before in the same term; a new term starts
+    /// from `applied_now` (module docs).
     pub fn stamp(&self, term: u64, applied_now: impl FnOnce() -> u64) -> u64 {
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let (office, last) = &mut *guard;
-        let t = self.read(office, term, applied_now);
+        let t = self.read(office, last, term, applied_now);
         *last = (*last).max(t);
         *last
     }
@@ -228,18 +237,22 @@ impl LeaderClock {
     pub fn peek(&self, term: u64, applied_now: impl FnOnce() -> u64) -> u64 {
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let (office, last) = &mut *guard;
-        self.read(office, term, applied_now).max(*last)
+        self.read(office, last, term, applied_now).max(*last)
     }
 
+    /// The log time now in `term`; taking office (a new term) forgets `last`, the largest
+    /// time stamped in the previous one.
     fn read(
         &self,
         office: &mut Option<Office>,
+        last: &mut u64,
         term: u64,
         applied_now: impl FnOnce() -> u64,
     ) -> u64 {
         let current = match office {
             Some(o) if o.term == term => o,
             _ => {
+                *last = 0;
                 let base = match applied_now() {
                     0 => self.clock.unix_ms(),
                     t => t,
@@ -275,14 +288,16 @@ mod tests {
     }
 
     #[test]
-    fn continues_from_applied_time_on_new_term_and_never_goes_back() {
+    fn a_new_term_continues_from_the_applied_time_not_from_old_stamps() {
         let c = LeaderClock::new(real());
         let a = c.stamp(1, || 10_000);
         assert!((10_000..10_100).contains(&a));
-        // A new term continuing from an older applied time cannot go below what was stamped.
+        // Term 1's stamps may never have been committed (a leader cut off in a minority):
+        // term 2 continues from the committed time it applied, below them.
         let b = c.stamp(2, || 5_000);
-        assert!(b >= a);
-        // The same term does not re-read the applied time.
+        assert!((5_000..5_100).contains(&b), "{b}");
+        assert!(c.peek(2, || panic!("re-read")) < a);
+        // The same term does not re-read the applied time, and never goes back.
         let d = c.stamp(2, || panic!("re-read"));
         assert!(d >= b);
         assert!(c.anchored(2) && !c.anchored(3));
