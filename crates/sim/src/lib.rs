@@ -227,7 +227,12 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
     verdicts.push(linear::check(&ops, linear::DEFAULT_BUDGET));
     verdicts.push(mutex::check(&ops));
     verdicts.push(fencing::check(&ops, true));
-    verdicts.push(expiry::check(&ops));
+    let quiet = expiry::Quiet {
+        leadership: cluster.leadership(),
+        nodes: cluster.ids(),
+        drift_ppm: opts.faults.drift_ppm.unsigned_abs(),
+    };
+    verdicts.push(expiry::check_with(&ops, Some(&quiet)));
     for e in &events {
         trace.fold(serde_json::to_string(e).unwrap_or_default().as_bytes());
     }

@@ -17,6 +17,7 @@ use fenced_server::config::ClusterState;
 use fenced_server::{Node, NodeConfig, Running};
 use tokio::sync::watch;
 
+use crate::expiry::Leadership;
 use crate::net::{Endpoint, Net};
 use crate::trace::Trace;
 
@@ -85,6 +86,8 @@ struct Inner {
     net: Arc<Net>,
     trace: Trace,
     slots: RefCell<BTreeMap<u64, Slot>>,
+    /// Every node's view of the leader over time (for the expiry checker's quiet rule).
+    views: Rc<RefCell<Leadership>>,
 }
 
 impl Cluster {
@@ -114,6 +117,7 @@ impl Cluster {
                 net,
                 trace,
                 slots: RefCell::new(slots),
+                views: Rc::new(RefCell::new(Leadership::default())),
             }),
         }
     }
@@ -128,6 +132,17 @@ impl Cluster {
 
     pub fn trace(&self) -> &Trace {
         &self.inner.trace
+    }
+
+    /// Every node's view of the leader so far: when it changed, and when a node went down.
+    pub fn leadership(&self) -> Leadership {
+        self.inner.views.borrow().clone()
+    }
+
+    /// Node `id` is down from now on: it has no view of the leader.
+    fn view_lost(&self, id: u64) {
+        let now = self.inner.trace.now_ns();
+        self.inner.views.borrow_mut().record(now, id, None);
     }
 
     pub fn is_up(&self, id: u64) -> bool {
@@ -205,6 +220,7 @@ impl Cluster {
                     id,
                     node.raft().metrics(),
                     self.inner.trace.clone(),
+                    self.inner.views.clone(),
                 ));
                 if let Some(s) = self.inner.slots.borrow_mut().get_mut(&id) {
                     s.running = Some(running);
@@ -242,6 +258,7 @@ impl Cluster {
             r
         };
         self.inner.net.down(id);
+        self.view_lost(id);
         self.inner.trace.line(&format!("n{id}"), "crashed");
         running.crash().await;
     }
@@ -273,6 +290,7 @@ impl Cluster {
             });
             if let Some(r) = running {
                 self.inner.net.down(id);
+                self.view_lost(id);
                 r.crash().await;
             }
         }
@@ -346,6 +364,7 @@ async fn watch_leader(
     id: u64,
     mut metrics: tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, openraft::BasicNode>>,
     trace: Trace,
+    views: Rc<RefCell<Leadership>>,
 ) {
     let mut seen = None;
     loop {
@@ -356,6 +375,9 @@ async fn watch_leader(
         if seen != Some(now) {
             seen = Some(now);
             let (term, leader) = now;
+            views
+                .borrow_mut()
+                .record(trace.now_ns(), id, Some((term, leader)));
             let who = leader.map_or("none".to_owned(), |l| format!("n{l}"));
             trace.line(&format!("n{id}"), format!("term {term}, leader {who}"));
         }
