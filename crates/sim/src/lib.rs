@@ -175,7 +175,13 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
     let mut rng = StdRng::seed_from_u64(seed);
     let net = Net::new(rng.gen());
     let cluster = Cluster::new(opts.cluster.clone(), root, net.clone(), trace.clone());
-    trace.line("sim", format!("seed {seed}, {opts:?}"));
+    // What decides the run, not how it is shown: a replay with --trace has the same trace.
+    let shown = Options {
+        keep_trace: false,
+        echo: false,
+        ..opts.clone()
+    };
+    trace.line("sim", format!("seed {seed}, {shown:?}"));
     for id in cluster.ids() {
         cluster.start(id).await;
     }

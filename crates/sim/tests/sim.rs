@@ -70,8 +70,14 @@ fn seeds_that_found_bugs_pass() {
 fn a_seed_replays_exactly_in_this_process() {
     let o = short();
     let a = run(7, &o).expect("run");
-    let b = run(7, &o).expect("run");
+    // A replay keeps the trace to print it: the run, and its fingerprint, stay the same.
+    let traced = Options {
+        keep_trace: true,
+        ..o.clone()
+    };
+    let b = run(7, &traced).expect("run");
     assert_eq!(a.fingerprint, b.fingerprint, "seed 7 ran differently twice");
+    assert!(!b.trace.is_empty());
     let c = run(8, &o).expect("run");
     assert_ne!(a.fingerprint, c.fingerprint, "two seeds gave the same run");
 }
