@@ -26,6 +26,9 @@ pub struct Faults {
     pub every_ms: u64,
     /// Clock-rate drift bound, ppm (the README's "lease bound" assumes ≤ 100).
     pub drift_ppm: i64,
+    /// Longest a fault lasts, ms (at least 201). Past `PROPOSE_TIMEOUT` (5 s) an outage
+    /// outlasts a node's own retries, so its clients see refusals and unknown outcomes.
+    pub max_ms: u64,
 }
 
 impl Default for Faults {
@@ -38,6 +41,7 @@ impl Default for Faults {
             clocks: true,
             every_ms: 1_500,
             drift_ppm: 100,
+            max_ms: 4_000,
         }
     }
 }
@@ -99,7 +103,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
     let ids = cluster.ids();
     let trace = cluster.trace().clone();
     let net = cluster.net().clone();
-    let lasting = Duration::from_millis(rng.gen_range(200..4_000));
+    let lasting = Duration::from_millis(rng.gen_range(200..faults.max_ms.max(201)));
     match kind {
         Kind::Partition => {
             let mut shuffled = ids.clone();

@@ -44,6 +44,12 @@ struct Args {
     /// Faults to inject: all, none, or a comma list of partitions,noise,crashes,pauses,clocks.
     #[arg(long, default_value = "all")]
     faults: String,
+    /// Nodes a client tries one request on before giving up (1: a refusal is final).
+    #[arg(long, default_value_t = 3)]
+    client_tries: usize,
+    /// Longest a fault lasts, ms (past 5,000 an outage outlasts a node's own retries).
+    #[arg(long, default_value_t = 4_000)]
+    fault_max_ms: u64,
     /// Print only each run's fingerprint (the reproducibility check compares them).
     #[arg(long)]
     fingerprint: bool,
@@ -73,6 +79,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
     o.cluster.nodes = args.nodes;
     o.workload.clients = args.clients.max(1);
     o.duration = Duration::from_secs(args.duration_s.max(1));
+    o.workload.tries = args.client_tries.max(1);
     o.faults = match args.faults.as_str() {
         "all" => fenced_sim::faults::Faults::default(),
         "none" => fenced_sim::faults::Faults::none(),
@@ -91,13 +98,14 @@ fn options(args: &Args) -> anyhow::Result<Options> {
             f
         }
     };
+    o.faults.max_ms = args.fault_max_ms.max(201);
     Ok(o)
 }
 
 fn replay(args: &Args, seed: u64) -> String {
     format!(
-        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {}",
-        args.nodes, args.clients, args.duration_s, args.faults
+        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {}",
+        args.nodes, args.clients, args.duration_s, args.faults, args.client_tries, args.fault_max_ms
     )
 }
 

@@ -39,6 +39,9 @@ pub struct Workload {
     /// Share of operations on keys with a TTL (`put-ttl`, `read-ttl`); the rest are register
     /// operations.
     pub ttl_share: f64,
+    /// How many nodes a client tries one request on (same request id) before it gives up
+    /// with the last answer: 1 is a client that takes a refusal as final.
+    pub tries: usize,
     /// Clock-rate drift bound of the nodes, in ppm: a lease asked for `ttl` is promised
     /// `ttl·(1 − ρ)` of real time (README, "The lease bound"); the history records that.
     pub drift_ppm: u64,
@@ -54,6 +57,7 @@ impl Default for Workload {
             lock_share: 0.4,
             session_share: 0.15,
             ttl_share: 0.15,
+            tries: 3,
             drift_ppm: 100,
         }
     }
@@ -175,12 +179,13 @@ impl Client {
     }
 
     /// Propose `cmd` under one request id: through a random node, and again through other
-    /// nodes (same id: exactly once) after an unknown outcome or a refusal, up to 3 tries.
+    /// nodes (same id: exactly once) after an unknown outcome or a refusal, up to
+    /// [`Workload::tries`] tries.
     async fn propose(&mut self, cmd: Command, wait_ms: u64) -> Answer {
         let rid = self.rid();
         let mut unknown: Option<String> = None;
         let mut refused = String::new();
-        for _ in 0..3 {
+        for _ in 0..self.shared.spec.tries.max(1) {
             let node = self.pick_node();
             let c = cmd.clone();
             let r = self
