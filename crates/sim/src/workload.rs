@@ -14,13 +14,13 @@ use std::time::Duration;
 
 use fenced_core::kv::{KvCommand, Reply};
 use fenced_core::{Command, RequestId, Response};
-use fenced_jepsen::history::Kind;
+use fenced_jepsen::history::{Event, Kind};
 use fenced_server::NodeError;
 use rand::rngs::StdRng;
 use rand::Rng;
 use serde_json::json;
 
-use crate::history::History;
+use crate::history::{History, Pending};
 use crate::world::{Cluster, Gone};
 
 /// What the clients do.
@@ -113,6 +113,38 @@ enum Answer {
     Refused(String),
     /// Maybe applied.
     Unknown(String),
+}
+
+/// What an accepted answer adds to the operation's completion.
+type Fill = Box<dyn FnOnce(Event) -> Event>;
+
+/// An operation's end ([`Client::op`]).
+enum Done {
+    Ok(Response),
+    /// An answer, but not the one wanted (not granted, no such session, …).
+    Failed,
+    /// Refused before anything was applied (the node is down, no leader).
+    Refused,
+    /// Maybe applied: the process retired.
+    Unknown,
+}
+
+fn plain() -> Option<Fill> {
+    Some(Box::new(|e| e))
+}
+
+fn granted(r: &Response) -> Option<Fill> {
+    match *r {
+        Response::Granted { token, .. } => Some(Box::new(move |e: Event| e.token(token))),
+        _ => None,
+    }
+}
+
+fn token_of(r: &Response) -> Option<u64> {
+    match r {
+        Response::Granted { token, .. } => Some(*token),
+        _ => None,
+    }
 }
 
 struct Client {
@@ -221,6 +253,40 @@ impl Client {
         }
     }
 
+    /// Propose `cmd` as the operation `inv` and record how it ended: an answer `accept` takes
+    /// completes it `ok` (with what `accept` adds to the event), any other definite answer
+    /// `fail`, an unknown outcome `info` — after which this process retires.
+    async fn op(
+        &mut self,
+        inv: Pending,
+        cmd: Command,
+        wait_ms: u64,
+        accept: impl FnOnce(&Response) -> Option<Fill>,
+    ) -> Done {
+        let h = self.shared.history.clone();
+        match self.propose(cmd, wait_ms).await {
+            Answer::Ok(r) => match accept(&r) {
+                Some(fill) => {
+                    h.complete(inv, Kind::Ok, fill);
+                    Done::Ok(r)
+                }
+                None => {
+                    h.complete(inv, Kind::Fail, |e| e.error(format!("{r:?}")));
+                    Done::Failed
+                }
+            },
+            Answer::Refused(m) => {
+                h.complete(inv, Kind::Fail, |e| e.error(m));
+                Done::Refused
+            }
+            Answer::Unknown(m) => {
+                h.complete(inv, Kind::Info, |e| e.error(m));
+                self.retire();
+                Done::Unknown
+            }
+        }
+    }
+
     /// The lease the history records for `ttl`: what the lease bound promises in real time.
     fn promised(&self, ttl: u64) -> u64 {
         ttl - (ttl * self.shared.spec.drift_ppm).div_ceil(1_000_000)
@@ -246,23 +312,10 @@ impl Client {
             session: None,
             wait_ms: wait,
         };
-        let token = match self.propose(cmd, wait).await {
-            Answer::Ok(Response::Granted { token, .. }) => {
-                h.complete(inv, Kind::Ok, |e| e.token(token));
-                token
-            }
-            Answer::Ok(Response::NotGranted) => {
-                return h.complete(inv, Kind::Fail, |e| e.error("not granted"));
-            }
-            Answer::Ok(other) => {
-                return h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}")));
-            }
-            Answer::Refused(m) => return h.complete(inv, Kind::Fail, |e| e.error(m)),
-            Answer::Unknown(m) => {
-                h.complete(inv, Kind::Info, |e| e.error(m));
-                return self.retire();
-            }
+        let Done::Ok(r) = self.op(inv, cmd, wait, granted).await else {
+            return;
         };
+        let Some(token) = token_of(&r) else { return };
         // Register the token with storage, hold (sometimes past the lease: a paused holder),
         // then write with it: storage refuses it once a newer holder registered a larger one.
         if !self.storage_op("fence", &lock, token, None) {
@@ -294,19 +347,17 @@ impl Client {
             e.ttl_ms(promised)
         });
         let opened = self.shared.history.now_ns();
-        let session = match self.propose(Command::OpenSession { ttl_ms: ttl }, 0).await {
-            Answer::Ok(Response::SessionOpened { session, .. }) => {
-                h.complete(inv, Kind::Ok, |e| e.value(json!(session)));
-                session
-            }
-            Answer::Ok(other) => {
-                return h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}")));
-            }
-            Answer::Refused(m) => return h.complete(inv, Kind::Fail, |e| e.error(m)),
-            Answer::Unknown(m) => {
-                h.complete(inv, Kind::Info, |e| e.error(m));
-                return self.retire();
-            }
+        let opened_session = self
+            .op(inv, Command::OpenSession { ttl_ms: ttl }, 0, |r| match *r {
+                Response::SessionOpened { session, .. } => {
+                    Some(Box::new(move |e: Event| e.value(json!(session))))
+                }
+                _ => None,
+            })
+            .await;
+        let session = match opened_session {
+            Done::Ok(Response::SessionOpened { session, .. }) => session,
+            _ => return,
         };
         let owner = format!("p{}", self.process);
         let wait = if self.rng.gen_bool(0.5) {
@@ -325,23 +376,10 @@ impl Client {
             session: Some(session),
             wait_ms: wait,
         };
-        let token = match self.propose(cmd, wait).await {
-            Answer::Ok(Response::Granted { token, .. }) => {
-                h.complete(inv, Kind::Ok, |e| e.token(token));
-                Some(token)
-            }
-            Answer::Ok(other) => {
-                h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}")));
-                None
-            }
-            Answer::Refused(m) => {
-                h.complete(inv, Kind::Fail, |e| e.error(m));
-                None
-            }
-            Answer::Unknown(m) => {
-                h.complete(inv, Kind::Info, |e| e.error(m));
-                return self.retire();
-            }
+        let token = match self.op(inv, cmd, wait, granted).await {
+            Done::Ok(r) => token_of(&r),
+            Done::Failed | Done::Refused => None,
+            Done::Unknown => return,
         };
         let lapse = self.rng.gen_bool(0.2);
         if let Some(token) = token {
@@ -357,19 +395,16 @@ impl Client {
                     let inv = h.invoke(self.process, "extend", &lock, |e| {
                         e.token(token).ttl_ms(promised)
                     });
-                    match self.propose(Command::KeepAlive { session }, 0).await {
-                        Answer::Ok(Response::SessionAlive { .. }) => {
-                            h.complete(inv, Kind::Ok, |e| e)
-                        }
-                        Answer::Ok(other) => {
-                            h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}")));
-                            break;
-                        }
-                        Answer::Refused(m) => h.complete(inv, Kind::Fail, |e| e.error(m)),
-                        Answer::Unknown(m) => {
-                            h.complete(inv, Kind::Info, |e| e.error(m));
-                            return self.retire();
-                        }
+                    let alive = |r: &Response| {
+                        matches!(r, Response::SessionAlive { .. })
+                            .then(plain)
+                            .flatten()
+                    };
+                    match self.op(inv, Command::KeepAlive { session }, 0, alive).await {
+                        Done::Ok(_) | Done::Refused => {}
+                        // The session is gone: stop holding.
+                        Done::Failed => break,
+                        Done::Unknown => return,
                     }
                 }
                 let v = self.shared.storage.borrow().read(&lock) + 1;
@@ -383,15 +418,9 @@ impl Client {
         let inv = h.invoke(self.process, "close-session", "session", |e| {
             e.value(json!(session))
         });
-        match self.propose(Command::CloseSession { session }, 0).await {
-            Answer::Ok(Response::SessionClosed) => h.complete(inv, Kind::Ok, |e| e),
-            Answer::Ok(other) => h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}"))),
-            Answer::Refused(m) => h.complete(inv, Kind::Fail, |e| e.error(m)),
-            Answer::Unknown(m) => {
-                h.complete(inv, Kind::Info, |e| e.error(m));
-                self.retire();
-            }
-        }
+        let closed = |r: &Response| matches!(r, Response::SessionClosed).then(plain).flatten();
+        self.op(inv, Command::CloseSession { session }, 0, closed)
+            .await;
     }
 
     /// A write at the protected storage with `token` (instant: the storage is local).
@@ -434,15 +463,8 @@ impl Client {
             owner: owner.to_owned(),
             token,
         };
-        match self.propose(cmd, 0).await {
-            Answer::Ok(Response::Released { .. }) => h.complete(inv, Kind::Ok, |e| e),
-            Answer::Ok(other) => h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}"))),
-            Answer::Refused(m) => h.complete(inv, Kind::Fail, |e| e.error(m)),
-            Answer::Unknown(m) => {
-                h.complete(inv, Kind::Info, |e| e.error(m));
-                self.retire();
-            }
-        }
+        let released = |r: &Response| matches!(r, Response::Released { .. }).then(plain).flatten();
+        self.op(inv, cmd, 0, released).await;
     }
 
     async fn register_op(&mut self) {
@@ -524,19 +546,15 @@ impl Client {
         let h = self.shared.history.clone();
         let inv = h.invoke(self.process, f, key, |e| e.value(v));
         let cmd = Command::Kv(KvCommand::Batch(vec![argv]));
-        match self.propose(cmd, 0).await {
-            Answer::Ok(Response::Kv(r)) => match r.replies.first() {
-                Some(Reply::Status(_)) | Some(Reply::Int(1)) => h.complete(inv, Kind::Ok, |e| e),
-                Some(Reply::Int(0)) => h.complete(inv, Kind::Fail, |e| e.error("cas: not equal")),
-                other => h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}"))),
+        // `+OK` from SET, 1 from a compare-and-set that set; 0 (not equal) or an error: failed.
+        let done = |r: &Response| match r {
+            Response::Kv(k) => match k.replies.first() {
+                Some(Reply::Status(_) | Reply::Int(1)) => plain(),
+                _ => None,
             },
-            Answer::Ok(other) => h.complete(inv, Kind::Fail, |e| e.error(format!("{other:?}"))),
-            Answer::Refused(m) => h.complete(inv, Kind::Fail, |e| e.error(m)),
-            Answer::Unknown(m) => {
-                h.complete(inv, Kind::Info, |e| e.error(m));
-                self.retire();
-            }
-        }
+            _ => None,
+        };
+        self.op(inv, cmd, 0, done).await;
     }
 
     async fn get(&mut self, key: &str) {
