@@ -261,21 +261,20 @@ impl Net {
         let Some((to, endpoint)) = self.target(&addr) else {
             return Err(Status::unavailable(format!("no node at {addr}")));
         };
-        let Some(endpoint) = endpoint else {
+        if endpoint.is_none() {
             tokio::time::sleep(self.hop()).await;
             return Err(Status::unavailable(format!("n{to} refused the connection")));
-        };
+        }
         let (lost, dup) = self.draw();
         tokio::time::sleep(self.hop()).await;
         self.unpaused(to).await;
         if lost || self.is_cut(from, to) || !self.alive(from, life) {
             return never().await;
         }
-        // The target may have crashed while the message travelled.
+        // The target may have crashed (or restarted) while the message travelled.
         let Some((_, Some(endpoint_now))) = self.target(&addr) else {
             return Err(Status::unavailable(format!("n{to} refused the connection")));
         };
-        let _ = endpoint;
         if dup {
             let net = self.clone();
             let again = body.clone();
