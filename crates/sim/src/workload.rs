@@ -13,7 +13,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use fenced_core::kv::{KvCommand, Reply};
-use fenced_core::{Command, RequestId, Response};
+use fenced_core::{Command, RequestId, Response, StateMachine};
 use fenced_jepsen::history::{Event, Kind};
 use fenced_server::NodeError;
 use rand::rngs::StdRng;
@@ -287,6 +287,19 @@ impl Client {
         }
     }
 
+    /// A read on a random node's read path (RESP's: the time committed first, on a clone of
+    /// the state), judged by `f` at the time it returns.
+    async fn read<T: PartialEq>(
+        &mut self,
+        f: impl Fn(&StateMachine, u64) -> T,
+    ) -> Result<Result<T, NodeError>, Gone> {
+        let node = self.pick_node();
+        self.shared
+            .cluster
+            .call(node, move |n| async move { n.read_clone_timed(f).await })
+            .await
+    }
+
     /// The lease the history records for `ttl`: what the lease bound promises in real time.
     fn promised(&self, ttl: u64) -> u64 {
         ttl - (ttl * self.shared.spec.drift_ppm).div_ceil(1_000_000)
@@ -514,18 +527,12 @@ impl Client {
         }
         let h = self.shared.history.clone();
         let inv = h.invoke(self.process, "read-ttl", &key, |e| e);
-        let node = self.pick_node();
         let k = key.as_bytes().to_vec();
         let r = self
-            .shared
-            .cluster
-            .call(node, move |n| async move {
-                n.read_clone_timed(|sm, now| {
-                    let v = sm.kv().read(now, &[b"GET".to_vec(), k.clone()]);
-                    let t = sm.kv().read(now, &[b"PTTL".to_vec(), k.clone()]);
-                    (v, t)
-                })
-                .await
+            .read(move |sm, now| {
+                let v = sm.kv().read(now, &[b"GET".to_vec(), k.clone()]);
+                let t = sm.kv().read(now, &[b"PTTL".to_vec(), k.clone()]);
+                (v, t)
             })
             .await;
         match r {
@@ -560,15 +567,9 @@ impl Client {
     async fn get(&mut self, key: &str) {
         let h = self.shared.history.clone();
         let inv = h.invoke(self.process, "get", key, |e| e);
-        let node = self.pick_node();
         let k = key.as_bytes().to_vec();
         let r = self
-            .shared
-            .cluster
-            .call(node, move |n| async move {
-                n.read_clone_timed(|sm, now| sm.kv().read(now, &[b"GET".to_vec(), k.clone()]))
-                    .await
-            })
+            .read(move |sm, now| sm.kv().read(now, &[b"GET".to_vec(), k.clone()]))
             .await;
         match r {
             Ok(Ok(Some(Reply::Bulk(v)))) => {
