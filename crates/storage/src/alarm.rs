@@ -5,7 +5,6 @@
 //! absent or whole. A file that exists but fails its checksum still counts as an alarm
 //! ([`load`] says so): the member must not serve from a state it was told is wrong.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -60,16 +59,7 @@ pub fn load(dir: &Path) -> Result<Option<AlarmRecord>, StoreError> {
 /// Record `alarm` in `dir`, durably (see the module docs).
 pub fn save(dir: &Path, alarm: &AlarmRecord) -> Result<(), StoreError> {
     let bytes = crate::encode("divergence alarm", alarm)?;
-    let path = path_in(dir);
-    let tmp = dir.join(format!("{FILE_NAME}.tmp"));
-    let write = || -> std::io::Result<()> {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)
-    };
-    write().map_err(|e| StoreError::file(&path, e))?;
-    crate::sync_dir(dir)
+    crate::replace_file(dir, FILE_NAME, &format!("{FILE_NAME}.tmp"), &bytes)
 }
 
 #[cfg(test)]

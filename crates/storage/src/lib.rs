@@ -230,6 +230,26 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
         .map_err(|error| StoreError::file(dir, error))
 }
 
+/// Durably replace `dir/name` with `bytes`: write `dir/tmp`, fsync it, rename it over `name`,
+/// fsync `dir`. A crash leaves the old file or the new one, never a mix (the `purged` file,
+/// the divergence alarm).
+pub(crate) fn replace_file(
+    dir: &Path,
+    name: &str,
+    tmp: &str,
+    bytes: &[u8],
+) -> Result<(), StoreError> {
+    let (tmp, path) = (dir.join(tmp), dir.join(name));
+    std::fs::File::create(&tmp)
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, bytes)?;
+            f.sync_all()
+        })
+        .map_err(|e| StoreError::file(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| StoreError::file(&path, e))?;
+    sync_dir(dir)
+}
+
 /// Where a store runs its blocking work: the `fdatasync`s of the group commit, hard-state
 /// writes, snapshot files and state digests. Chosen per store when it is opened
 /// ([`open_with`], [`datadir::open_with`]).

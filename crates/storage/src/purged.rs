@@ -13,8 +13,7 @@
 //! first (before the hard state) in a new data dir, and written before sled's files are
 //! removed in an upgraded one.
 
-use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use fenced_raft_types::NodeId;
@@ -96,16 +95,7 @@ impl Purged {
         })?;
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&frame::seal(&payload));
-        let tmp = self.dir.join(TMP_NAME);
-        File::create(&tmp)
-            .and_then(|mut f| {
-                f.write_all(&bytes)?;
-                f.sync_all()
-            })
-            .map_err(|e| StoreError::file(&tmp, e))?;
-        let path = Self::path_in(&self.dir);
-        std::fs::rename(&tmp, &path).map_err(|e| StoreError::file(&path, e))?;
-        crate::sync_dir(&self.dir)?;
+        crate::replace_file(&self.dir, FILE_NAME, TMP_NAME, &bytes)?;
         self.value = value;
         Ok(())
     }
