@@ -14,6 +14,7 @@
 //! caller's choice (`fenced_storage::open_with`).
 
 mod os;
+mod sim;
 
 use std::fmt;
 use std::io;
@@ -21,6 +22,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use os::OsFs;
+pub use sim::{DiskFaults, PowerLoss, SimFs};
 
 /// An open file: positional reads and writes, its length, and its `fsync`.
 pub trait File: Send + Sync + fmt::Debug {
