@@ -175,10 +175,11 @@ impl SnapshotStore {
             .create_new(true)
             .open(&path)
             .map_err(|e| StoreError::file(&path, e))?;
-        Ok(match inline {
-            true => SnapshotFile::new_inline(file, path),
-            false => SnapshotFile::new(file, path),
-        })
+        let file: std::sync::Arc<dyn fenced_fs::File> = std::sync::Arc::new(file);
+        match inline {
+            true => Ok(SnapshotFile::new_inline(file, path)),
+            false => SnapshotFile::new(file, path.clone()).map_err(|e| StoreError::file(&path, e)),
+        }
     }
 }
 

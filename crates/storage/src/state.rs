@@ -304,7 +304,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let Some((meta, path)) = self.snapshots.current().map_err(err)? else {
             return Ok(None);
         };
-        let file = SnapshotFile::open(&path, self.io.inline())
+        let file = SnapshotFile::open(&fenced_fs::OsFs, &path, self.io.inline())
             .map_err(|e| err(StoreError::file(&path, e)))?;
         Ok(Some(Snapshot {
             meta,
@@ -350,7 +350,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             })
             .await
             .map_err(err)?;
-        let file = SnapshotFile::open(&path, self.io.inline())
+        let file = SnapshotFile::open(&fenced_fs::OsFs, &path, self.io.inline())
             .map_err(|e| err(StoreError::file(&path, e)))?;
         let (bytes, took) = (
             std::fs::metadata(&path).map_or(0, |m| m.len()),
