@@ -59,7 +59,13 @@ pub fn load(dir: &Path) -> Result<Option<AlarmRecord>, StoreError> {
 /// Record `alarm` in `dir`, durably (see the module docs).
 pub fn save(dir: &Path, alarm: &AlarmRecord) -> Result<(), StoreError> {
     let bytes = crate::encode("divergence alarm", alarm)?;
-    crate::replace_file(dir, FILE_NAME, &format!("{FILE_NAME}.tmp"), &bytes)
+    crate::replace_file(
+        &fenced_fs::OsFs,
+        dir,
+        FILE_NAME,
+        &format!("{FILE_NAME}.tmp"),
+        &bytes,
+    )
 }
 
 #[cfg(test)]

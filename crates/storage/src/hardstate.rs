@@ -83,7 +83,7 @@ impl HardState {
             value: HardStateValue::default(),
         };
         hs.write(value)?;
-        crate::sync_dir(dir)?;
+        crate::sync_dir(&fenced_fs::OsFs, dir)?;
         Ok(hs)
     }
 

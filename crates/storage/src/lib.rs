@@ -54,6 +54,7 @@ use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use fenced_fs::{Fs, Mode};
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::{BasicNode, Entry, EntryPayload, SnapshotMeta};
 use serde::de::DeserializeOwned;
@@ -224,9 +225,8 @@ fn upgrade_entry(old: Entry<LegacyTypeConfig>) -> Entry<TypeConfig> {
 }
 
 /// fsync a directory, so that a file created or renamed in it survives a crash.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
+pub(crate) fn sync_dir(fs: &dyn Fs, dir: &Path) -> Result<(), StoreError> {
+    fs.sync_dir(dir)
         .map_err(|error| StoreError::file(dir, error))
 }
 
@@ -234,20 +234,22 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 /// fsync `dir`. A crash leaves the old file or the new one, never a mix (the `purged` file,
 /// the divergence alarm).
 pub(crate) fn replace_file(
+    fs: &dyn Fs,
     dir: &Path,
     name: &str,
     tmp: &str,
     bytes: &[u8],
 ) -> Result<(), StoreError> {
     let (tmp, path) = (dir.join(tmp), dir.join(name));
-    std::fs::File::create(&tmp)
-        .and_then(|mut f| {
-            std::io::Write::write_all(&mut f, bytes)?;
+    fs.open(&tmp, Mode::Truncate)
+        .and_then(|f| {
+            f.write_all_at(bytes, 0)?;
             f.sync_all()
         })
         .map_err(|e| StoreError::file(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| StoreError::file(&path, e))?;
-    sync_dir(dir)
+    fs.rename(&tmp, &path)
+        .map_err(|e| StoreError::file(&path, e))?;
+    sync_dir(fs, dir)
 }
 
 /// Where a store runs its blocking work: the `fdatasync`s of the group commit, hard-state

@@ -114,7 +114,12 @@ pub(crate) fn open_checked(
     };
     let last_purged = purged_file.value();
     let recorded = hard.value().last_log_id;
-    let wal = wal::Wal::open(dir, recorded, last_purged.map(|l| l.index))?;
+    let wal = wal::Wal::open_on(
+        &fenced_fs::os(),
+        dir,
+        recorded,
+        last_purged.map(|l| l.index),
+    )?;
 
     let snapshots = snapshot::SnapshotStore::open(dir)?;
     let state = match snapshots.current()? {
@@ -284,7 +289,7 @@ fn remove_sled(dir: &Path) -> Result<(), StoreError> {
             Err(e) => return Err(StoreError::file(&path, e)),
         }
     }
-    crate::sync_dir(dir)
+    crate::sync_dir(&fenced_fs::OsFs, dir)
 }
 
 /// Upgrade a data dir that keeps its Raft log in sled (layouts 1 and 2): check the log as

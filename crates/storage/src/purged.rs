@@ -95,7 +95,7 @@ impl Purged {
         })?;
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&frame::seal(&payload));
-        crate::replace_file(&self.dir, FILE_NAME, TMP_NAME, &bytes)?;
+        crate::replace_file(&fenced_fs::OsFs, &self.dir, FILE_NAME, TMP_NAME, &bytes)?;
         self.value = value;
         Ok(())
     }

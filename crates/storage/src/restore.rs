@@ -63,7 +63,7 @@ pub fn create_dir(
     std::fs::create_dir(&staging).map_err(|e| StoreError::file(&staging, e))?;
     let result = fill(&staging, cluster_id, member_id, machine, snapshot_id)
         .and_then(|()| std::fs::rename(&staging, dir).map_err(|e| StoreError::file(dir, e)))
-        .and_then(|()| crate::sync_dir(&parent));
+        .and_then(|()| crate::sync_dir(&fenced_fs::OsFs, &parent));
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&staging);
     }
@@ -101,7 +101,7 @@ fn fill(
             ),
         });
     }
-    crate::sync_dir(dir)
+    crate::sync_dir(&fenced_fs::OsFs, dir)
 }
 
 /// The whole state of the data dir `dir` as far as its log reaches: its snapshot, then every

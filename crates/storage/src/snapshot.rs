@@ -116,7 +116,7 @@ impl SnapshotStore {
         if !self.dir.exists() {
             std::fs::create_dir_all(&self.dir).map_err(|e| StoreError::file(&self.dir, e))?;
             if let Some(parent) = self.dir.parent() {
-                crate::sync_dir(parent)?;
+                crate::sync_dir(&fenced_fs::OsFs, parent)?;
             }
         }
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
@@ -151,7 +151,7 @@ impl SnapshotStore {
             }
         }
         std::fs::rename(path, &current).map_err(|e| StoreError::file(path, e))?;
-        crate::sync_dir(&self.dir)?;
+        crate::sync_dir(&fenced_fs::OsFs, &self.dir)?;
         Ok(true)
     }
 
