@@ -24,8 +24,10 @@
 //! carries it (openraft does not need it durable). Unreadable bytes on disk become a
 //! [`StorageError`](openraft::StorageError), never a panic, and openraft then stops the node.
 //!
-//! Where the blocking part of that work runs — threads, or inline in the calling task — is
-//! chosen per store ([`Io`], [`open_with`]).
+//! Where the blocking part of that work runs — threads, or inline in the calling task — and
+//! the file system every file is read and written through ([`fenced_fs::Fs`]: the real one,
+//! or the simulator's disk) are chosen per store ([`Env`], [`open_with`]). sled alone (only
+//! opened to upgrade a data dir of an older layout) does its own file I/O.
 
 pub mod alarm;
 pub mod datadir;
@@ -295,6 +297,35 @@ impl Io {
     }
 }
 
+/// What a store runs on: the file system its files are on, and where its blocking work runs.
+/// Chosen when the store is opened ([`open_with`], [`datadir::open_with`]) and kept by the
+/// stores. [`Env::default`] is production's (the real file system, [`Io::Threads`]); an
+/// [`Io`] alone converts to an `Env` on the real file system.
+#[derive(Clone, Debug)]
+pub struct Env {
+    pub fs: Arc<dyn Fs>,
+    pub io: Io,
+}
+
+impl Env {
+    pub fn new(fs: Arc<dyn Fs>, io: Io) -> Env {
+        Env { fs, io }
+    }
+}
+
+impl Default for Env {
+    fn default() -> Env {
+        Env::new(fenced_fs::os(), Io::Threads)
+    }
+}
+
+impl From<Io> for Env {
+    /// `io` on the real file system.
+    fn from(io: Io) -> Env {
+        Env::new(fenced_fs::os(), io)
+    }
+}
+
 /// Open (or create) the store in `dir`: check every stored record (log entries, snapshot,
 /// hard state), upgrade a data dir written before records were sealed, and restore the state
 /// machine from the stored snapshot.
@@ -304,16 +335,17 @@ impl Io {
 /// [`StoreError::Unusable`], never truncated or repaired: a node that votes from it could elect
 /// a leader that lacks entries this node acknowledged.
 pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_with(dir, events, Io::Threads)
+    open_with(dir, events, Env::default())
 }
 
-/// [`open`], with the stores' blocking work run as `io` says.
+/// [`open`], on the file system and with the blocking work placed as `env` says (an [`Io`]
+/// alone: on the real file system).
 pub fn open_with(
     dir: &Path,
     events: EventSink,
-    io: Io,
+    env: impl Into<Env>,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_checked(dir, events, io).map_err(|e| match e {
+    open_checked(dir, events, &env.into()).map_err(|e| match e {
         StoreError::Corrupt { .. }
         | StoreError::Checksum { .. }
         | StoreError::LogKeyMismatch { .. }
