@@ -9,14 +9,17 @@
 //!
 //! The file is JSON with a CRC over its content, written atomically (temp file, fsync,
 //! rename, fsync of the dir), so it is either the old or the new version, never half. Plain
-//! file I/O: it lives here, beside the types the transport uses, so that the transport's
-//! identity checks need nothing of the storage crate.
+//! file I/O through the node's [`fenced_fs::Fs`]: it lives here, beside the types the
+//! transport uses, so that the transport's identity checks need nothing of the storage crate.
+//! [`load`], [`store`] and [`IdentityStore::new`] use the real file system; the `_on`
+//! variants take the one to use.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fenced_fs::{Fs, Mode};
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -133,10 +136,15 @@ pub fn path_in(dir: &Path) -> PathBuf {
     dir.join(FILE_NAME)
 }
 
-/// Read the identity file of `dir`; `Ok(None)` if there is none.
+/// Read the identity file of `dir` on the real file system; `Ok(None)` if there is none.
 pub fn load(dir: &Path) -> Result<Option<Identity>, IdentityError> {
+    load_on(&fenced_fs::OsFs, dir)
+}
+
+/// Read the identity file of `dir` on `fs`; `Ok(None)` if there is none.
+pub fn load_on(fs: &dyn Fs, dir: &Path) -> Result<Option<Identity>, IdentityError> {
     let path = path_in(dir);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match fs.read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(IdentityError::file(&path, e)),
@@ -163,8 +171,13 @@ pub fn load(dir: &Path) -> Result<Option<Identity>, IdentityError> {
     Ok(Some(on_disk.identity))
 }
 
-/// Write `identity` into `dir` atomically and durably.
+/// Write `identity` into `dir` on the real file system, atomically and durably.
 pub fn store(dir: &Path, identity: &Identity) -> Result<(), IdentityError> {
+    store_on(&fenced_fs::OsFs, dir, identity)
+}
+
+/// Write `identity` into `dir` on `fs`, atomically and durably.
+pub fn store_on(fs: &dyn Fs, dir: &Path, identity: &Identity) -> Result<(), IdentityError> {
     let path = path_in(dir);
     let crc32 = crc_of(identity).map_err(|e| damaged(&path, e.to_string()))?;
     let mut text = serde_json::to_vec_pretty(&OnDisk {
@@ -175,15 +188,13 @@ pub fn store(dir: &Path, identity: &Identity) -> Result<(), IdentityError> {
     text.push(b'\n');
     let tmp = dir.join(format!("{FILE_NAME}.tmp"));
     let write = || -> io::Result<()> {
-        let mut f = File::create(&tmp)?;
-        f.write_all(&text)?;
+        let f = fs.open(&tmp, Mode::Truncate)?;
+        f.write_all_at(&text, 0)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, &path)
+        fs.rename(&tmp, &path)
     };
     write().map_err(|e| IdentityError::file(&path, e))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| IdentityError::file(dir, e))
+    fs.sync_dir(dir).map_err(|e| IdentityError::file(dir, e))
 }
 
 /// What [`IdentityStore::learn`] found.
@@ -200,18 +211,26 @@ pub enum Pin {
 /// The loaded identity of a running node: its own ids, its pins, and whether it was retired.
 #[derive(Debug)]
 pub struct IdentityStore {
+    fs: Arc<dyn Fs>,
     dir: PathBuf,
     current: Mutex<Identity>,
     retired: watch::Sender<Option<String>>,
 }
 
 impl IdentityStore {
+    /// The identity of the data dir `dir` on the real file system.
     pub fn new(dir: &Path, identity: Identity) -> IdentityStore {
+        IdentityStore::new_on(&fenced_fs::os(), dir, identity)
+    }
+
+    /// The identity of the data dir `dir` on `fs` (where its changes are stored).
+    pub fn new_on(fs: &Arc<dyn Fs>, dir: &Path, identity: Identity) -> IdentityStore {
         let retired = match &identity.state {
             MemberState::Retired { reason } => Some(reason.clone()),
             _ => None,
         };
         IdentityStore {
+            fs: fs.clone(),
             dir: dir.to_owned(),
             current: Mutex::new(identity),
             retired: watch::channel(retired).0,
@@ -258,7 +277,7 @@ impl IdentityStore {
             None => {
                 let mut next = id.clone();
                 next.peers.insert(member, incarnation);
-                store(&self.dir, &next)?;
+                store_on(&*self.fs, &self.dir, &next)?;
                 *id = next;
                 Ok(Pin::New)
             }
@@ -273,7 +292,7 @@ impl IdentityStore {
         }
         let mut next = id.clone();
         next.state = state;
-        store(&self.dir, &next)?;
+        store_on(&*self.fs, &self.dir, &next)?;
         *id = next;
         Ok(())
     }

@@ -305,13 +305,14 @@ pub fn restore(opts: &RestoreOptions) -> Result<RestoreReport, BackupError> {
 /// alone (a restart that kept the flag), or was just made by a recovery and has not started
 /// yet.
 pub async fn force_new_cluster(
+    env: &fenced_storage::Env,
     dir: &Path,
     member_id: NodeId,
     addr: &str,
     cluster_token: &str,
     bump_revision: u64,
 ) -> Result<Option<(PathBuf, RestoreReport)>, BackupError> {
-    let identity = fenced_raft_types::identity::load(dir)
+    let identity = fenced_raft_types::identity::load_on(&*env.fs, dir)
         .map_err(|e| BackupError::Invalid(format!("{}: {e}", dir.display())))?
         .ok_or_else(|| {
             BackupError::Invalid(format!(
@@ -335,7 +336,7 @@ pub async fn force_new_cluster(
         last,
         members,
         mut machine,
-    } = store_restore::state_of_dir(dir).await?;
+    } = store_restore::state_of_dir_on(env, dir).await?;
     if members.len() == 1 && members.contains(&member_id) {
         return Ok(None);
     }
@@ -357,8 +358,9 @@ pub async fn force_new_cluster(
         bump_revision,
         &machine,
     );
-    std::fs::rename(dir, &aside).map_err(file_err(dir))?;
-    if let Err(e) = store_restore::create_dir(
+    env.fs.rename(dir, &aside).map_err(file_err(dir))?;
+    if let Err(e) = store_restore::create_dir_on(
+        &env.fs,
         dir,
         cluster_id,
         member_id,
@@ -366,7 +368,7 @@ pub async fn force_new_cluster(
         format!("force-new-cluster-{stamp}"),
     ) {
         // Put the old data dir back: nothing changed.
-        let _ = std::fs::rename(&aside, dir);
+        let _ = env.fs.rename(&aside, dir);
         return Err(e.into());
     }
     let sha = hex(&Sha256::digest(salt.as_bytes()));

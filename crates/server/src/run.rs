@@ -68,11 +68,12 @@ impl Running {
 
 /// `--force-new-cluster`: rewrite the data dir as a one-node cluster (once; a restart that
 /// keeps the flag changes nothing).
-async fn force_new_cluster(cfg: &NodeConfig) -> Result<(), StartError> {
+async fn force_new_cluster(cfg: &NodeConfig, env: &fenced_storage::Env) -> Result<(), StartError> {
     if cfg.initial_cluster.len() > 1 {
         tracing::warn!("--force-new-cluster: --initial-cluster is ignored; the new cluster is this member alone");
     }
     match crate::backup::force_new_cluster(
+        env,
         &cfg.data_dir,
         cfg.id,
         &cfg.grpc_addr,
@@ -110,6 +111,9 @@ pub struct Seams {
     /// How the storage runs its blocking work: on threads of its own (production) or inline
     /// in the calling task (a simulator: nothing may wait on a real thread).
     pub io: fenced_storage::Io,
+    /// The file system of the data dir (every file the node reads or writes in it): the real
+    /// one (production), or a simulator's disk.
+    pub fs: Arc<dyn fenced_fs::Fs>,
     /// Serve the configured addresses (gRPC, RESP, metrics). A simulator calls the node's
     /// services directly instead.
     pub listen: bool,
@@ -121,6 +125,7 @@ impl Seams {
         Seams {
             links: None,
             io: fenced_storage::Io::Threads,
+            fs: fenced_fs::os(),
             listen: true,
         }
     }
@@ -136,8 +141,9 @@ pub async fn start(cfg: NodeConfig) -> Result<Running, StartError> {
 
 /// [`start`] with `seams` in place of the production ones.
 pub async fn start_with(cfg: NodeConfig, seams: Seams) -> Result<Running, StartError> {
+    let env = fenced_storage::Env::new(seams.fs.clone(), seams.io);
     if cfg.force_new_cluster {
-        force_new_cluster(&cfg).await?;
+        force_new_cluster(&cfg, &env).await?;
     }
     let members = cfg.members()?;
     let plan = datadir::Plan {
@@ -157,7 +163,7 @@ pub async fn start_with(cfg: NodeConfig, seams: Seams) -> Result<Running, StartE
             sink_metrics.observe_events(events);
             sink_hub.deliver(events)
         }),
-        seams.io,
+        env,
     )?;
     let identity = opened.identity.clone();
     let gate = PeerGate::new(identity.clone(), cfg.grpc_addr.clone());
@@ -177,7 +183,12 @@ pub async fn start_with(cfg: NodeConfig, seams: Seams) -> Result<Running, StartE
         }
         None => fenced_core::Semantics::NEWEST,
     };
-    let alarms = crate::node::Alarms::open(cfg.data_dir.clone(), advertise, sm_store.digests());
+    let alarms = crate::node::Alarms::open(
+        seams.fs.clone(),
+        cfg.data_dir.clone(),
+        advertise,
+        sm_store.digests(),
+    );
     log_store.observe(metrics.clone());
     metrics.read_log(log_store.committed());
     let state = sm_store.shared();

@@ -198,6 +198,7 @@ impl Cluster {
         let seams = fenced_server::run::Seams {
             links: Some(self.inner.net.links(id)),
             io: fenced_storage::Io::Inline,
+            fs: fenced_fs::os(),
             listen: false,
         };
         match fenced_server::run::start_with(cfg, seams).await {

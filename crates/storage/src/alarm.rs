@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use fenced_fs::Fs;
 use serde::{Deserialize, Serialize};
 
 use crate::StoreError;
@@ -44,11 +45,17 @@ pub fn path_in(dir: &Path) -> PathBuf {
     dir.join(FILE_NAME)
 }
 
-/// The alarm recorded in `dir`, if any. `Err` only when the file exists but cannot be read
-/// or fails its checksum: the caller must treat that as raised too.
-pub fn load(dir: &Path) -> Result<Option<AlarmRecord>, StoreError> {
+/// [`load_on`] on the real file system.
+#[cfg(test)]
+pub(crate) fn load(dir: &Path) -> Result<Option<AlarmRecord>, StoreError> {
+    load_on(&fenced_fs::OsFs, dir)
+}
+
+/// The alarm recorded in `dir` on `fs`, if any. `Err` only when the file exists but cannot
+/// be read or fails its checksum: the caller must treat that as raised too.
+pub fn load_on(fs: &dyn Fs, dir: &Path) -> Result<Option<AlarmRecord>, StoreError> {
     let path = path_in(dir);
-    let bytes = match std::fs::read(&path) {
+    let bytes = match fs.read(&path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(StoreError::file(&path, e)),
@@ -56,10 +63,16 @@ pub fn load(dir: &Path) -> Result<Option<AlarmRecord>, StoreError> {
     crate::decode("divergence alarm", &bytes).map(Some)
 }
 
-/// Record `alarm` in `dir`, durably (see the module docs).
-pub fn save(dir: &Path, alarm: &AlarmRecord) -> Result<(), StoreError> {
+/// [`save_on`] on the real file system.
+#[cfg(test)]
+pub(crate) fn save(dir: &Path, alarm: &AlarmRecord) -> Result<(), StoreError> {
+    save_on(&fenced_fs::OsFs, dir, alarm)
+}
+
+/// Record `alarm` in `dir` on `fs`, durably (see the module docs).
+pub fn save_on(fs: &dyn Fs, dir: &Path, alarm: &AlarmRecord) -> Result<(), StoreError> {
     let bytes = crate::encode("divergence alarm", alarm)?;
-    crate::replace_file(dir, FILE_NAME, &format!("{FILE_NAME}.tmp"), &bytes)
+    crate::replace_file(fs, dir, FILE_NAME, &format!("{FILE_NAME}.tmp"), &bytes)
 }
 
 #[cfg(test)]

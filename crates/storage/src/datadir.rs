@@ -14,11 +14,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+use fenced_fs::Fs;
 use fenced_raft_types::identity::{self, Identity, IdentityStore, MemberState};
 use fenced_raft_types::NodeId;
 use sha2::{Digest, Sha256};
 
-use crate::{hardstate, EventSink, Io, LogStore, StateMachineStore, StoreError};
+use crate::{hardstate, Env, EventSink, LogStore, StateMachineStore, StoreError};
 
 /// What the operator asked for.
 #[derive(Clone, Debug)]
@@ -99,35 +100,43 @@ const REPLACE_HINT: &str = "A member that lost its data must not rejoin under it
      it would vote without the entries it acknowledged. Replace it as the README explains \
      ('Losing a disk')";
 
-fn is_fresh(dir: &Path) -> Result<bool, StoreError> {
-    match std::fs::read_dir(dir) {
-        Ok(mut entries) => Ok(entries.next().is_none()),
+fn is_fresh(fs: &dyn Fs, dir: &Path) -> Result<bool, StoreError> {
+    match fs.read_dir(dir) {
+        Ok(entries) => Ok(entries.is_empty()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
         Err(error) => Err(StoreError::file(dir, error)),
     }
 }
 
-/// Open `dir` under `plan`'s rules (see the module docs), its stores doing their blocking
-/// work on threads ([`Io::Threads`]).
+/// Open `dir` under `plan`'s rules (see the module docs), on the real file system, its
+/// stores doing their blocking work on threads ([`Env::default`]).
 pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
-    open_with(dir, plan, events, Io::Threads)
+    open_with(dir, plan, events, Env::default())
 }
 
-/// [`open`], with the stores' blocking work run as `io` says.
-pub fn open_with(dir: &Path, plan: &Plan, events: EventSink, io: Io) -> Result<Opened, StoreError> {
+/// [`open`], on the file system and with the blocking work placed as `env` says (an
+/// [`Io`](crate::Io) alone: on the real file system).
+pub fn open_with(
+    dir: &Path,
+    plan: &Plan,
+    events: EventSink,
+    env: impl Into<Env>,
+) -> Result<Opened, StoreError> {
+    let env = env.into();
+    let fs = &*env.fs;
     let shown = dir.display();
-    if is_fresh(dir)? {
-        return bootstrap_empty(dir, plan, events, io);
+    if is_fresh(fs, dir)? {
+        return bootstrap_empty(dir, plan, events, &env);
     }
 
-    let loaded = identity::load(dir).map_err(|e| unusable(dir, e.into()))?;
-    let had_hard_state = hardstate::HardState::path_in(dir).exists();
+    let loaded = identity::load_on(fs, dir).map_err(|e| unusable(dir, e.into()))?;
+    let had_hard_state = fs.exists(&hardstate::HardState::path_in(dir));
     // sled's files: a data dir of an older layout (upgraded by `crate::open`). Every data dir
     // that ever held Raft state has the hard-state file or these.
-    let has_raft_files = had_hard_state || crate::has_sled(dir);
+    let has_raft_files = had_hard_state || crate::has_sled(fs, dir);
     if loaded.is_none() && !has_raft_files {
         // Other files only (a mount point's lost+found, say): as good as empty.
-        return bootstrap_empty(dir, plan, events, io);
+        return bootstrap_empty(dir, plan, events, &env);
     }
     if let Some(id) = &loaded {
         if id.member_id != plan.member_id {
@@ -147,7 +156,7 @@ pub fn open_with(dir: &Path, plan: &Plan, events: EventSink, io: Io) -> Result<O
             return Err(no_state(dir, id));
         }
     }
-    let (log, state_machine) = crate::open_with(dir, events.clone(), io)?;
+    let (log, state_machine) = crate::open_with(dir, events.clone(), env.clone())?;
     let holds_state = log.holds_state();
     let identity = match loaded {
         Some(id) => {
@@ -164,7 +173,7 @@ pub fn open_with(dir: &Path, plan: &Plan, events: EventSink, io: Io) -> Result<O
         None if !holds_state => {
             // An empty store and no identity: as good as empty.
             drop((log, state_machine));
-            return bootstrap_empty(dir, plan, events, io);
+            return bootstrap_empty(dir, plan, events, &env);
         }
         None if had_hard_state => {
             return Err(unusable(
@@ -179,7 +188,7 @@ pub fn open_with(dir: &Path, plan: &Plan, events: EventSink, io: Io) -> Result<O
             // A data dir from before identities: it keeps its state and gets an identity
             // with a fresh incarnation (peers pin it on first contact).
             let id = Identity::new(plan.cluster_id, plan.member_id, MemberState::Ready);
-            identity::store(dir, &id)?;
+            identity::store_on(fs, dir, &id)?;
             tracing::info!(
                 member = id.member_id,
                 incarnation = id.incarnation,
@@ -190,7 +199,7 @@ pub fn open_with(dir: &Path, plan: &Plan, events: EventSink, io: Io) -> Result<O
     };
     let bootstrap = identity.state == MemberState::Bootstrapping;
     Ok(Opened {
-        identity: Arc::new(IdentityStore::new(dir, identity)),
+        identity: Arc::new(IdentityStore::new_on(&env.fs, dir, identity)),
         log,
         state_machine,
         bootstrap,
@@ -202,18 +211,20 @@ fn bootstrap_empty(
     dir: &Path,
     plan: &Plan,
     events: EventSink,
-    io: Io,
+    env: &Env,
 ) -> Result<Opened, StoreError> {
     if let Some(cluster_id) = plan.join {
         // Ready at once: a learner has no bootstrap to wait for; the leader sends it the log.
-        std::fs::create_dir_all(dir).map_err(|error| StoreError::file(dir, error))?;
+        env.fs
+            .create_dir_all(dir)
+            .map_err(|error| StoreError::file(dir, error))?;
         return create(
             dir,
             cluster_id,
             plan.member_id,
             MemberState::Ready,
             events,
-            io,
+            env,
         );
     }
     if !plan.may_bootstrap {
@@ -225,14 +236,16 @@ fn bootstrap_empty(
             dir.display()
         )));
     }
-    std::fs::create_dir_all(dir).map_err(|error| StoreError::file(dir, error))?;
+    env.fs
+        .create_dir_all(dir)
+        .map_err(|error| StoreError::file(dir, error))?;
     create(
         dir,
         plan.cluster_id,
         plan.member_id,
         MemberState::Bootstrapping,
         events,
-        io,
+        env,
     )
 }
 
@@ -244,12 +257,12 @@ fn create(
     member_id: NodeId,
     state: MemberState,
     events: EventSink,
-    io: Io,
+    env: &Env,
 ) -> Result<Opened, StoreError> {
     let bootstrap = state == MemberState::Bootstrapping;
     let id = Identity::new(cluster_id, member_id, state);
-    identity::store(dir, &id)?;
-    let (log, state_machine) = crate::open_with(dir, events, io)?;
+    identity::store_on(&*env.fs, dir, &id)?;
+    let (log, state_machine) = crate::open_with(dir, events, env.clone())?;
     tracing::info!(
         member = id.member_id,
         cluster = id.cluster_id,
@@ -258,7 +271,7 @@ fn create(
         "new data dir"
     );
     Ok(Opened {
-        identity: Arc::new(IdentityStore::new(dir, id)),
+        identity: Arc::new(IdentityStore::new_on(&env.fs, dir, id)),
         log,
         state_machine,
         bootstrap,

@@ -13,10 +13,11 @@
 //! the payload being bincode of [`HardStateValue`]; the valid slot with the larger `seq` wins.
 //! Magic `FHS2` slots carry `committed` too; `FHS1` slots (the first layout) are still read.
 
-use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fenced_fs::{File, Fs, Mode};
 
 use fenced_raft_types::NodeId;
 use openraft::{LogId, Vote};
@@ -57,7 +58,7 @@ struct HardStateValueV1 {
 #[derive(Debug)]
 pub struct HardState {
     path: PathBuf,
-    file: File,
+    file: Arc<dyn File>,
     seq: u64,
     value: HardStateValue,
 }
@@ -67,14 +68,28 @@ impl HardState {
         dir.join(FILE_NAME)
     }
 
-    /// Create the file with `value` (it must not exist yet), durably.
+    /// Create the file with `value` in `dir` on the real file system (it must not exist
+    /// yet), durably.
     pub fn create(dir: &Path, value: HardStateValue) -> Result<HardState, StoreError> {
+        HardState::create_on(&fenced_fs::OsFs, dir, value)
+    }
+
+    /// [`HardState::create`] on `fs`.
+    pub fn create_on(
+        fs: &dyn Fs,
+        dir: &Path,
+        value: HardStateValue,
+    ) -> Result<HardState, StoreError> {
         let path = Self::path_in(dir);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        // As `create_new`: an existing file is not overwritten.
+        if fs.exists(&path) {
+            return Err(StoreError::file(
+                &path,
+                io::Error::from(io::ErrorKind::AlreadyExists),
+            ));
+        }
+        let file = fs
+            .open(&path, Mode::Create)
             .map_err(|e| StoreError::file(&path, e))?;
         let mut hs = HardState {
             path,
@@ -83,19 +98,25 @@ impl HardState {
             value: HardStateValue::default(),
         };
         hs.write(value)?;
-        crate::sync_dir(dir)?;
+        crate::sync_dir(fs, dir)?;
         Ok(hs)
     }
 
-    /// Open an existing file; `Ok(None)` if there is none.
-    pub fn open(dir: &Path) -> Result<Option<HardState>, StoreError> {
+    /// [`HardState::open_on`] on the real file system.
+    #[cfg(test)]
+    pub(crate) fn open(dir: &Path) -> Result<Option<HardState>, StoreError> {
+        HardState::open_on(&fenced_fs::OsFs, dir)
+    }
+
+    /// Open an existing file in `dir` on `fs`; `Ok(None)` if there is none.
+    pub fn open_on(fs: &dyn Fs, dir: &Path) -> Result<Option<HardState>, StoreError> {
         let path = Self::path_in(dir);
-        let file = match OpenOptions::new().read(true).write(true).open(&path) {
+        let file = match fs.open(&path, Mode::Write) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StoreError::file(&path, e)),
         };
-        let (seq, value) = newest_slot(&file, &path)?;
+        let (seq, value) = newest_slot(&*file, &path)?;
         Ok(Some(HardState {
             path,
             file,
@@ -104,16 +125,16 @@ impl HardState {
         }))
     }
 
-    /// The value of the file in `dir`, opened read-only (offline tools: nothing is
+    /// The value of the file in `dir` on `fs`, opened read-only (offline tools: nothing is
     /// written); `Ok(None)` if there is none.
-    pub fn read(dir: &Path) -> Result<Option<HardStateValue>, StoreError> {
+    pub fn read_on(fs: &dyn Fs, dir: &Path) -> Result<Option<HardStateValue>, StoreError> {
         let path = Self::path_in(dir);
-        let file = match File::open(&path) {
+        let file = match fs.open(&path, Mode::Read) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StoreError::file(&path, e)),
         };
-        newest_slot(&file, &path).map(|(_, value)| Some(value))
+        newest_slot(&*file, &path).map(|(_, value)| Some(value))
     }
 
     pub fn value(&self) -> &HardStateValue {
@@ -158,7 +179,7 @@ impl HardState {
 }
 
 /// The valid slot with the larger `seq`.
-fn newest_slot(file: &File, path: &Path) -> Result<(u64, HardStateValue), StoreError> {
+fn newest_slot(file: &dyn File, path: &Path) -> Result<(u64, HardStateValue), StoreError> {
     let mut best: Option<(u64, HardStateValue)> = None;
     for slot in 0..2 {
         if let Some((seq, value)) = read_slot(file, slot).map_err(|e| StoreError::file(path, e))? {
@@ -181,7 +202,7 @@ fn crc(seq: u64, payload: &[u8]) -> u32 {
 }
 
 /// One slot's `(seq, value)`, or `None` if it is empty, torn or damaged.
-fn read_slot(file: &File, slot: u64) -> io::Result<Option<(u64, HardStateValue)>> {
+fn read_slot(file: &dyn File, slot: u64) -> io::Result<Option<(u64, HardStateValue)>> {
     let mut buf = vec![0u8; SLOT as usize];
     let mut filled = 0;
     while filled < buf.len() {
@@ -221,6 +242,7 @@ fn read_slot(file: &File, slot: u64) -> io::Result<Option<(u64, HardStateValue)>
 mod tests {
     use super::*;
     use openraft::CommittedLeaderId;
+    use std::fs::OpenOptions;
 
     fn value(index: u64) -> HardStateValue {
         HardStateValue {

@@ -16,6 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
+use fenced_fs::Fs;
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::{Entry, EntryPayload, LogId};
 
@@ -84,10 +85,15 @@ pub struct Rebuilt {
     pub machine: fenced_core::StateMachine,
 }
 
-/// What `dir` can rebuild. Read-only.
+/// What `dir` can rebuild, on the real file system. Read-only.
 pub fn bounds(dir: &Path) -> Result<Bounds, InspectError> {
-    if !dir.join(wal::DIR).is_dir() {
-        if dir.join("db").exists() {
+    bounds_on(&fenced_fs::OsFs, dir)
+}
+
+/// What `dir` on `fs` can rebuild. Read-only.
+pub fn bounds_on(fs: &dyn Fs, dir: &Path) -> Result<Bounds, InspectError> {
+    if !fs.is_dir(&dir.join(wal::DIR)).unwrap_or(false) {
+        if fs.exists(&dir.join("db")) {
             return Err(InspectError::OlderLayout {
                 dir: dir.to_owned(),
             });
@@ -98,12 +104,12 @@ pub fn bounds(dir: &Path) -> Result<Bounds, InspectError> {
         )
         .into());
     }
-    let hard = HardState::read(dir)?.ok_or_else(|| InspectError::NoHardState {
+    let hard = HardState::read_on(fs, dir)?.ok_or_else(|| InspectError::NoHardState {
         dir: dir.to_owned(),
     })?;
     let current = snapshot_path(dir);
-    let snapshot = if current.exists() {
-        snapshot::read_meta(&current)?.last_log_id
+    let snapshot = if fs.exists(&current) {
+        snapshot::read_meta(fs, &current)?.last_log_id
     } else {
         None
     };
@@ -121,9 +127,14 @@ fn snapshot_path(dir: &Path) -> PathBuf {
 
 /// The state machine of `dir` as of log index `index` (default: the last durable entry):
 /// the snapshot, then every entry after it up to `index`. Refuses an index below the
-/// snapshot's or past the last durable entry. Read-only; blocking.
+/// snapshot's or past the last durable entry. Read-only; blocking. On the real file system.
 pub fn state_at(dir: &Path, index: Option<u64>) -> Result<Rebuilt, InspectError> {
-    let bounds = bounds(dir)?;
+    state_at_on(&fenced_fs::OsFs, dir, index)
+}
+
+/// [`state_at`] of `dir` on `fs`.
+pub fn state_at_on(fs: &dyn Fs, dir: &Path, index: Option<u64>) -> Result<Rebuilt, InspectError> {
+    let bounds = bounds_on(fs, dir)?;
     let snapshot_index = bounds.snapshot.map(|l| l.index);
     let last_index = bounds.last.map(|l| l.index).max(snapshot_index);
     let Some(default) = last_index else {
@@ -142,14 +153,14 @@ pub fn state_at(dir: &Path, index: Option<u64>) -> Result<Rebuilt, InspectError>
         return Err(InspectError::PastLog { index, last_index });
     }
     let current = snapshot_path(dir);
-    let mut machine = if current.exists() {
-        snapshot::load(&current)?.1
+    let mut machine = if fs.exists(&current) {
+        snapshot::load(fs, &current)?.1
     } else {
         fenced_core::StateMachine::new()
     };
     let from = snapshot_index.map_or(0, |s| s + 1);
     let mut log_id = bounds.snapshot;
-    for entry in read_entries(dir, from, index)? {
+    for entry in read_entries(fs, dir, from, index)? {
         log_id = Some(entry.log_id);
         // As `StateMachineStore::apply`: only normal entries reach the state machine.
         if let EntryPayload::Normal(batch) = &entry.payload {
@@ -170,17 +181,23 @@ pub fn state_at(dir: &Path, index: Option<u64>) -> Result<Rebuilt, InspectError>
 
 /// The entries `from..=to` of the log in `dir`, read without opening it for writing: every
 /// record checked (seal, index, no gap).
-fn read_entries(dir: &Path, from: u64, to: u64) -> Result<Vec<Entry<TypeConfig>>, InspectError> {
+fn read_entries(
+    fs: &dyn Fs,
+    dir: &Path,
+    from: u64,
+    to: u64,
+) -> Result<Vec<Entry<TypeConfig>>, InspectError> {
     if from > to {
         return Ok(Vec::new());
     }
     let wal_dir = dir.join(wal::DIR);
     let mut firsts = Vec::new();
-    for item in std::fs::read_dir(&wal_dir).map_err(|e| StoreError::file(&wal_dir, e))? {
-        let item = item.map_err(|e| StoreError::file(&wal_dir, e))?;
-        let name = item.file_name();
-        if let Some(first) = name
-            .to_string_lossy()
+    for item in fs
+        .read_dir(&wal_dir)
+        .map_err(|e| StoreError::file(&wal_dir, e))?
+    {
+        if let Some(first) = item
+            .name
             .strip_suffix(".wal")
             .and_then(|n| n.parse::<u64>().ok())
         {
@@ -198,7 +215,7 @@ fn read_entries(dir: &Path, from: u64, to: u64) -> Result<Vec<Entry<TypeConfig>>
             return Err(missing(next, format!("the next segment starts at {first}")));
         }
         let path = wal_dir.join(format!("{first:020}.wal"));
-        let bytes = std::fs::read(&path).map_err(|e| StoreError::file(&path, e))?;
+        let bytes = fs.read(&path).map_err(|e| StoreError::file(&path, e))?;
         let damaged = |detail: String| StoreError::Damaged {
             path: path.clone(),
             detail,

@@ -24,8 +24,10 @@
 //! carries it (openraft does not need it durable). Unreadable bytes on disk become a
 //! [`StorageError`](openraft::StorageError), never a panic, and openraft then stops the node.
 //!
-//! Where the blocking part of that work runs — threads, or inline in the calling task — is
-//! chosen per store ([`Io`], [`open_with`]).
+//! Where the blocking part of that work runs — threads, or inline in the calling task — and
+//! the file system every file is read and written through ([`fenced_fs::Fs`]: the real one,
+//! or the simulator's disk) are chosen per store ([`Env`], [`open_with`]). sled alone (only
+//! opened to upgrade a data dir of an older layout) does its own file I/O.
 
 pub mod alarm;
 pub mod datadir;
@@ -54,6 +56,7 @@ use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use fenced_fs::{Fs, Mode};
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::{BasicNode, Entry, EntryPayload, SnapshotMeta};
 use serde::de::DeserializeOwned;
@@ -224,9 +227,8 @@ fn upgrade_entry(old: Entry<LegacyTypeConfig>) -> Entry<TypeConfig> {
 }
 
 /// fsync a directory, so that a file created or renamed in it survives a crash.
-pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
+pub(crate) fn sync_dir(fs: &dyn Fs, dir: &Path) -> Result<(), StoreError> {
+    fs.sync_dir(dir)
         .map_err(|error| StoreError::file(dir, error))
 }
 
@@ -234,20 +236,22 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), StoreError> {
 /// fsync `dir`. A crash leaves the old file or the new one, never a mix (the `purged` file,
 /// the divergence alarm).
 pub(crate) fn replace_file(
+    fs: &dyn Fs,
     dir: &Path,
     name: &str,
     tmp: &str,
     bytes: &[u8],
 ) -> Result<(), StoreError> {
     let (tmp, path) = (dir.join(tmp), dir.join(name));
-    std::fs::File::create(&tmp)
-        .and_then(|mut f| {
-            std::io::Write::write_all(&mut f, bytes)?;
+    fs.open(&tmp, Mode::Truncate)
+        .and_then(|f| {
+            f.write_all_at(bytes, 0)?;
             f.sync_all()
         })
         .map_err(|e| StoreError::file(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| StoreError::file(&path, e))?;
-    sync_dir(dir)
+    fs.rename(&tmp, &path)
+        .map_err(|e| StoreError::file(&path, e))?;
+    sync_dir(fs, dir)
 }
 
 /// Where a store runs its blocking work: the `fdatasync`s of the group commit, hard-state
@@ -293,6 +297,35 @@ impl Io {
     }
 }
 
+/// What a store runs on: the file system its files are on, and where its blocking work runs.
+/// Chosen when the store is opened ([`open_with`], [`datadir::open_with`]) and kept by the
+/// stores. [`Env::default`] is production's (the real file system, [`Io::Threads`]); an
+/// [`Io`] alone converts to an `Env` on the real file system.
+#[derive(Clone, Debug)]
+pub struct Env {
+    pub fs: Arc<dyn Fs>,
+    pub io: Io,
+}
+
+impl Env {
+    pub fn new(fs: Arc<dyn Fs>, io: Io) -> Env {
+        Env { fs, io }
+    }
+}
+
+impl Default for Env {
+    fn default() -> Env {
+        Env::new(fenced_fs::os(), Io::Threads)
+    }
+}
+
+impl From<Io> for Env {
+    /// `io` on the real file system.
+    fn from(io: Io) -> Env {
+        Env::new(fenced_fs::os(), io)
+    }
+}
+
 /// Open (or create) the store in `dir`: check every stored record (log entries, snapshot,
 /// hard state), upgrade a data dir written before records were sealed, and restore the state
 /// machine from the stored snapshot.
@@ -302,16 +335,17 @@ impl Io {
 /// [`StoreError::Unusable`], never truncated or repaired: a node that votes from it could elect
 /// a leader that lacks entries this node acknowledged.
 pub fn open(dir: &Path, events: EventSink) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_with(dir, events, Io::Threads)
+    open_with(dir, events, Env::default())
 }
 
-/// [`open`], with the stores' blocking work run as `io` says.
+/// [`open`], on the file system and with the blocking work placed as `env` says (an [`Io`]
+/// alone: on the real file system).
 pub fn open_with(
     dir: &Path,
     events: EventSink,
-    io: Io,
+    env: impl Into<Env>,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_checked(dir, events, io).map_err(|e| match e {
+    open_checked(dir, events, &env.into()).map_err(|e| match e {
         StoreError::Corrupt { .. }
         | StoreError::Checksum { .. }
         | StoreError::LogKeyMismatch { .. }

@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 
+use fenced_fs::Fs;
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::{Entry, LogId, Vote};
 use serde::de::DeserializeOwned;
@@ -16,7 +17,7 @@ use crate::purged::Purged;
 use crate::state::SmState;
 use crate::{
     decode, decode_entry, decode_raw, digests, encode, frame, hardstate, observe, snapshot,
-    upgrade_entry, wal, EventSink, Io, LegacyTypeConfig, LogStore, Meta, StateMachineStore,
+    upgrade_entry, wal, Env, EventSink, LegacyTypeConfig, LogStore, Meta, StateMachineStore,
     StoreError, CACHE_CAPACITY, DATA_DIR_FORMAT, KEY_COMMITTED, KEY_FORMAT, KEY_LAST_PURGED,
     KEY_SNAPSHOT_DATA, KEY_SNAPSHOT_META, KEY_VOTE, LAST_SLED_FORMAT,
 };
@@ -65,8 +66,8 @@ fn open_sled(dir: &Path) -> Result<sled::Db, StoreError> {
 
 /// Whether `dir` holds sled's files: a data dir of layout 1 to 3, or what an upgrade that a
 /// crash interrupted left of one.
-pub(crate) fn has_sled(dir: &Path) -> bool {
-    SLED_FILES.iter().any(|f| dir.join(f).exists())
+pub(crate) fn has_sled(fs: &dyn Fs, dir: &Path) -> bool {
+    SLED_FILES.iter().any(|f| fs.exists(&dir.join(f)))
 }
 
 /// sled's files in a data dir (besides `snap.*` files), `db` last: the one
@@ -76,34 +77,35 @@ const SLED_FILES: [&str; 3] = ["conf", "blobs", "db"];
 pub(crate) fn open_checked(
     dir: &Path,
     events: EventSink,
-    io: Io,
+    env: &Env,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
-    let mut purged_file = Purged::open(dir)?;
-    if has_sled(dir) {
+    let (fs, io) = (&env.fs, env.io);
+    let mut purged_file = Purged::open_on(fs, dir)?;
+    if has_sled(&**fs, dir) {
         match purged_file {
-            None => purged_file = Some(upgrade_from_sled(dir)?),
+            None => purged_file = Some(upgrade_from_sled(fs, dir)?),
             // Left by an upgrade interrupted after its records had moved out.
-            Some(_) => remove_sled(dir)?,
+            Some(_) => remove_sled(&**fs, dir)?,
         }
     }
     let wal_dir = dir.join(wal::DIR);
-    let hard = match hardstate::HardState::open(dir)? {
+    let hard = match hardstate::HardState::open_on(&**fs, dir)? {
         Some(h) => h,
-        None if purged_file.is_some() || wal_dir.exists() => {
+        None if purged_file.is_some() || fs.exists(&wal_dir) => {
             return Err(StoreError::Damaged {
                 path: hardstate::HardState::path_in(dir),
                 detail: "the file is missing (it holds the vote and the last appended log id)"
                     .into(),
             })
         }
-        None => hardstate::HardState::create(dir, hardstate::HardStateValue::default())?,
+        None => hardstate::HardState::create_on(&**fs, dir, hardstate::HardStateValue::default())?,
     };
     let purged_file = match purged_file {
         Some(p) => p,
         // A new data dir (or one whose creation a crash interrupted here): the hard state is
         // written first, then this file, then the log directory.
-        None if hard.value() == &hardstate::HardStateValue::default() && !wal_dir.exists() => {
-            Purged::create(dir, None)?
+        None if hard.value() == &hardstate::HardStateValue::default() && !fs.exists(&wal_dir) => {
+            Purged::create_on(fs, dir, None)?
         }
         None => {
             return Err(StoreError::Damaged {
@@ -114,12 +116,12 @@ pub(crate) fn open_checked(
     };
     let last_purged = purged_file.value();
     let recorded = hard.value().last_log_id;
-    let wal = wal::Wal::open(dir, recorded, last_purged.map(|l| l.index))?;
+    let wal = wal::Wal::open_on(fs, dir, recorded, last_purged.map(|l| l.index))?;
 
-    let snapshots = snapshot::SnapshotStore::open(dir)?;
+    let snapshots = snapshot::SnapshotStore::open_on(fs, dir)?;
     let state = match snapshots.current()? {
         Some((_, path)) => {
-            let (meta, machine) = snapshot::load(&path)?;
+            let (meta, machine) = snapshot::load(&**fs, &path)?;
             SmState {
                 last_applied: meta.last_log_id,
                 membership: meta.last_membership,
@@ -166,7 +168,7 @@ pub(crate) fn open_checked(
 /// version) and remove sled's files. Each step is durable before the next starts; a crash
 /// before the `purged` file leaves the old layout (the upgrade runs again), one after it
 /// leaves sled's files to remove ([`open_checked`] does).
-fn upgrade_from_sled(dir: &Path) -> Result<Purged, StoreError> {
+fn upgrade_from_sled(fs: &Arc<dyn Fs>, dir: &Path) -> Result<Purged, StoreError> {
     let db = open_sled(dir)?;
     let sled_log = db.open_tree("log")?;
     let meta = db.open_tree("meta")?;
@@ -199,7 +201,7 @@ fn upgrade_from_sled(dir: &Path) -> Result<Purged, StoreError> {
         Some(v) => Some(decode("last purged log id", &v)?),
         None => None,
     };
-    let mut hard = match hardstate::HardState::open(dir)? {
+    let mut hard = match hardstate::HardState::open_on(&**fs, dir)? {
         Some(h) => h,
         None if format.is_some() => {
             return Err(StoreError::Damaged {
@@ -210,7 +212,8 @@ fn upgrade_from_sled(dir: &Path) -> Result<Purged, StoreError> {
         }
         None => {
             let last_in_log = check_log(&sled_log)?;
-            hardstate::HardState::create(
+            hardstate::HardState::create_on(
+                &**fs,
                 dir,
                 hardstate::HardStateValue {
                     vote: legacy_vote,
@@ -222,7 +225,7 @@ fn upgrade_from_sled(dir: &Path) -> Result<Purged, StoreError> {
     };
     let recorded = hard.value().last_log_id;
     if format.is_none_or(|f| f < LAST_SLED_FORMAT) {
-        move_log_out_of_sled(dir, &db, &sled_log, &meta, last_purged, recorded)?;
+        move_log_out_of_sled(fs, dir, &db, &sled_log, &meta, last_purged, recorded)?;
     } else if !sled_log.is_empty() {
         // A copy left by an upgrade interrupted after the log had moved.
         sled_log.clear()?;
@@ -240,14 +243,14 @@ fn upgrade_from_sled(dir: &Path) -> Result<Purged, StoreError> {
         hard.write(value)?;
     }
     drop(hard);
-    let snapshots = snapshot::SnapshotStore::open(dir)?;
+    let snapshots = snapshot::SnapshotStore::open_on(fs, dir)?;
     move_snapshot_out_of_sled(&db, &snapshot, &snapshots)?;
 
-    let purged = Purged::create(dir, last_purged)?;
+    let purged = Purged::create_on(fs, dir, last_purged)?;
     meta.insert(KEY_FORMAT, &[DATA_DIR_FORMAT])?;
     db.flush()?;
     drop((sled_log, meta, snapshot, db));
-    remove_sled(dir)?;
+    remove_sled(&**fs, dir)?;
     tracing::info!(
         dir = %dir.display(),
         "moved the last records out of sled (last purged log id: the purged file) and removed \
@@ -257,26 +260,22 @@ fn upgrade_from_sled(dir: &Path) -> Result<Purged, StoreError> {
 }
 
 /// Remove sled's files from `dir` (`db` last), durably. Missing ones are fine.
-fn remove_sled(dir: &Path) -> Result<(), StoreError> {
-    let listing = std::fs::read_dir(dir).map_err(|e| StoreError::file(dir, e))?;
+fn remove_sled(fs: &dyn Fs, dir: &Path) -> Result<(), StoreError> {
+    let listing = fs.read_dir(dir).map_err(|e| StoreError::file(dir, e))?;
     let mut snaps = Vec::new();
     for item in listing {
-        let path = item.map_err(|e| StoreError::file(dir, e))?.path();
-        if path
-            .file_name()
-            .is_some_and(|n| n.to_string_lossy().starts_with("snap."))
-        {
-            snaps.push(path);
+        if item.name.starts_with("snap.") {
+            snaps.push(dir.join(&item.name));
         }
     }
     for path in snaps
         .into_iter()
         .chain(SLED_FILES.iter().map(|f| dir.join(f)))
     {
-        let removed = if path.is_dir() {
-            std::fs::remove_dir_all(&path)
+        let removed = if fs.is_dir(&path).unwrap_or(false) {
+            fs.remove_dir_all(&path)
         } else {
-            std::fs::remove_file(&path)
+            fs.remove_file(&path)
         };
         match removed {
             Ok(()) => {}
@@ -284,7 +283,7 @@ fn remove_sled(dir: &Path) -> Result<(), StoreError> {
             Err(e) => return Err(StoreError::file(&path, e)),
         }
     }
-    crate::sync_dir(dir)
+    crate::sync_dir(fs, dir)
 }
 
 /// Upgrade a data dir that keeps its Raft log in sled (layouts 1 and 2): check the log as
@@ -292,6 +291,7 @@ fn remove_sled(dir: &Path) -> Result<(), StoreError> {
 /// the write-ahead log, durably, then mark the layout and drop sled's copy. A crash at any
 /// point leaves either the old layout (the upgrade runs again) or the new one.
 fn move_log_out_of_sled(
+    fs: &Arc<dyn Fs>,
     dir: &Path,
     db: &sled::Db,
     sled_log: &sled::Tree,
@@ -317,7 +317,7 @@ fn move_log_out_of_sled(
         entries.push(decode_log_record(&k, &v)?);
     }
     let moved = entries.len();
-    wal::Wal::create_from(dir, entries, last_purged.map(|l| l.index))?;
+    wal::Wal::create_from_on(fs, dir, entries, last_purged.map(|l| l.index))?;
     meta.insert(KEY_FORMAT, &[LAST_SLED_FORMAT])?;
     meta.remove(KEY_VOTE)?;
     db.flush()?;

@@ -15,7 +15,9 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use fenced_fs::Fs;
 use fenced_raft_types::NodeId;
 use openraft::LogId;
 
@@ -30,6 +32,7 @@ const MAGIC: &[u8; 8] = b"FNCDPRG\0";
 /// mutex.
 #[derive(Debug)]
 pub struct Purged {
+    fs: Arc<dyn Fs>,
     dir: PathBuf,
     value: Option<LogId<NodeId>>,
 }
@@ -39,9 +42,20 @@ impl Purged {
         dir.join(FILE_NAME)
     }
 
-    /// Create (or replace) the file in `dir` with `value`, durably.
-    pub fn create(dir: &Path, value: Option<LogId<NodeId>>) -> Result<Purged, StoreError> {
+    /// [`Purged::create_on`] on the real file system.
+    #[cfg(test)]
+    pub(crate) fn create(dir: &Path, value: Option<LogId<NodeId>>) -> Result<Purged, StoreError> {
+        Purged::create_on(&fenced_fs::os(), dir, value)
+    }
+
+    /// Create (or replace) the file in `dir` on `fs` with `value`, durably.
+    pub fn create_on(
+        fs: &Arc<dyn Fs>,
+        dir: &Path,
+        value: Option<LogId<NodeId>>,
+    ) -> Result<Purged, StoreError> {
         let mut p = Purged {
+            fs: fs.clone(),
             dir: dir.to_owned(),
             value: None,
         };
@@ -49,10 +63,17 @@ impl Purged {
         Ok(p)
     }
 
-    /// The file in `dir`; `Ok(None)` if there is none. Read-only (offline tools may use it).
-    pub fn open(dir: &Path) -> Result<Option<Purged>, StoreError> {
+    /// [`Purged::open_on`] on the real file system.
+    #[cfg(test)]
+    pub(crate) fn open(dir: &Path) -> Result<Option<Purged>, StoreError> {
+        Purged::open_on(&fenced_fs::os(), dir)
+    }
+
+    /// The file in `dir` on `fs`; `Ok(None)` if there is none. Read-only (offline tools may
+    /// use it).
+    pub fn open_on(fs: &Arc<dyn Fs>, dir: &Path) -> Result<Option<Purged>, StoreError> {
         let path = Self::path_in(dir);
-        let bytes = match std::fs::read(&path) {
+        let bytes = match fs.read(&path) {
             Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(StoreError::file(&path, e)),
@@ -71,6 +92,7 @@ impl Purged {
         };
         let value = bincode::deserialize(payload).map_err(|e| damaged(e.to_string()))?;
         Ok(Some(Purged {
+            fs: fs.clone(),
             dir: dir.to_owned(),
             value,
         }))
@@ -95,7 +117,7 @@ impl Purged {
         })?;
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&frame::seal(&payload));
-        crate::replace_file(&self.dir, FILE_NAME, TMP_NAME, &bytes)?;
+        crate::replace_file(&*self.fs, &self.dir, FILE_NAME, TMP_NAME, &bytes)?;
         self.value = value;
         Ok(())
     }

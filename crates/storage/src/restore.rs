@@ -12,20 +12,21 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use fenced_fs::Fs;
 use fenced_raft_types::identity::{self, Identity, MemberState};
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::storage::{RaftLogReader, RaftLogStorage, RaftStateMachine};
 use openraft::{BasicNode, LogId, SnapshotMeta, StoredMembership};
 
 use crate::snapshot::{self, SnapshotStore};
-use crate::StoreError;
+use crate::{Env, Io, StoreError};
 
 type Meta = SnapshotMeta<NodeId, BasicNode>;
 
 /// Create the data dir `dir` of member `member_id` of the new cluster `cluster_id`, holding
 /// `machine` (already prepared for the restore). `dir` must not exist, or be empty; it is
 /// built under a temporary name beside it and renamed into place when complete, so a
-/// failure leaves nothing behind. Blocking.
+/// failure leaves nothing behind. Blocking. On the real file system.
 pub fn create_dir(
     dir: &Path,
     cluster_id: u64,
@@ -33,14 +34,33 @@ pub fn create_dir(
     machine: &fenced_core::StateMachine,
     snapshot_id: String,
 ) -> Result<(), StoreError> {
-    match std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()) {
+    create_dir_on(
+        &fenced_fs::os(),
+        dir,
+        cluster_id,
+        member_id,
+        machine,
+        snapshot_id,
+    )
+}
+
+/// [`create_dir`] on `fs`.
+pub fn create_dir_on(
+    fs: &Arc<dyn Fs>,
+    dir: &Path,
+    cluster_id: u64,
+    member_id: NodeId,
+    machine: &fenced_core::StateMachine,
+    snapshot_id: String,
+) -> Result<(), StoreError> {
+    match fs.read_dir(dir).map(|entries| entries.is_empty()) {
         Ok(false) => {
             return Err(StoreError::Refused(format!(
                 "{} is not empty: a restore creates a new data dir and changes no existing one",
                 dir.display()
             )))
         }
-        Ok(true) => std::fs::remove_dir(dir).map_err(|e| StoreError::file(dir, e))?,
+        Ok(true) => fs.remove_dir(dir).map_err(|e| StoreError::file(dir, e))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(StoreError::file(dir, e)),
     }
@@ -51,37 +71,45 @@ pub fn create_dir(
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
     };
-    std::fs::create_dir_all(&parent).map_err(|e| StoreError::file(&parent, e))?;
+    fs.create_dir_all(&parent)
+        .map_err(|e| StoreError::file(&parent, e))?;
     let staging = parent.join(format!(
         ".{}.restoring-{}",
         name.to_string_lossy(),
         std::process::id()
     ));
-    if staging.exists() {
-        std::fs::remove_dir_all(&staging).map_err(|e| StoreError::file(&staging, e))?;
+    if fs.exists(&staging) {
+        fs.remove_dir_all(&staging)
+            .map_err(|e| StoreError::file(&staging, e))?;
     }
-    std::fs::create_dir(&staging).map_err(|e| StoreError::file(&staging, e))?;
-    let result = fill(&staging, cluster_id, member_id, machine, snapshot_id)
-        .and_then(|()| std::fs::rename(&staging, dir).map_err(|e| StoreError::file(dir, e)))
-        .and_then(|()| crate::sync_dir(&parent));
+    fs.create_dir(&staging)
+        .map_err(|e| StoreError::file(&staging, e))?;
+    let result = fill(fs, &staging, cluster_id, member_id, machine, snapshot_id)
+        .and_then(|()| {
+            fs.rename(&staging, dir)
+                .map_err(|e| StoreError::file(dir, e))
+        })
+        .and_then(|()| crate::sync_dir(&**fs, &parent));
     if result.is_err() {
-        let _ = std::fs::remove_dir_all(&staging);
+        let _ = fs.remove_dir_all(&staging);
     }
     result
 }
 
 fn fill(
+    fs: &Arc<dyn Fs>,
     dir: &Path,
     cluster_id: u64,
     member_id: NodeId,
     machine: &fenced_core::StateMachine,
     snapshot_id: String,
 ) -> Result<(), StoreError> {
-    identity::store(
+    identity::store_on(
+        &**fs,
         dir,
         &Identity::new(cluster_id, member_id, MemberState::Bootstrapping),
     )?;
-    let snapshots = SnapshotStore::open(dir)?;
+    let snapshots = SnapshotStore::open_on(fs, dir)?;
     let meta = Meta {
         last_log_id: None,
         last_membership: StoredMembership::default(),
@@ -90,7 +118,11 @@ fn fill(
     let path = snapshots.write(&meta, machine)?;
     snapshots.install(&path, &meta)?;
     // The rest of the store (an empty log, no vote), and a check that it reads back.
-    let (log, state_machine) = crate::open(dir, Arc::new(|_: &[fenced_core::Event]| {}))?;
+    let (log, state_machine) = crate::open_with(
+        dir,
+        Arc::new(|_: &[fenced_core::Event]| {}),
+        Env::new(fs.clone(), Io::Threads),
+    )?;
     let back = state_machine.shared().read(|m| m.revision());
     if back != machine.revision() || log.holds_state() {
         return Err(StoreError::Damaged {
@@ -101,16 +133,23 @@ fn fill(
             ),
         });
     }
-    crate::sync_dir(dir)
+    crate::sync_dir(&**fs, dir)
 }
 
 /// The whole state of the data dir `dir` as far as its log reaches: its snapshot, then every
 /// entry of its log applied on top — committed or not, as etcd's `--force-new-cluster` keeps
 /// every entry of the survivor (an entry a majority acknowledged may be in its log without
 /// this member having learnt that it committed). Returns the last log id applied. The
-/// data dir is opened with every check of [`crate::open`] and not changed.
+/// data dir is opened with every check of [`crate::open`] and not changed. On the real file
+/// system.
 pub async fn state_of_dir(dir: &Path) -> Result<DirState, StoreError> {
-    let (mut log, mut sm) = crate::open(dir, Arc::new(|_: &[fenced_core::Event]| {}))?;
+    state_of_dir_on(&Env::default(), dir).await
+}
+
+/// [`state_of_dir`] of `dir`, opened on `env`'s file system and I/O.
+pub async fn state_of_dir_on(env: &Env, dir: &Path) -> Result<DirState, StoreError> {
+    let (mut log, mut sm) =
+        crate::open_with(dir, Arc::new(|_: &[fenced_core::Event]| {}), env.clone())?;
     let membership = match log.last_membership()? {
         Some(m) => m,
         None => sm.shared().membership().membership().clone(),
@@ -163,7 +202,7 @@ pub struct DirState {
 }
 
 /// Check and decode a snapshot file made by `fenced snapshot save` (or a member's own
-/// `snapshots/current.snap`). Blocking.
+/// `snapshots/current.snap`) on the real file system (an offline tool's). Blocking.
 pub fn read_file(path: &Path) -> Result<(Meta, fenced_core::StateMachine), StoreError> {
-    snapshot::load(path)
+    snapshot::load(&fenced_fs::OsFs, path)
 }

@@ -17,13 +17,13 @@
 //! openraft streams to a follower that needs the snapshot (through
 //! [`fenced_raft_types::SnapshotFile`], the `SnapshotData` of the type configuration).
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bincode::Options;
+use fenced_fs::{File, Fs, Mode};
 use fenced_raft_types::{NodeId, SnapshotFile};
 use openraft::{BasicNode, SnapshotMeta};
 
@@ -72,8 +72,36 @@ impl<W: Write> Write for Crc<W> {
     }
 }
 
+/// A [`File`] read or written as a stream from a position (positional reads and writes
+/// underneath).
+struct At<'a> {
+    file: &'a dyn File,
+    pos: u64,
+}
+
+impl Read for At<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.file.read_at(buf, self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl Write for At<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file.write_all_at(buf, self.pos)?;
+        self.pos += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
 /// The snapshot files of one data dir.
 pub struct SnapshotStore {
+    fs: Arc<dyn Fs>,
     dir: PathBuf,
     /// Held while the current snapshot is compared and replaced.
     replacing: Mutex<()>,
@@ -81,22 +109,29 @@ pub struct SnapshotStore {
 }
 
 impl SnapshotStore {
-    /// Open `<data_dir>/snapshots` (created with the first snapshot), dropping temporary
-    /// files of an earlier run.
+    /// [`SnapshotStore::open_on`] on the real file system.
     pub fn open(data_dir: &Path) -> Result<SnapshotStore, StoreError> {
+        SnapshotStore::open_on(&fenced_fs::os(), data_dir)
+    }
+
+    /// Open `<data_dir>/snapshots` on `fs` (created with the first snapshot), dropping
+    /// temporary files of an earlier run.
+    pub fn open_on(fs: &Arc<dyn Fs>, data_dir: &Path) -> Result<SnapshotStore, StoreError> {
         let dir = data_dir.join(DIR);
-        let listing = match std::fs::read_dir(&dir) {
-            Ok(l) => Some(l),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        let listing = match fs.read_dir(&dir) {
+            Ok(l) => l,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(StoreError::file(&dir, e)),
         };
-        for item in listing.into_iter().flatten() {
-            let path = item.map_err(|e| StoreError::file(&dir, e))?.path();
+        for item in listing {
+            let path = dir.join(&item.name);
             if path.extension().is_some_and(|e| e == "tmp") {
-                std::fs::remove_file(&path).map_err(|e| StoreError::file(&path, e))?;
+                fs.remove_file(&path)
+                    .map_err(|e| StoreError::file(&path, e))?;
             }
         }
         Ok(SnapshotStore {
+            fs: fs.clone(),
             dir,
             replacing: Mutex::new(()),
             next_tmp: AtomicU64::new(0),
@@ -107,16 +142,23 @@ impl SnapshotStore {
         &self.dir
     }
 
+    /// The file system the snapshots are on.
+    pub fn fs(&self) -> &Arc<dyn Fs> {
+        &self.fs
+    }
+
     pub fn current_path(&self) -> PathBuf {
         self.dir.join(CURRENT)
     }
 
     /// A new temporary file name in the snapshot directory (created if missing).
     fn tmp_path(&self) -> Result<PathBuf, StoreError> {
-        if !self.dir.exists() {
-            std::fs::create_dir_all(&self.dir).map_err(|e| StoreError::file(&self.dir, e))?;
+        if !self.fs.exists(&self.dir) {
+            self.fs
+                .create_dir_all(&self.dir)
+                .map_err(|e| StoreError::file(&self.dir, e))?;
             if let Some(parent) = self.dir.parent() {
-                crate::sync_dir(parent)?;
+                crate::sync_dir(&*self.fs, parent)?;
             }
         }
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
@@ -131,7 +173,7 @@ impl SnapshotStore {
         machine: &fenced_core::StateMachine,
     ) -> Result<PathBuf, StoreError> {
         let path = self.tmp_path()?;
-        write_file(&path, meta, machine).map(|()| path)
+        write_file(&*self.fs, &path, meta, machine).map(|()| path)
     }
 
     /// Make the complete snapshot file at `path` (written by [`SnapshotStore::write`] or
@@ -143,15 +185,19 @@ impl SnapshotStore {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let current = self.current_path();
-        if current.exists() {
-            let have = read_meta(&current)?;
+        if self.fs.exists(&current) {
+            let have = read_meta(&*self.fs, &current)?;
             if have.last_log_id > meta.last_log_id {
-                std::fs::remove_file(path).map_err(|e| StoreError::file(path, e))?;
+                self.fs
+                    .remove_file(path)
+                    .map_err(|e| StoreError::file(path, e))?;
                 return Ok(false);
             }
         }
-        std::fs::rename(path, &current).map_err(|e| StoreError::file(path, e))?;
-        crate::sync_dir(&self.dir)?;
+        self.fs
+            .rename(path, &current)
+            .map_err(|e| StoreError::file(path, e))?;
+        crate::sync_dir(&*self.fs, &self.dir)?;
         Ok(true)
     }
 
@@ -159,26 +205,31 @@ impl SnapshotStore {
     /// not: see [`load`]).
     pub fn current(&self) -> Result<Option<(Meta, PathBuf)>, StoreError> {
         let path = self.current_path();
-        if !path.exists() {
+        if !self.fs.exists(&path) {
             return Ok(None);
         }
-        Ok(Some((read_meta(&path)?, path)))
+        Ok(Some((read_meta(&*self.fs, &path)?, path)))
     }
 
     /// A new temporary file to receive a snapshot into (`inline`: its I/O done when polled,
     /// [`SnapshotFile::new_inline`]).
     pub fn receiving(&self, inline: bool) -> Result<SnapshotFile, StoreError> {
         let path = self.tmp_path()?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
+        // As `create_new`: never someone else's file (the name is new to this process).
+        if self.fs.exists(&path) {
+            return Err(StoreError::file(
+                &path,
+                io::Error::from(io::ErrorKind::AlreadyExists),
+            ));
+        }
+        let file = self
+            .fs
+            .open(&path, Mode::Create)
             .map_err(|e| StoreError::file(&path, e))?;
-        Ok(match inline {
-            true => SnapshotFile::new_inline(file, path),
-            false => SnapshotFile::new(file, path),
-        })
+        match inline {
+            true => Ok(SnapshotFile::new_inline(file, path)),
+            false => SnapshotFile::new(file, path.clone()).map_err(|e| StoreError::file(&path, e)),
+        }
     }
 }
 
@@ -228,16 +279,25 @@ pub fn write_to(
         .map_err(io_err)
 }
 
-/// Write a snapshot file of `meta` and `machine` at `path` (created), synced; removed again
-/// if anything fails. Blocking.
+/// Write a snapshot file of `meta` and `machine` at `path` on `fs` (created), synced;
+/// removed again if anything fails. Blocking.
 pub fn write_file(
+    fs: &dyn Fs,
     path: &Path,
     meta: &Meta,
     machine: &fenced_core::StateMachine,
 ) -> Result<(), StoreError> {
     let result = (|| {
-        let file = File::create(path).map_err(|e| StoreError::file(path, e))?;
-        let mut w = BufWriter::with_capacity(1 << 20, &file);
+        let file = fs
+            .open(path, Mode::Truncate)
+            .map_err(|e| StoreError::file(path, e))?;
+        let mut w = BufWriter::with_capacity(
+            1 << 20,
+            At {
+                file: &*file,
+                pos: 0,
+            },
+        );
         write_to(&mut w, meta, machine).map_err(|e| match e {
             StoreError::File { error, .. } => StoreError::file(path, error),
             e => e,
@@ -246,7 +306,7 @@ pub fn write_file(
         file.sync_all().map_err(|e| StoreError::file(path, e))
     })();
     if result.is_err() {
-        let _ = std::fs::remove_file(path);
+        let _ = fs.remove_file(path);
     }
     result
 }
@@ -283,21 +343,29 @@ fn read_header(path: &Path, r: &mut impl Read) -> Result<(u8, Meta), StoreError>
     Ok((format, meta))
 }
 
-/// The meta of the snapshot file at `path`.
-pub fn read_meta(path: &Path) -> Result<Meta, StoreError> {
-    let mut f = BufReader::new(File::open(path).map_err(|e| StoreError::file(path, e))?);
+/// The meta of the snapshot file at `path` on `fs`.
+pub fn read_meta(fs: &dyn Fs, path: &Path) -> Result<Meta, StoreError> {
+    let file = fs
+        .open(path, Mode::Read)
+        .map_err(|e| StoreError::file(path, e))?;
+    let mut f = BufReader::new(At {
+        file: &*file,
+        pos: 0,
+    });
     read_header(path, &mut f).map(|(_, meta)| meta)
 }
 
-/// Check the whole file at `path` against its checksum, then decode it. Blocking.
-pub fn load(path: &Path) -> Result<(Meta, fenced_core::StateMachine), StoreError> {
-    let mut f = File::open(path).map_err(|e| StoreError::file(path, e))?;
-    let len = f.metadata().map_err(|e| StoreError::file(path, e))?.len();
+/// Check the whole file at `path` on `fs` against its checksum, then decode it. Blocking.
+pub fn load(fs: &dyn Fs, path: &Path) -> Result<(Meta, fenced_core::StateMachine), StoreError> {
+    let f = fs
+        .open(path, Mode::Read)
+        .map_err(|e| StoreError::file(path, e))?;
+    let len = f.len().map_err(|e| StoreError::file(path, e))?;
     if len < (HEADER + 4) as u64 {
         return Err(damaged(path, format!("{len} bytes is too short")));
     }
     let mut hasher = crc32fast::Hasher::new();
-    let mut r = BufReader::with_capacity(1 << 20, &mut f).take(len - 4);
+    let mut r = BufReader::with_capacity(1 << 20, At { file: &*f, pos: 0 }).take(len - 4);
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = r.read(&mut buf).map_err(|e| StoreError::file(path, e))?;
@@ -307,8 +375,7 @@ pub fn load(path: &Path) -> Result<(Meta, fenced_core::StateMachine), StoreError
         hasher.update(&buf[..n]);
     }
     let mut stored = [0u8; 4];
-    f.seek(SeekFrom::Start(len - 4))
-        .and_then(|_| f.read_exact(&mut stored))
+    f.read_exact_at(&mut stored, len - 4)
         .map_err(|e| StoreError::file(path, e))?;
     let (stored, actual) = (u32::from_le_bytes(stored), hasher.finalize());
     if stored != actual {
@@ -317,9 +384,7 @@ pub fn load(path: &Path) -> Result<(Meta, fenced_core::StateMachine), StoreError
             format!("stored crc32 {stored:08x}, computed {actual:08x}"),
         ));
     }
-    f.seek(SeekFrom::Start(0))
-        .map_err(|e| StoreError::file(path, e))?;
-    let mut r = BufReader::with_capacity(1 << 20, f).take(len - 4);
+    let mut r = BufReader::with_capacity(1 << 20, At { file: &*f, pos: 0 }).take(len - 4);
     let (_, meta) = read_header(path, &mut r)?;
     let machine = codec(len)
         .deserialize_from(&mut r)

@@ -152,7 +152,10 @@ impl CompactionGauge {
 
     /// Size of the current snapshot file (0 without one).
     pub fn snapshot_bytes(&self) -> u64 {
-        std::fs::metadata(self.snapshots.current_path()).map_or(0, |m| m.len())
+        self.snapshots
+            .fs()
+            .len(&self.snapshots.current_path())
+            .unwrap_or(0)
     }
 }
 
@@ -248,30 +251,31 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 .path()
                 .to_owned();
             let (from, to) = (path, own.clone());
+            let fs = self.snapshots.fs().clone();
             self.io
                 .run(snapshot::DIR, move || {
-                    std::fs::copy(&from, &to)
-                        .and_then(|_| std::fs::File::open(&to)?.sync_all())
+                    fs.copy(&from, &to)
+                        .and_then(|_| fs.open(&to, fenced_fs::Mode::Read)?.sync_all())
                         .map_err(|error| StoreError::File { path: from, error })
                 })
                 .await
                 .map_err(err)?;
             path = own;
         }
-        let checked = path.clone();
+        let (checked, fs) = (path.clone(), self.snapshots.fs().clone());
         let (stored_meta, machine) = match self
             .io
-            .run(snapshot::DIR, move || snapshot::load(&checked))
+            .run(snapshot::DIR, move || snapshot::load(&*fs, &checked))
             .await
         {
             Ok(loaded) => loaded,
             Err(e) => {
-                let _ = std::fs::remove_file(&path);
+                let _ = self.snapshots.fs().remove_file(&path);
                 return Err(err(e).into());
             }
         };
         if &stored_meta != meta {
-            let _ = std::fs::remove_file(&path);
+            let _ = self.snapshots.fs().remove_file(&path);
             return Err(err(StoreError::Checksum {
                 what: "received snapshot",
                 detail: format!(
@@ -304,7 +308,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let Some((meta, path)) = self.snapshots.current().map_err(err)? else {
             return Ok(None);
         };
-        let file = SnapshotFile::open(&path, self.io.inline())
+        let file = SnapshotFile::open(&**self.snapshots.fs(), &path, self.io.inline())
             .map_err(|e| err(StoreError::file(&path, e)))?;
         Ok(Some(Snapshot {
             meta,
@@ -350,10 +354,10 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             })
             .await
             .map_err(err)?;
-        let file = SnapshotFile::open(&path, self.io.inline())
+        let file = SnapshotFile::open(&**self.snapshots.fs(), &path, self.io.inline())
             .map_err(|e| err(StoreError::file(&path, e)))?;
         let (bytes, took) = (
-            std::fs::metadata(&path).map_or(0, |m| m.len()),
+            self.snapshots.fs().len(&path).unwrap_or(0),
             started.elapsed(),
         );
         if let Some(o) = self.hook.get() {

@@ -45,13 +45,12 @@ mod recover;
 mod segment;
 
 use std::collections::VecDeque;
-use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use fenced_fs::{File, Fs};
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::{Entry, LogId};
 
@@ -93,10 +92,12 @@ fn encode_record(entry: &LogEntry, buf: &mut Vec<u8>) -> Result<usize, StoreErro
 }
 
 /// What [`Wal::append`] wrote: the last entry's log id, and the file to sync for it.
-pub type Written = (LogId<NodeId>, Arc<File>);
+pub type Written = (LogId<NodeId>, Arc<dyn File>);
 
 /// The log: its segments (the last one open for appends) and a cache of recent entries.
 pub struct Wal {
+    /// The file system the segments are on.
+    fs: Arc<dyn Fs>,
     dir: PathBuf,
     segments: Vec<Segment>,
     last: Option<LogId<NodeId>>,
@@ -110,9 +111,10 @@ pub struct Wal {
 }
 
 impl Wal {
-    /// A log with no segments yet, in `dir` (the log directory).
-    fn empty(dir: PathBuf, purged: Option<u64>) -> Wal {
+    /// A log with no segments yet, in `dir` (the log directory) on `fs`.
+    fn empty(fs: &Arc<dyn Fs>, dir: PathBuf, purged: Option<u64>) -> Wal {
         Wal {
+            fs: fs.clone(),
             dir,
             segments: Vec::new(),
             last: None,
@@ -123,20 +125,32 @@ impl Wal {
         }
     }
 
-    /// Write a new log holding `entries` (consecutive) in `data_dir`, replacing any there,
-    /// durably (the upgrade from a log kept in sled).
+    /// Write a new log holding `entries` (consecutive) in `data_dir` on the real file
+    /// system, replacing any there, durably (the upgrade from a log kept in sled).
     pub fn create_from(
         data_dir: &Path,
         entries: impl IntoIterator<Item = LogEntry>,
         purged: Option<u64>,
     ) -> Result<(), StoreError> {
+        Wal::create_from_on(&fenced_fs::os(), data_dir, entries, purged)
+    }
+
+    /// [`Wal::create_from`] on `fs`.
+    pub fn create_from_on(
+        fs: &Arc<dyn Fs>,
+        data_dir: &Path,
+        entries: impl IntoIterator<Item = LogEntry>,
+        purged: Option<u64>,
+    ) -> Result<(), StoreError> {
         let dir = data_dir.join(DIR);
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir).map_err(|e| StoreError::file(&dir, e))?;
+        if fs.exists(&dir) {
+            fs.remove_dir_all(&dir)
+                .map_err(|e| StoreError::file(&dir, e))?;
         }
-        std::fs::create_dir_all(&dir).map_err(|e| StoreError::file(&dir, e))?;
-        crate::sync_dir(data_dir)?;
-        let mut wal = Wal::empty(dir, purged);
+        fs.create_dir_all(&dir)
+            .map_err(|e| StoreError::file(&dir, e))?;
+        crate::sync_dir(&**fs, data_dir)?;
+        let mut wal = Wal::empty(fs, dir, purged);
         wal.append(entries)?;
         for s in &wal.segments {
             s.file
@@ -194,7 +208,8 @@ impl Wal {
         if roll {
             // Appends still queued for the closing segment carry its file: the flusher syncs
             // every file of a round.
-            self.segments.push(Segment::create(&self.dir, first)?);
+            self.segments
+                .push(Segment::create(&*self.fs, &self.dir, first)?);
         }
         let Some(seg) = self.segments.last_mut() else {
             return Ok(None);
@@ -272,7 +287,7 @@ impl Wal {
         let mut removed = false;
         while self.segments.len() > pos {
             if let Some(seg) = self.segments.pop() {
-                remove_segment(&seg.path)?;
+                remove_segment(&*self.fs, &seg.path)?;
                 removed = true;
             }
         }
@@ -281,7 +296,7 @@ impl Wal {
             if i == 0 {
                 let path = seg.path.clone();
                 self.segments.pop();
-                remove_segment(&path)?;
+                remove_segment(&*self.fs, &path)?;
                 removed = true;
             } else if i < seg.offsets.len() {
                 let offset = seg.offsets[i];
@@ -296,7 +311,7 @@ impl Wal {
             }
         }
         if removed {
-            crate::sync_dir(&self.dir)?;
+            crate::sync_dir(&*self.fs, &self.dir)?;
         }
         while self
             .cache
@@ -335,18 +350,18 @@ impl Wal {
         // log ends there.
         while self.segments.len() > 1 && self.segments[1].first <= index + 1 {
             let seg = self.segments.remove(0);
-            remove_segment(&seg.path)?;
+            remove_segment(&*self.fs, &seg.path)?;
             removed = true;
         }
         if self.last.is_some_and(|l| l.index <= index) {
             for seg in self.segments.drain(..) {
-                remove_segment(&seg.path)?;
+                remove_segment(&*self.fs, &seg.path)?;
                 removed = true;
             }
             self.last = None;
         }
         if removed {
-            crate::sync_dir(&self.dir)?;
+            crate::sync_dir(&*self.fs, &self.dir)?;
         }
         Ok(())
     }
@@ -369,8 +384,8 @@ impl Wal {
     }
 }
 
-fn remove_segment(path: &Path) -> Result<(), StoreError> {
-    match std::fs::remove_file(path) {
+fn remove_segment(fs: &dyn Fs, path: &Path) -> Result<(), StoreError> {
+    match fs.remove_file(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(StoreError::file(path, e)),

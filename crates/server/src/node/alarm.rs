@@ -34,10 +34,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fenced_core::Semantics;
+use fenced_fs::Fs;
 use fenced_proto::raft::{CheckReply, CorruptVerdict, IndexDigest};
 use fenced_raft_types::NodeId;
 use fenced_storage::alarm::AlarmRecord;
@@ -55,6 +56,8 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// This member's alarm and, while it leads, the gate's state.
 pub struct Alarms {
+    /// The node's file system, and its data dir on it.
+    fs: Arc<dyn Fs>,
     dir: PathBuf,
     /// Why the alarm is raised (`None`: it is not).
     raised: Mutex<Option<String>>,
@@ -71,10 +74,10 @@ pub struct Alarms {
 }
 
 impl Alarms {
-    /// This member's alarm as its data dir records it. An unreadable alarm file counts as
-    /// raised: the member was told its state is wrong.
-    pub fn open(dir: PathBuf, advertise: Semantics, digests: DigestLog) -> Alarms {
-        let raised = match fenced_storage::alarm::load(&dir) {
+    /// This member's alarm as its data dir (`dir` on `fs`) records it. An unreadable alarm
+    /// file counts as raised: the member was told its state is wrong.
+    pub fn open(fs: Arc<dyn Fs>, dir: PathBuf, advertise: Semantics, digests: DigestLog) -> Alarms {
+        let raised = match fenced_storage::alarm::load_on(&*fs, &dir) {
             Ok(None) => None,
             Ok(Some(rec)) => Some(rec.to_string()),
             Err(e) => Some(format!("the alarm file is unreadable ({e})")),
@@ -86,6 +89,7 @@ impl Alarms {
             );
         }
         Alarms {
+            fs,
             dir,
             is_raised: AtomicBool::new(raised.is_some()),
             changes: watch::Sender::new(raised.is_some()),
@@ -114,7 +118,7 @@ impl Alarms {
         if raised.is_some() {
             return false;
         }
-        if let Err(e) = fenced_storage::alarm::save(&self.dir, rec) {
+        if let Err(e) = fenced_storage::alarm::save_on(&*self.fs, &self.dir, rec) {
             tracing::error!("cannot record the divergence alarm in the data dir: {e}");
         }
         *raised = Some(rec.to_string());

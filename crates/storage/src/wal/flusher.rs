@@ -1,13 +1,13 @@
 //! The group commit: makes appended entries durable and acknowledges them, on a thread of
 //! its own or inline ([`Io`]).
 
-use std::fs::File;
 use std::io;
 use std::path::Path;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
+use fenced_fs::File;
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::storage::LogFlushed;
 use openraft::LogId;
@@ -43,7 +43,7 @@ enum Mode {
 
 enum Job {
     Append {
-        file: Arc<File>,
+        file: Arc<dyn File>,
         last: LogId<NodeId>,
         callback: LogFlushed<TypeConfig>,
         /// When openraft called `append` (for [`StorageObserver::wal_append`]).
@@ -105,7 +105,7 @@ impl Flusher {
     /// once it is durable).
     pub fn sync(
         &self,
-        file: Arc<File>,
+        file: Arc<dyn File>,
         last: LogId<NodeId>,
         callback: LogFlushed<TypeConfig>,
         since: Instant,
@@ -139,6 +139,10 @@ impl Flusher {
     }
 }
 
+fn same_file(a: &Arc<dyn File>, b: &Arc<dyn File>) -> bool {
+    Arc::as_ptr(a) as *const () == Arc::as_ptr(b) as *const ()
+}
+
 /// Put the latest committed log id into a hard-state record about to be written, if the log
 /// it records reaches it.
 pub(crate) fn note_committed(
@@ -155,11 +159,12 @@ impl Step {
     /// One round of the group commit over `batch` (emptied): sync, record, acknowledge.
     fn round(&mut self, batch: &mut Vec<Job>) {
         let hook = &self.hook;
-        let mut files: Vec<&Arc<File>> = Vec::new();
+        let mut files: Vec<&Arc<dyn File>> = Vec::new();
         let mut last = None;
         for job in batch.iter() {
             if let Job::Append { file, last: l, .. } = job {
-                if !files.iter().any(|f| Arc::ptr_eq(f, file)) {
+                // The same file (its data pointer; vtable pointers may differ).
+                if !files.iter().any(|f| same_file(f, file)) {
                     files.push(file);
                 }
                 last = Some(*l);

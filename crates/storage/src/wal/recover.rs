@@ -1,11 +1,11 @@
 //! Opening the log: every record checked, a tail nobody was promised cut off (see the
 //! module docs of [`super`]).
 
-use std::fs::OpenOptions;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+use fenced_fs::{Fs, Mode};
 use fenced_raft_types::NodeId;
 use openraft::LogId;
 
@@ -24,32 +24,42 @@ struct Problem {
 }
 
 impl Wal {
-    /// Open (or create) the log in `data_dir`, checking every record. `recorded` is the last
-    /// log id the hard state says this node made durable; `purged` the last purged index.
-    pub fn open(
+    /// [`Wal::open_on`] on the real file system.
+    #[cfg(test)]
+    pub(crate) fn open(
+        data_dir: &Path,
+        recorded: Option<LogId<NodeId>>,
+        purged: Option<u64>,
+    ) -> Result<Wal, StoreError> {
+        Wal::open_on(&fenced_fs::os(), data_dir, recorded, purged)
+    }
+
+    /// Open (or create) the log in `data_dir` on `fs`, checking every record. `recorded` is
+    /// the last log id the hard state says this node made durable; `purged` the last purged
+    /// index.
+    pub fn open_on(
+        fs: &Arc<dyn Fs>,
         data_dir: &Path,
         recorded: Option<LogId<NodeId>>,
         purged: Option<u64>,
     ) -> Result<Wal, StoreError> {
         let dir = data_dir.join(DIR);
-        let listing = match std::fs::read_dir(&dir) {
-            Ok(l) => Some(l),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        let listing = match fs.read_dir(&dir) {
+            Ok(l) => l,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(StoreError::file(&dir, e)),
         };
         let mut firsts = Vec::new();
-        for item in listing.into_iter().flatten() {
-            let item = item.map_err(|e| StoreError::file(&dir, e))?;
-            let name = item.file_name();
-            let name = name.to_string_lossy();
-            match name
+        for item in listing {
+            match item
+                .name
                 .strip_suffix(".wal")
                 .and_then(|n| n.parse::<u64>().ok())
             {
                 Some(first) => firsts.push(first),
                 None => {
                     return Err(StoreError::Damaged {
-                        path: item.path(),
+                        path: dir.join(&item.name),
                         detail: "an unknown file in the log directory".into(),
                     })
                 }
@@ -57,7 +67,7 @@ impl Wal {
         }
         firsts.sort_unstable();
 
-        let mut wal = Wal::empty(dir, purged);
+        let mut wal = Wal::empty(fs, dir, purged);
         let mut problem = None;
         // After a purge the log must go on right after the purged prefix: a first segment
         // that starts later lost its predecessor (`purge` records the purged id durably
@@ -82,11 +92,9 @@ impl Wal {
                 });
                 break;
             }
-            let bytes = std::fs::read(&path).map_err(|e| StoreError::file(&path, e))?;
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
+            let bytes = fs.read(&path).map_err(|e| StoreError::file(&path, e))?;
+            let file = fs
+                .open(&path, Mode::Write)
                 .map_err(|e| StoreError::file(&path, e))?;
             if bytes.len() < HEADER as usize || &bytes[..8] != MAGIC {
                 problem = Some(Problem {
@@ -111,7 +119,7 @@ impl Wal {
             let mut seg = Segment {
                 first,
                 path: path.clone(),
-                file: Arc::new(file),
+                file,
                 offsets: Vec::new(),
                 end: HEADER,
                 allocated: bytes.len() as u64,
@@ -208,16 +216,15 @@ impl Wal {
                 p.error
             );
             for first in &firsts[p.segment + 1..] {
-                remove_segment(&wal.dir.join(segment_name(*first)))?;
+                remove_segment(&**fs, &wal.dir.join(segment_name(*first)))?;
             }
             let cut_path = wal.dir.join(segment_name(firsts[p.segment]));
             if p.offset <= HEADER {
-                remove_segment(&cut_path)?;
+                remove_segment(&**fs, &cut_path)?;
                 wal.segments.truncate(p.segment);
             } else {
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(&cut_path)
+                let f = fs
+                    .open(&cut_path, Mode::Write)
                     .map_err(|e| StoreError::file(&cut_path, e))?;
                 f.set_len(p.offset)
                     .and_then(|()| f.sync_data())
@@ -226,7 +233,7 @@ impl Wal {
                     seg.allocated = p.offset;
                 }
             }
-            crate::sync_dir(&wal.dir)?;
+            crate::sync_dir(&**fs, &wal.dir)?;
         }
         let last_index = wal.last.map(|l| l.index).max(purged);
         if let Some(r) = recorded {
@@ -237,9 +244,10 @@ impl Wal {
                 });
             }
         }
-        if !wal.dir.exists() {
-            std::fs::create_dir_all(&wal.dir).map_err(|e| StoreError::file(&wal.dir, e))?;
-            crate::sync_dir(data_dir)?;
+        if !fs.exists(&wal.dir) {
+            fs.create_dir_all(&wal.dir)
+                .map_err(|e| StoreError::file(&wal.dir, e))?;
+            crate::sync_dir(&**fs, data_dir)?;
         }
         Ok(wal)
     }

@@ -1,11 +1,11 @@
 //! One segment file of the log: its header, its records' offsets, and the zeros written
 //! ahead of them.
 
-use std::fs::{File, OpenOptions};
 use std::ops::Range;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use fenced_fs::{File, Fs, Mode};
 
 use super::{LogEntry, FILE_VERSION, GROW_BYTES, HEADER, MAGIC};
 use crate::StoreError;
@@ -25,7 +25,7 @@ pub(super) fn header() -> [u8; HEADER as usize] {
 pub(super) struct Segment {
     pub(super) first: u64,
     pub(super) path: PathBuf,
-    pub(super) file: Arc<File>,
+    pub(super) file: Arc<dyn File>,
     /// Byte offset of each record (entry `first + i` at `offsets[i]`).
     pub(super) offsets: Vec<u64>,
     /// Where the next record goes.
@@ -35,21 +35,17 @@ pub(super) struct Segment {
 }
 
 impl Segment {
-    pub(super) fn create(dir: &Path, first: u64) -> Result<Segment, StoreError> {
+    pub(super) fn create(fs: &dyn Fs, dir: &Path, first: u64) -> Result<Segment, StoreError> {
         let path = dir.join(segment_name(first));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
+        let file = fs
+            .open(&path, Mode::Truncate)
             .map_err(|e| StoreError::file(&path, e))?;
         file.write_all_at(&header(), 0)
             .map_err(|e| StoreError::file(&path, e))?;
         let mut seg = Segment {
             first,
             path,
-            file: Arc::new(file),
+            file,
             offsets: Vec::new(),
             end: HEADER,
             allocated: HEADER,
@@ -58,7 +54,7 @@ impl Segment {
         seg.file
             .sync_data()
             .map_err(|e| StoreError::file(&seg.path, e))?;
-        crate::sync_dir(dir)?;
+        crate::sync_dir(fs, dir)?;
         Ok(seg)
     }
 

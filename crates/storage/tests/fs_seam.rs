@@ -1,0 +1,141 @@
+//! Every file of the store goes through the `fenced_fs::Fs` it was opened with: the store is
+//! opened at a path that exists only for that `Fs` (it maps `/fenced-virtual/…` into a
+//! temporary dir, and refuses every other path), so any file I/O that bypassed it fails.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use fenced_fs::{DirEntry, File, Fs, Mode, OsFs};
+use fenced_raft_types::{NodeId, TypeConfig};
+use fenced_storage::{datadir, open_with, Env, EventSink, Io, LogStore, StateMachineStore};
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::{StorageError, StorageIOError};
+use tempfile::TempDir;
+
+const VIRTUAL: &str = "/fenced-virtual";
+
+/// The real file system under `root`, seen at [`VIRTUAL`].
+#[derive(Debug)]
+struct Rooted {
+    root: PathBuf,
+}
+
+impl Rooted {
+    fn real(&self, path: &Path) -> io::Result<PathBuf> {
+        match path.strip_prefix(VIRTUAL) {
+            Ok(rest) => Ok(self.root.join(rest)),
+            Err(_) => Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("{} is outside {VIRTUAL}", path.display()),
+            )),
+        }
+    }
+}
+
+impl Fs for Rooted {
+    fn open(&self, path: &Path, mode: Mode) -> io::Result<Arc<dyn File>> {
+        OsFs.open(&self.real(path)?, mode)
+    }
+    fn read_dir(&self, dir: &Path) -> io::Result<Vec<DirEntry>> {
+        OsFs.read_dir(&self.real(dir)?)
+    }
+    fn create_dir(&self, dir: &Path) -> io::Result<()> {
+        OsFs.create_dir(&self.real(dir)?)
+    }
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        OsFs.create_dir_all(&self.real(dir)?)
+    }
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        OsFs.remove_file(&self.real(path)?)
+    }
+    fn remove_dir(&self, dir: &Path) -> io::Result<()> {
+        OsFs.remove_dir(&self.real(dir)?)
+    }
+    fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
+        OsFs.remove_dir_all(&self.real(dir)?)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        OsFs.rename(&self.real(from)?, &self.real(to)?)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        OsFs.sync_dir(&self.real(dir)?)
+    }
+    fn len(&self, path: &Path) -> io::Result<u64> {
+        Fs::len(&OsFs, &self.real(path)?)
+    }
+    fn is_dir(&self, path: &Path) -> io::Result<bool> {
+        OsFs.is_dir(&self.real(path)?)
+    }
+}
+
+fn no_events() -> EventSink {
+    Arc::new(|_: &[fenced_core::Event]| {})
+}
+
+/// Stores in sub-dirs of one root, each seen at `/fenced-virtual/<name>` (the suite hands
+/// one store's snapshot file to another).
+struct Builder {
+    root: TempDir,
+    fs: Arc<dyn Fs>,
+    io: Io,
+}
+
+impl Builder {
+    fn new(io: Io) -> Builder {
+        let root = TempDir::new().expect("tempdir");
+        let fs: Arc<dyn Fs> = Arc::new(Rooted {
+            root: root.path().to_owned(),
+        });
+        Builder { root, fs, io }
+    }
+}
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
+        let dir = TempDir::new_in(self.root.path()).map_err(|e| StorageIOError::write(&e))?;
+        let name = dir.path().file_name().expect("a name").to_owned();
+        let seen = Path::new(VIRTUAL).join(name);
+        let (log, sm) = open_with(&seen, no_events(), Env::new(self.fs.clone(), self.io))
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok((dir, log, sm))
+    }
+}
+
+#[allow(clippy::result_large_err)]
+#[test]
+fn openraft_storage_suite_through_the_fs() -> Result<(), StorageError<NodeId>> {
+    Suite::test_all(Builder::new(Io::Threads))
+}
+
+#[allow(clippy::result_large_err)]
+#[test]
+fn openraft_storage_suite_inline_through_the_fs() -> Result<(), StorageError<NodeId>> {
+    Suite::test_all(Builder::new(Io::Inline))
+}
+
+/// A data dir's rules (the identity file included) go through the fs too.
+#[test]
+fn a_data_dir_is_created_and_opened_again_through_the_fs() {
+    let b = Builder::new(Io::Inline);
+    let dir = Path::new(VIRTUAL).join("node-1");
+    let plan = datadir::Plan {
+        member_id: 1,
+        cluster_id: 7,
+        may_bootstrap: true,
+        join: None,
+    };
+    let env = Env::new(b.fs.clone(), Io::Inline);
+    let opened = datadir::open_with(&dir, &plan, no_events(), env.clone()).expect("create");
+    assert!(opened.bootstrap);
+    opened
+        .identity
+        .learn(2, 99)
+        .expect("a pin is stored through the fs");
+    let incarnation = opened.identity.incarnation();
+    drop(opened);
+    assert!(b.root.path().join("node-1/identity").exists());
+    let again = datadir::open_with(&dir, &plan, no_events(), env).expect("reopen");
+    assert_eq!(again.identity.incarnation(), incarnation);
+    assert_eq!(again.identity.pinned(2), Some(99));
+}
