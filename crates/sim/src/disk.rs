@@ -90,9 +90,10 @@ pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
             });
             trace.line("nemesis", format!("n{id} disk has room again"));
         }
-        // A byte rots while the node is stopped.
+        // A byte rots while the node is stopped — in one node at most: a node that refuses
+        // its rotten dir stays down, and the rest must keep a majority.
         _ => {
-            if !cluster.is_up(id) {
+            if !cluster.is_up(id) || !cluster.given_up().is_empty() {
                 return;
             }
             cluster.crash(id).await;

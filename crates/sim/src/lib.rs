@@ -345,10 +345,9 @@ async fn agreement(cluster: &Cluster) -> Verdict {
     for (i, id) in ids.iter().copied().enumerate() {
         if let Some(n) = cluster.node(id) {
             let d = n.local(|sm| sm.digest());
-            cluster.trace().line(
-                "check",
-                format!("n{id} applied {} digest {d:016x}", at[i]),
-            );
+            cluster
+                .trace()
+                .line("check", format!("n{id} applied {} digest {d:016x}", at[i]));
             cluster.trace().fold(&d.to_le_bytes());
             digests.push((id, d));
             if let Some(why) = n.alarm() {

@@ -243,7 +243,12 @@ impl Cluster {
 
     /// Start node `id` (a restart after a crash opens the same data dir).
     pub async fn start(&self, id: u64) {
-        let given_up = self.inner.slots.borrow().get(&id).map_or(true, |s| s.given_up);
+        let given_up = self
+            .inner
+            .slots
+            .borrow()
+            .get(&id)
+            .map_or(true, |s| s.given_up);
         if self.is_up(id) || given_up {
             return;
         }
@@ -252,7 +257,6 @@ impl Cluster {
         let seams = fenced_server::run::Seams {
             links: Some(self.inner.net.links(id)),
             io: fenced_storage::Io::Inline,
-            fs: fenced_fs::os(),
             listen: false,
             fs: fs.unwrap_or_else(fenced_fs::os),
         };
