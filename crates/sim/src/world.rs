@@ -297,7 +297,21 @@ impl Cluster {
                 let Some(s) = slots.get_mut(&id) else {
                     return;
                 };
-                if s.rotted {
+                let failing = s.fs.faults();
+                if failing.fsync_error > 0.0 || failing.full {
+                    // An I/O error on a failing disk, not a refusal of the dir: the
+                    // supervisor tries again (after the fault, it must start).
+                    self.inner.trace.line(
+                        &format!("n{id}"),
+                        format!("failed to start on a failing disk: {why}; retried later"),
+                    );
+                    drop(slots);
+                    let cluster = self.clone();
+                    tokio::task::spawn_local(async move {
+                        tokio::time::sleep(RESTART_AFTER).await;
+                        cluster.start(id).await;
+                    });
+                } else if s.rotted {
                     self.inner.trace.line(
                         &format!("n{id}"),
                         format!("refused its rotten dir, as it should: {why}; left down"),
