@@ -72,8 +72,9 @@ pub struct PowerLoss {
     pub pages_kept: u64,
     /// Surviving pages cut at a sector.
     pub pages_torn: u64,
-    /// Queued name changes lost.
-    pub names_lost: u64,
+    /// Queued name changes lost, each as the path it was about (relative to the disk's
+    /// root) and what it did.
+    pub names_lost: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -246,10 +247,20 @@ impl SimFs {
         let mut report = PowerLoss::default();
         // Names: a prefix of the queued changes reached the journal.
         let keep = st.rng.gen_range(0..=st.queued.len());
-        report.names_lost = (st.queued.len() - keep) as u64;
         for op in st.queued.drain(..keep) {
             op.apply(&mut st.durable);
         }
+        let rel = |p: &Path| p.strip_prefix(&st.root).unwrap_or(p).display().to_string();
+        report.names_lost = st
+            .queued
+            .iter()
+            .map(|op| match op {
+                NameOp::Create(p, Node::Dir) => format!("mkdir {}", rel(p)),
+                NameOp::Create(p, Node::File(_)) => format!("create {}", rel(p)),
+                NameOp::Remove(p) => format!("remove {}", rel(p)),
+                NameOp::Rename(a, b) => format!("rename {} {}", rel(a), rel(b)),
+            })
+            .collect();
         st.queued.clear();
         // A name whose directory did not survive is gone with it.
         let orphans: Vec<PathBuf> = st

@@ -1,7 +1,8 @@
 //! The faults of a run, drawn from its seed: partitions (symmetric, one-way, majority and
 //! minority, a bridge), message loss, duplication and delay, crashes with restarts after any
 //! delay (at once included), process pauses, and clock faults (wall-clock jumps; monotonic
-//! rate drift within the documented bound). Several may overlap. Each is written to the trace
+//! rate drift within the documented bound), and disk faults ([`crate::disk`]: power losses,
+//! fsync failures, a full disk, a rotten byte). Several may overlap. Each is written to the trace
 //! when it starts and ends; [`heal`] ends them all.
 
 use std::rc::Rc;
@@ -22,6 +23,7 @@ pub struct Faults {
     pub crashes: bool,
     pub pauses: bool,
     pub clocks: bool,
+    pub disk: bool,
     /// Mean gap between two faults starting, ms.
     pub every_ms: u64,
     /// Clock-rate drift bound, ppm (the README's "lease bound" assumes ≤ 100).
@@ -39,6 +41,7 @@ impl Default for Faults {
             crashes: true,
             pauses: true,
             clocks: true,
+            disk: true,
             every_ms: 1_500,
             drift_ppm: 100,
             max_ms: 4_000,
@@ -54,6 +57,7 @@ impl Faults {
             crashes: false,
             pauses: false,
             clocks: false,
+            disk: false,
             ..Faults::default()
         }
     }
@@ -66,6 +70,7 @@ enum Kind {
     Crash,
     Pause,
     Clock,
+    Disk,
 }
 
 /// Inject faults until `until` (simulated), each fault ending by itself.
@@ -78,6 +83,7 @@ pub async fn run(cluster: Cluster, faults: Faults, seed: u64, until: tokio::time
         (faults.crashes, Kind::Crash),
         (faults.pauses, Kind::Pause),
         (faults.clocks, Kind::Clock),
+        (faults.disk, Kind::Disk),
     ] {
         if on {
             kinds.push(k);
@@ -186,6 +192,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
             tokio::time::sleep(lasting).await;
             cluster.pause(id, false);
         }
+        Kind::Disk => crate::disk::one(cluster, rng, lasting).await,
         Kind::Clock => {
             let id = *ids.choose(&mut rng).unwrap_or(&1);
             let Some(clock) = cluster.clock(id) else {
@@ -207,6 +214,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
 /// End every fault: heal the network, resume paused nodes, restart crashed ones.
 pub async fn heal(cluster: &Cluster) {
     cluster.net().heal();
+    crate::disk::heal(cluster);
     for id in cluster.ids() {
         if cluster.net().is_paused(id) {
             cluster.pause(id, false);

@@ -15,6 +15,7 @@
 //! smaller one), expiry as reads tell it ([`expiry`]), replicas agree, no divergence alarm, no node refusing its own data dir, and
 //! liveness (every node serves again within a bound once the faults end).
 
+pub mod disk;
 pub mod expiry;
 pub mod faults;
 pub mod history;
@@ -174,7 +175,14 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
     let trace = Trace::new(opts.keep_trace, opts.echo);
     let mut rng = StdRng::seed_from_u64(seed);
     let net = Net::new(rng.gen());
-    let cluster = Cluster::new(opts.cluster.clone(), root, net.clone(), trace.clone());
+    let cluster = Cluster::new(
+        opts.cluster.clone(),
+        root,
+        net.clone(),
+        trace.clone(),
+        // Not drawn from `rng`: the disks' seed leaves every other draw as it was.
+        seed.rotate_left(17) ^ 0xD15C,
+    );
     // What decides the run, not how it is shown: a replay with --trace has the same trace.
     let shown = Options {
         keep_trace: false,
@@ -265,7 +273,7 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
 async fn liveness(cluster: &Cluster, bound: Duration, since: tokio::time::Instant) -> Verdict {
     let mut slow = Vec::new();
     let mut worst = Duration::ZERO;
-    for id in cluster.ids() {
+    for id in cluster.serving_ids() {
         let mut seq = 0;
         let served = loop {
             if tokio::time::Instant::now() >= since + bound {
@@ -312,8 +320,10 @@ async fn liveness(cluster: &Cluster, bound: Duration, since: tokio::time::Instan
 async fn agreement(cluster: &Cluster) -> Verdict {
     let mut examples = Vec::new();
     let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    let ids = cluster.serving_ids();
     let applied = |c: &Cluster| -> Vec<u64> {
-        c.ids()
+        ids.iter()
+            .copied()
             .into_iter()
             .map(|id| {
                 c.node(id).map_or(0, |n| {
@@ -332,13 +342,12 @@ async fn agreement(cluster: &Cluster) -> Verdict {
         at = applied(cluster);
     }
     let mut digests = Vec::new();
-    for id in cluster.ids() {
+    for (i, id) in ids.iter().copied().enumerate() {
         if let Some(n) = cluster.node(id) {
             let d = n.local(|sm| sm.digest());
-            cluster.trace().line(
-                "check",
-                format!("n{id} applied {} digest {d:016x}", at[id as usize - 1]),
-            );
+            cluster
+                .trace()
+                .line("check", format!("n{id} applied {} digest {d:016x}", at[i]));
             cluster.trace().fold(&d.to_le_bytes());
             digests.push((id, d));
             if let Some(why) = n.alarm() {

@@ -41,7 +41,7 @@ struct Args {
     /// Simulated seconds each run's clients and faults last.
     #[arg(long, default_value_t = 20)]
     duration_s: u64,
-    /// Faults to inject: all, none, or a comma list of partitions,noise,crashes,pauses,clocks.
+    /// Faults to inject: all, none, or a comma list of partitions,noise,crashes,pauses,clocks,disk.
     #[arg(long, default_value = "all")]
     faults: String,
     /// Nodes a client tries one request on before giving up (1: a refusal is final).
@@ -92,6 +92,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
                     "crashes" => f.crashes = true,
                     "pauses" => f.pauses = true,
                     "clocks" => f.clocks = true,
+                    "disk" => f.disk = true,
                     other => bail!("unknown fault {other:?}"),
                 }
             }

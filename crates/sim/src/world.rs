@@ -12,6 +12,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fenced_fs::SimFs;
 use fenced_server::clock::SimClock;
 use fenced_server::config::ClusterState;
 use fenced_server::{Node, NodeConfig, Running};
@@ -71,7 +72,19 @@ struct Slot {
     refusals: Vec<String>,
     /// Writes this node's leader changes into the trace while it runs.
     watcher: Option<tokio::task::JoinHandle<()>>,
+    /// Waits for the node to stop on a fatal error (its process exits; restarted later).
+    fatal: Option<tokio::task::JoinHandle<()>>,
+    /// The node's disk: it outlives the node's crashes, not its power losses.
+    fs: SimFs,
+    /// A byte of its files rotted since it last started: a refusal is expected.
+    rotted: bool,
+    /// Left down for the rest of the run (it refused its damaged dir, or was retired).
+    given_up: bool,
 }
+
+/// How long the simulated supervisor waits before restarting a node whose process exited on
+/// a fatal error (systemd's `RestartSec`).
+const RESTART_AFTER: Duration = Duration::from_secs(1);
 
 /// The cluster of one run. Cheap to clone.
 #[derive(Clone)]
@@ -91,7 +104,14 @@ struct Inner {
 }
 
 impl Cluster {
-    pub fn new(spec: ClusterSpec, root: &std::path::Path, net: Arc<Net>, trace: Trace) -> Cluster {
+    /// `seed` draws the disks' faults.
+    pub fn new(
+        spec: ClusterSpec,
+        root: &std::path::Path,
+        net: Arc<Net>,
+        trace: Trace,
+        seed: u64,
+    ) -> Cluster {
         let mut slots = BTreeMap::new();
         for id in 1..=spec.nodes {
             let addr = format!("10.0.0.{id}:7380");
@@ -107,6 +127,10 @@ impl Cluster {
                     life,
                     refusals: Vec::new(),
                     watcher: None,
+                    fatal: None,
+                    fs: SimFs::new(root, seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+                    rotted: false,
+                    given_up: false,
                 },
             );
         }
@@ -124,6 +148,34 @@ impl Cluster {
 
     pub fn ids(&self) -> Vec<u64> {
         self.inner.slots.borrow().keys().copied().collect()
+    }
+
+    /// The nodes not given up on (see [`Cluster::given_up`]): those that must serve and agree
+    /// once the faults end.
+    pub fn serving_ids(&self) -> Vec<u64> {
+        self.inner
+            .slots
+            .borrow()
+            .iter()
+            .filter(|(_, s)| !s.given_up)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Nodes left down for the rest of the run, and why.
+    pub fn given_up(&self) -> Vec<u64> {
+        self.inner
+            .slots
+            .borrow()
+            .iter()
+            .filter(|(_, s)| s.given_up)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Node `id`'s simulated disk.
+    pub fn fs(&self, id: u64) -> Option<SimFs> {
+        self.inner.slots.borrow().get(&id).map(|s| s.fs.clone())
     }
 
     pub fn net(&self) -> &Arc<Net> {
@@ -191,15 +243,22 @@ impl Cluster {
 
     /// Start node `id` (a restart after a crash opens the same data dir).
     pub async fn start(&self, id: u64) {
-        if self.is_up(id) {
+        let given_up = self
+            .inner
+            .slots
+            .borrow()
+            .get(&id)
+            .map_or(true, |s| s.given_up);
+        if self.is_up(id) || given_up {
             return;
         }
+        let fs = self.fs(id).map(|f| Arc::new(f) as Arc<dyn fenced_fs::Fs>);
         let cfg = self.config(id);
         let seams = fenced_server::run::Seams {
             links: Some(self.inner.net.links(id)),
             io: fenced_storage::Io::Inline,
-            fs: fenced_fs::os(),
             listen: false,
+            fs: fs.unwrap_or_else(fenced_fs::os),
         };
         match fenced_server::run::start_with(cfg, seams).await {
             Ok(running) => {
@@ -223,18 +282,45 @@ impl Cluster {
                     self.inner.trace.clone(),
                     self.inner.views.clone(),
                 ));
+                let fatal = tokio::task::spawn_local(watch_fatal(self.clone(), id, node.clone()));
                 if let Some(s) = self.inner.slots.borrow_mut().get_mut(&id) {
                     s.running = Some(running);
                     s.watcher = Some(watcher);
+                    s.fatal = Some(fatal);
+                    s.rotted = false;
                 }
             }
             Err(e) => {
                 // The data dirs' root differs between runs: keep it out of the trace.
                 let why = e.to_string().replace(&*self.inner.root, "<data>");
-                self.inner
-                    .trace
-                    .line(&format!("n{id}"), format!("REFUSED TO START: {why}"));
-                if let Some(s) = self.inner.slots.borrow_mut().get_mut(&id) {
+                let mut slots = self.inner.slots.borrow_mut();
+                let Some(s) = slots.get_mut(&id) else {
+                    return;
+                };
+                let failing = s.fs.faults();
+                if failing.fsync_error > 0.0 || failing.full {
+                    // An I/O error on a failing disk, not a refusal of the dir: the
+                    // supervisor tries again (after the fault, it must start).
+                    self.inner.trace.line(
+                        &format!("n{id}"),
+                        format!("failed to start on a failing disk: {why}; retried later"),
+                    );
+                    drop(slots);
+                    let cluster = self.clone();
+                    tokio::task::spawn_local(async move {
+                        tokio::time::sleep(RESTART_AFTER).await;
+                        cluster.start(id).await;
+                    });
+                } else if s.rotted {
+                    self.inner.trace.line(
+                        &format!("n{id}"),
+                        format!("refused its rotten dir, as it should: {why}; left down"),
+                    );
+                    s.given_up = true;
+                } else {
+                    self.inner
+                        .trace
+                        .line(&format!("n{id}"), format!("REFUSED TO START: {why}"));
                     s.refusals.push(why);
                 }
             }
@@ -255,6 +341,9 @@ impl Cluster {
             if let Some(w) = slot.watcher.take() {
                 w.abort();
             }
+            if let Some(w) = slot.fatal.take() {
+                w.abort();
+            }
             slot.life.send_modify(|l| *l += 1);
             r
         };
@@ -262,6 +351,33 @@ impl Cluster {
         self.view_lost(id);
         self.inner.trace.line(&format!("n{id}"), "crashed");
         running.crash().await;
+    }
+
+    /// Node `id`'s machine loses power: the node crashes and its disk keeps only what
+    /// reached it ([`SimFs::power_loss`]).
+    pub async fn power_loss(&self, id: u64) {
+        self.crash(id).await;
+        if let Some(fs) = self.fs(id) {
+            let lost = fs.power_loss();
+            self.inner
+                .trace
+                .line(&format!("n{id}"), format!("lost power: {lost:?}"));
+        }
+    }
+
+    /// A bit of one synced byte of node `id`'s files rots (the node should be down).
+    pub fn rot(&self, id: u64) {
+        let mut slots = self.inner.slots.borrow_mut();
+        let Some(s) = slots.get_mut(&id) else {
+            return;
+        };
+        if let Some((file, at)) = s.fs.rot(&s.dir) {
+            s.rotted = true;
+            self.inner.trace.line(
+                &format!("n{id}"),
+                format!("byte {at} of {} rots", file.display()),
+            );
+        }
     }
 
     pub fn pause(&self, id: u64, paused: bool) {
@@ -285,6 +401,9 @@ impl Cluster {
         for id in self.ids() {
             let running = self.inner.slots.borrow_mut().get_mut(&id).and_then(|s| {
                 if let Some(w) = s.watcher.take() {
+                    w.abort();
+                }
+                if let Some(w) = s.fatal.take() {
                     w.abort();
                 }
                 s.running.take()
@@ -358,6 +477,30 @@ impl Cluster {
         }
         None
     }
+}
+
+/// When node `id` stops on a fatal error (a failed disk write, retirement), its process
+/// exits, as `fenced serve`'s does; the supervisor starts it again after [`RESTART_AFTER`],
+/// unless it was retired (it would only retire again).
+async fn watch_fatal(cluster: Cluster, id: u64, node: Node) {
+    let why = node.fatal().await;
+    let why = why.replace(&*cluster.inner.root, "<data>");
+    cluster
+        .trace()
+        .line(&format!("n{id}"), format!("stops on a fatal error: {why}"));
+    let retired = why.starts_with("this member is retired");
+    // Not from this task: crashing the node aborts it.
+    tokio::task::spawn_local(async move {
+        cluster.crash(id).await;
+        if retired {
+            if let Some(s) = cluster.inner.slots.borrow_mut().get_mut(&id) {
+                s.given_up = true;
+            }
+            return;
+        }
+        tokio::time::sleep(RESTART_AFTER).await;
+        cluster.start(id).await;
+    });
 }
 
 /// Write node `id`'s view of the leader into the trace whenever it changes.

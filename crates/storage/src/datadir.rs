@@ -215,9 +215,7 @@ fn bootstrap_empty(
 ) -> Result<Opened, StoreError> {
     if let Some(cluster_id) = plan.join {
         // Ready at once: a learner has no bootstrap to wait for; the leader sends it the log.
-        env.fs
-            .create_dir_all(dir)
-            .map_err(|error| StoreError::file(dir, error))?;
+        crate::create_dir_all_durably(&*env.fs, dir)?;
         return create(
             dir,
             cluster_id,
@@ -236,9 +234,7 @@ fn bootstrap_empty(
             dir.display()
         )));
     }
-    env.fs
-        .create_dir_all(dir)
-        .map_err(|error| StoreError::file(dir, error))?;
+    crate::create_dir_all_durably(&*env.fs, dir)?;
     create(
         dir,
         plan.cluster_id,

@@ -226,6 +226,21 @@ fn upgrade_entry(old: Entry<LegacyTypeConfig>) -> Entry<TypeConfig> {
     }
 }
 
+/// `mkdir -p dir`, durably: each directory created is fsynced into its parent, so that a
+/// power loss cannot take a data dir away with everything synced inside it (a directory's
+/// own name lives in its parent, which nothing else syncs).
+pub(crate) fn create_dir_all_durably(fs: &dyn Fs, dir: &Path) -> Result<(), StoreError> {
+    let missing: Vec<&Path> = dir.ancestors().take_while(|a| !fs.exists(a)).collect();
+    fs.create_dir_all(dir)
+        .map_err(|error| StoreError::file(dir, error))?;
+    for created in missing.into_iter().rev() {
+        if let Some(parent) = created.parent().filter(|p| !p.as_os_str().is_empty()) {
+            sync_dir(fs, parent)?;
+        }
+    }
+    Ok(())
+}
+
 /// fsync a directory, so that a file created or renamed in it survives a crash.
 pub(crate) fn sync_dir(fs: &dyn Fs, dir: &Path) -> Result<(), StoreError> {
     fs.sync_dir(dir)

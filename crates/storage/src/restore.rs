@@ -71,8 +71,7 @@ pub fn create_dir_on(
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => PathBuf::from("."),
     };
-    fs.create_dir_all(&parent)
-        .map_err(|e| StoreError::file(&parent, e))?;
+    crate::create_dir_all_durably(&**fs, &parent)?;
     let staging = parent.join(format!(
         ".{}.restoring-{}",
         name.to_string_lossy(),

@@ -180,6 +180,20 @@ impl Wal {
                         break 'segments;
                     }
                 };
+                if recorded.is_none_or(|r| index > r.index) {
+                    // Past the last id the hard state recorded: written, maybe synced, never
+                    // acknowledged — and maybe never on the disk, though the page cache shows
+                    // it: a failed `fsync` leaves its pages readable but forgotten (Linux marks
+                    // them clean), and a later successful one does not write them. Kept, a
+                    // later append's sync would "record" them, and a power loss would take
+                    // acknowledged entries away. Cut, the leader sends them again.
+                    problem = Some(bad(StoreError::Damaged {
+                        path: path.clone(),
+                        detail: format!("entry {index} is past the recorded log"),
+                    }));
+                    wal.segments.push(seg);
+                    break 'segments;
+                }
                 if entry.log_id.index != index {
                     let found = entry.log_id.index;
                     problem = Some(bad(if found > index {
@@ -321,6 +335,27 @@ mod tests {
             Wal::open(dir.path(), None, None),
             Err(StoreError::UnknownFormat { found: 9, .. })
         ));
+    }
+
+    /// Intact entries past the recorded log are cut off, durably: they may be in the page
+    /// cache only (a failed fsync forgets its pages), and a later sync would record them.
+    #[test]
+    fn entries_past_the_recorded_log_are_cut_off() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = small(dir.path(), None, None);
+        for i in 1..=5 {
+            wal.append([blank(1, i)]).expect("append");
+        }
+        drop(wal);
+        let wal = Wal::open(dir.path(), id(1, 3), None).expect("open");
+        assert_eq!(wal.last_log_id(), id(1, 3));
+        drop(wal);
+        assert!(matches!(
+            Wal::open(dir.path(), id(1, 5), None),
+            Err(StoreError::LogEndsEarly { .. })
+        ));
+        let wal = Wal::open(dir.path(), None, None).expect("open with nothing recorded");
+        assert_eq!(wal.last_log_id(), None);
     }
 
     /// Zero the bytes of entry `index`'s record (its length and its body), as a crash that
