@@ -22,6 +22,14 @@ pub struct Faults {
     pub crashes: bool,
     pub pauses: bool,
     pub clocks: bool,
+    /// Membership changes: a member (maybe the leader) replaced by a new one (`membership`).
+    pub membership: bool,
+    /// A member's data dir wiped and the node restarted unchanged, then replaced
+    /// (`membership`); with `restore`, rarely a majority.
+    pub wipes: bool,
+    /// A backup taken during the faults; at their end, sometimes (always after a majority
+    /// was wiped), every member restored from it (`membership`).
+    pub restore: bool,
     /// Mean gap between two faults starting, ms.
     pub every_ms: u64,
     /// Clock-rate drift bound, ppm (the README's "lease bound" assumes ≤ 100).
@@ -39,6 +47,9 @@ impl Default for Faults {
             crashes: true,
             pauses: true,
             clocks: true,
+            membership: false,
+            wipes: false,
+            restore: false,
             every_ms: 1_500,
             drift_ppm: 100,
             max_ms: 4_000,
@@ -54,6 +65,9 @@ impl Faults {
             crashes: false,
             pauses: false,
             clocks: false,
+            membership: false,
+            wipes: false,
+            restore: false,
             ..Faults::default()
         }
     }
@@ -66,6 +80,8 @@ enum Kind {
     Crash,
     Pause,
     Clock,
+    Membership,
+    Wipe,
 }
 
 /// Inject faults until `until` (simulated), each fault ending by itself.
@@ -78,6 +94,8 @@ pub async fn run(cluster: Cluster, faults: Faults, seed: u64, until: tokio::time
         (faults.crashes, Kind::Crash),
         (faults.pauses, Kind::Pause),
         (faults.clocks, Kind::Clock),
+        (faults.membership, Kind::Membership),
+        (faults.wipes, Kind::Wipe),
     ] {
         if on {
             kinds.push(k);
@@ -105,6 +123,11 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
     let net = cluster.net().clone();
     let lasting = Duration::from_millis(rng.gen_range(200..faults.max_ms.max(201)));
     match kind {
+        Kind::Membership => crate::membership::change(cluster, rng).await,
+        Kind::Wipe => {
+            let majority = faults.restore && rng.gen_bool(0.25);
+            crate::membership::wipe(cluster, rng, majority).await
+        }
         Kind::Partition => {
             let mut shuffled = ids.clone();
             shuffled.shuffle(&mut rng);
@@ -207,7 +230,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
 /// End every fault: heal the network, resume paused nodes, restart crashed ones.
 pub async fn heal(cluster: &Cluster) {
     cluster.net().heal();
-    for id in cluster.ids() {
+    for id in cluster.all_ids() {
         if cluster.net().is_paused(id) {
             cluster.pause(id, false);
         }

@@ -71,6 +71,41 @@ struct Slot {
     refusals: Vec<String>,
     /// Writes this node's leader changes into the trace while it runs.
     watcher: Option<tokio::task::JoinHandle<()>>,
+    /// Stops the node when it stops itself (`Node::fatal`: retired, or Raft stopped), as
+    /// `fenced serve` exits then.
+    fatal: Option<tokio::task::JoinHandle<()>>,
+    /// Started as a joining member (`fenced serve --join`), not with `--initial-cluster`.
+    join: bool,
+    /// Its data dir was wiped and it restarted unchanged: a refusal or a retirement is
+    /// expected (`crate::membership`).
+    wiped: bool,
+    /// Why it stopped itself, if it did: it is not restarted.
+    stopped: Option<String>,
+    /// Removed from the cluster (or never made it in): no longer one of [`Cluster::ids`].
+    gone: bool,
+    /// Refusals and retirements of a wiped member: expected, not anomalies.
+    expected: Vec<String>,
+}
+
+impl Slot {
+    fn new(addr: String, dir: PathBuf, join: bool) -> Slot {
+        let (life, _) = watch::channel(0);
+        Slot {
+            addr,
+            dir,
+            clock: SimClock::new(START_UNIX_MS),
+            running: None,
+            life,
+            refusals: Vec::new(),
+            watcher: None,
+            fatal: None,
+            join,
+            wiped: false,
+            stopped: None,
+            gone: false,
+            expected: Vec::new(),
+        }
+    }
 }
 
 /// The cluster of one run. Cheap to clone.
@@ -83,6 +118,12 @@ struct Inner {
     spec: ClusterSpec,
     /// The data dirs' root, as text.
     root: String,
+    /// The data dirs' root.
+    root_dir: PathBuf,
+    /// `--initial-cluster` of the members that start without `--join` (changed by a restore).
+    initial: RefCell<BTreeMap<u64, String>>,
+    /// The simulated operator's state (`crate::membership`).
+    operator: crate::membership::Operator,
     net: Arc<Net>,
     trace: Trace,
     slots: RefCell<BTreeMap<u64, Slot>>,
@@ -96,24 +137,16 @@ impl Cluster {
         for id in 1..=spec.nodes {
             let addr = format!("10.0.0.{id}:7380");
             net.add(id, &addr);
-            let (life, _) = watch::channel(0);
-            slots.insert(
-                id,
-                Slot {
-                    addr,
-                    dir: root.join(format!("n{id}")),
-                    clock: SimClock::new(START_UNIX_MS),
-                    running: None,
-                    life,
-                    refusals: Vec::new(),
-                    watcher: None,
-                },
-            );
+            slots.insert(id, Slot::new(addr, root.join(format!("n{id}")), false));
         }
+        let initial = slots.iter().map(|(i, s)| (*i, s.addr.clone())).collect();
         Cluster {
             inner: Rc::new(Inner {
+                operator: crate::membership::Operator::new(spec.nodes + 1),
                 spec,
                 root: root.display().to_string(),
+                root_dir: root.to_owned(),
+                initial: RefCell::new(initial),
                 net,
                 trace,
                 slots: RefCell::new(slots),
@@ -122,8 +155,115 @@ impl Cluster {
         }
     }
 
+    /// The members: every node started, and not removed since.
     pub fn ids(&self) -> Vec<u64> {
+        self.inner
+            .slots
+            .borrow()
+            .iter()
+            .filter(|(_, s)| !s.gone)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Every node the run had, removed ones included.
+    pub fn all_ids(&self) -> Vec<u64> {
         self.inner.slots.borrow().keys().copied().collect()
+    }
+
+    pub fn spec(&self) -> &ClusterSpec {
+        &self.inner.spec
+    }
+
+    pub fn root(&self) -> &std::path::Path {
+        &self.inner.root_dir
+    }
+
+    pub fn operator(&self) -> &crate::membership::Operator {
+        &self.inner.operator
+    }
+
+    /// A new node `id` that joins a running cluster (`fenced serve --join`), with an empty
+    /// data dir, down until started.
+    pub fn add_joining(&self, id: u64) -> String {
+        let addr = format!("10.0.0.{id}:7380");
+        self.inner.net.add(id, &addr);
+        self.inner.slots.borrow_mut().insert(
+            id,
+            Slot::new(
+                addr.clone(),
+                self.inner.root_dir.join(format!("n{id}")),
+                true,
+            ),
+        );
+        addr
+    }
+
+    /// Node `id` is no member any more (removed, or never added): it is not started again.
+    pub fn set_gone(&self, id: u64) {
+        if let Some(s) = self.inner.slots.borrow_mut().get_mut(&id) {
+            s.gone = true;
+        }
+    }
+
+    /// Delete node `id`'s data dir (it must be down): an operator's mistake, or a lost disk.
+    pub fn wipe(&self, id: u64) {
+        let mut slots = self.inner.slots.borrow_mut();
+        if let Some(s) = slots.get_mut(&id) {
+            if let Err(e) = std::fs::remove_dir_all(&s.dir) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!("wiping n{id}: {e}");
+                }
+            }
+            s.wiped = true;
+            s.stopped = None;
+        }
+        drop(slots);
+        self.inner.trace.line(&format!("n{id}"), "data dir wiped");
+    }
+
+    pub fn is_wiped(&self, id: u64) -> bool {
+        self.inner.slots.borrow().get(&id).is_some_and(|s| s.wiped)
+    }
+
+    /// Why node `id` stopped itself (retired, Raft stopped), if it did.
+    pub fn stopped(&self, id: u64) -> Option<String> {
+        self.inner
+            .slots
+            .borrow()
+            .get(&id)
+            .and_then(|s| s.stopped.clone())
+    }
+
+    /// Expected refusals and retirements so far (of wiped members), per node.
+    pub fn expected(&self) -> Vec<(u64, String)> {
+        self.inner
+            .slots
+            .borrow()
+            .iter()
+            .flat_map(|(id, s)| s.expected.iter().map(move |r| (*id, r.clone())))
+            .collect()
+    }
+
+    /// Node `id`'s data dir.
+    pub fn dir(&self, id: u64) -> Option<PathBuf> {
+        self.inner.slots.borrow().get(&id).map(|s| s.dir.clone())
+    }
+
+    pub fn addr(&self, id: u64) -> Option<String> {
+        self.inner.slots.borrow().get(&id).map(|s| s.addr.clone())
+    }
+
+    /// After a restore: `members` start as a new cluster with this `--initial-cluster`, from
+    /// their restored data dirs.
+    pub fn restored(&self, members: &BTreeMap<u64, String>) {
+        *self.inner.initial.borrow_mut() = members.clone();
+        for (id, s) in self.inner.slots.borrow_mut().iter_mut() {
+            s.gone = !members.contains_key(id);
+            s.join = false;
+            s.wiped = false;
+            s.stopped = None;
+        }
     }
 
     pub fn net(&self) -> &Arc<Net> {
@@ -166,17 +306,38 @@ impl Cluster {
         self.inner.slots.borrow().get(&id).map(|s| s.clock.clone())
     }
 
-    fn config(&self, id: u64) -> NodeConfig {
+    /// Node `id`'s command line: `--initial-cluster … --initial-cluster-state new` for the
+    /// members the cluster started (or was restored) with, `--join` for those added later
+    /// (then `Err` if the binary's `--join` lookup would stop it before it starts).
+    fn config(&self, id: u64) -> Result<NodeConfig, String> {
+        let (cfg, join) = {
+            let slots = self.inner.slots.borrow();
+            let slot = &slots[&id];
+            let cfg = NodeConfig::new(
+                id,
+                slot.dir.clone(),
+                slot.addr.clone(),
+                format!("10.0.0.{id}:7379"),
+            );
+            (cfg, slot.join)
+        };
+        if join {
+            return self.join_config(id, cfg);
+        }
+        let mut cfg = cfg;
+        cfg.initial_cluster = self.inner.initial.borrow().clone();
+        cfg.initial_cluster_state = Some(ClusterState::New);
+        self.tune(id, cfg)
+    }
+
+    fn join_config(&self, id: u64, mut cfg: NodeConfig) -> Result<NodeConfig, String> {
+        cfg.join = crate::membership::join_lookup(self, id, &cfg)?;
+        self.tune(id, cfg)
+    }
+
+    fn tune(&self, id: u64, mut cfg: NodeConfig) -> Result<NodeConfig, String> {
         let slots = self.inner.slots.borrow();
         let slot = &slots[&id];
-        let mut cfg = NodeConfig::new(
-            id,
-            slot.dir.clone(),
-            slot.addr.clone(),
-            format!("10.0.0.{id}:7379"),
-        );
-        cfg.initial_cluster = slots.iter().map(|(i, s)| (*i, s.addr.clone())).collect();
-        cfg.initial_cluster_state = Some(ClusterState::New);
         cfg.snapshot_logs = self.inner.spec.snapshot_logs;
         cfg.keep_logs = self.inner.spec.keep_logs;
         cfg.digest_interval = self.inner.spec.digest_interval;
@@ -186,7 +347,7 @@ impl Cluster {
                 cfg.test_hooks.diverge_at = Some(index);
             }
         }
-        cfg
+        Ok(cfg)
     }
 
     /// Start node `id` (a restart after a crash opens the same data dir).
@@ -194,7 +355,27 @@ impl Cluster {
         if self.is_up(id) {
             return;
         }
-        let cfg = self.config(id);
+        // A removed node, or one that stopped itself (retired): the operator does not start it.
+        let skip = self
+            .inner
+            .slots
+            .borrow()
+            .get(&id)
+            .is_none_or(|s| s.gone || s.stopped.is_some());
+        if skip {
+            return;
+        }
+        let cfg = match self.config(id) {
+            Ok(cfg) => cfg,
+            Err(why) => {
+                // `fenced serve --join` stops before the node starts (not the node refusing
+                // its data dir): the operator tries again later.
+                self.inner
+                    .trace
+                    .line(&format!("n{id}"), format!("not started: {why}"));
+                return;
+            }
+        };
         let seams = fenced_server::run::Seams {
             links: Some(self.inner.net.links(id)),
             io: fenced_storage::Io::Inline,
@@ -222,9 +403,11 @@ impl Cluster {
                     self.inner.trace.clone(),
                     self.inner.views.clone(),
                 ));
+                let fatal = tokio::task::spawn_local(watch_fatal(id, node, self.clone()));
                 if let Some(s) = self.inner.slots.borrow_mut().get_mut(&id) {
                     s.running = Some(running);
                     s.watcher = Some(watcher);
+                    s.fatal = Some(fatal);
                 }
             }
             Err(e) => {
@@ -234,7 +417,13 @@ impl Cluster {
                     .trace
                     .line(&format!("n{id}"), format!("REFUSED TO START: {why}"));
                 if let Some(s) = self.inner.slots.borrow_mut().get_mut(&id) {
-                    s.refusals.push(why);
+                    // A wiped member refused (e.g. `--join` of a voter with an empty dir):
+                    // what the docs promise, not an anomaly.
+                    if s.wiped {
+                        s.expected.push(format!("refused to start: {why}"));
+                    } else {
+                        s.refusals.push(why);
+                    }
                 }
             }
         }
@@ -252,6 +441,9 @@ impl Cluster {
                 return;
             };
             if let Some(w) = slot.watcher.take() {
+                w.abort();
+            }
+            if let Some(w) = slot.fatal.take() {
                 w.abort();
             }
             slot.life.send_modify(|l| *l += 1);
@@ -284,6 +476,9 @@ impl Cluster {
         for id in self.ids() {
             let running = self.inner.slots.borrow_mut().get_mut(&id).and_then(|s| {
                 if let Some(w) = s.watcher.take() {
+                    w.abort();
+                }
+                if let Some(w) = s.fatal.take() {
                     w.abort();
                 }
                 s.running.take()
@@ -356,6 +551,43 @@ impl Cluster {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         None
+    }
+}
+
+/// When node `id` stops itself (`Node::fatal`: a peer knows its member under another
+/// incarnation, so it retired; or Raft stopped), stop it as `fenced serve` exits, and leave
+/// it down. Expected for a wiped member; an anomaly (`restarts`) for any other.
+async fn watch_fatal(id: u64, node: Node, cluster: Cluster) {
+    let why = node.fatal().await;
+    drop(node);
+    let why = why.replace(&*cluster.inner.root, "<data>");
+    cluster
+        .inner
+        .trace
+        .line(&format!("n{id}"), format!("STOPPED ITSELF: {why}"));
+    // Not through `crash`, which aborts this task.
+    let running = {
+        let mut slots = cluster.inner.slots.borrow_mut();
+        let Some(slot) = slots.get_mut(&id) else {
+            return;
+        };
+        slot.fatal = None;
+        if let Some(w) = slot.watcher.take() {
+            w.abort();
+        }
+        slot.life.send_modify(|l| *l += 1);
+        if slot.wiped {
+            slot.expected.push(format!("stopped itself: {why}"));
+        } else {
+            slot.refusals.push(format!("stopped itself: {why}"));
+        }
+        slot.stopped = Some(why);
+        slot.running.take()
+    };
+    cluster.inner.net.down(id);
+    cluster.view_lost(id);
+    if let Some(r) = running {
+        r.crash().await;
     }
 }
 
