@@ -154,7 +154,12 @@ async fn admin(cluster: &Cluster, rng: &mut StdRng, op: AdminOp, done_if: &str) 
     });
     match call.await {
         Ok(Ok(Ok(AdminDone::Members(_) | AdminDone::HandedOff { .. }))) => Admin::Done,
-        Ok(Ok(Err(e))) if e.to_string().contains(done_if) => Admin::Done,
+        Ok(Ok(Err(e))) if e.to_string().contains(done_if) => {
+            cluster
+                .trace()
+                .line("operator", format!("n{via} answered: {e}"));
+            Admin::Done
+        }
         Ok(Ok(Err(e))) => Admin::Not(format!("n{via}: {e}")),
         Ok(Err(_)) => Admin::Not(format!("n{via}: no answer within {ADMIN_CALL:?}")),
         Err(Gone::Down) => Admin::Not(format!("n{via} is down")),
@@ -173,8 +178,14 @@ async fn admin_until(
     let until = tokio::time::Instant::now() + within;
     loop {
         match admin(cluster, rng, op.clone(), done_if).await {
-            Admin::Done => return true,
+            Admin::Done => {
+                cluster.trace().line("operator", format!("done: {op:?}"));
+                return true;
+            }
             Admin::Not(why) => {
+                cluster
+                    .trace()
+                    .line("operator", format!("not yet: {op:?}: {why}"));
                 if tokio::time::Instant::now() >= until {
                     cluster
                         .trace()
