@@ -58,6 +58,17 @@ impl Default for Faults {
 }
 
 impl Faults {
+    /// Every fault, the operator's included (`--faults all`). [`Faults::default`] leaves the
+    /// operator's out: the test suite's seeds run with it.
+    pub fn all() -> Faults {
+        Faults {
+            membership: true,
+            wipes: true,
+            restore: true,
+            ..Faults::default()
+        }
+    }
+
     pub fn none() -> Faults {
         Faults {
             partitions: false,

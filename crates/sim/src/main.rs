@@ -82,7 +82,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
     o.duration = Duration::from_secs(args.duration_s.max(1));
     o.workload.tries = args.client_tries.max(1);
     o.faults = match args.faults.as_str() {
-        "all" => fenced_sim::faults::Faults::default(),
+        "all" => fenced_sim::faults::Faults::all(),
         "none" => fenced_sim::faults::Faults::none(),
         list => {
             let mut f = fenced_sim::faults::Faults::none();
