@@ -94,6 +94,17 @@ impl PeerGate {
         from: Option<&PeerIdentity>,
         membership: &Membership<NodeId, BasicNode>,
     ) -> Result<(), Status> {
+        self.admit_as(from, membership, true)
+    }
+
+    /// [`PeerGate::admit`]; with `members_only` false, a caller missing from `membership` is
+    /// admitted too (its address is still checked when it is in it).
+    fn admit_as(
+        &self,
+        from: Option<&PeerIdentity>,
+        membership: &Membership<NodeId, BasicNode>,
+        members_only: bool,
+    ) -> Result<(), Status> {
         let me = self.ids.get();
         if let Some(reason) = self.ids.retired_reason() {
             return Err(refuse(format!(
@@ -133,6 +144,7 @@ impl PeerGate {
         }
         if membership.nodes().next().is_some() {
             match membership.get_node(&from.member) {
+                None if !members_only => {}
                 None => {
                     return Err(refuse(format!(
                         "member {} is not in the membership this node knows",
@@ -190,6 +202,25 @@ impl PeerGate {
         membership: &Membership<NodeId, BasicNode>,
     ) -> Result<(), Status> {
         self.admit(from, membership)?;
+        self.admit_bootstrapped(membership)
+    }
+
+    /// [`PeerGate::admit_raft`] for entries from a leader (append, snapshot): the caller need
+    /// not be in the membership this node knows. A leader added after this node's last
+    /// membership entry — a follower that was down while it joined, a learner that installed
+    /// a snapshot taken before it joined — is known only through the entries it sends; to
+    /// refuse them would leave this node behind for good. Raft's vote comparison still
+    /// rejects a stale leader (a removed one included); votes keep the membership check.
+    pub fn admit_raft_entries(
+        &self,
+        from: Option<&PeerIdentity>,
+        membership: &Membership<NodeId, BasicNode>,
+    ) -> Result<(), Status> {
+        self.admit_as(from, membership, false)?;
+        self.admit_bootstrapped(membership)
+    }
+
+    fn admit_bootstrapped(&self, membership: &Membership<NodeId, BasicNode>) -> Result<(), Status> {
         self.bootstrapped(membership).map_err(|missing| {
             refuse(format!(
                 "member {} is starting a new cluster and waits to hear from every member \
@@ -356,6 +387,40 @@ mod tests {
         moved.addr = "elsewhere".into();
         assert!(f2.admit(Some(&moved), &m).is_err());
         assert!(f2.admit(None, &m).is_err());
+    }
+
+    /// Found by the simulator (docs/simulation.md): a learner installed a snapshot taken
+    /// before the leader itself joined, then refused every call of that leader as "not in
+    /// the membership this node knows", and never caught up.
+    #[test]
+    fn entries_from_a_leader_newer_than_the_known_membership_are_admitted_but_not_its_votes() {
+        let (d1, d5) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let (follower, leader) = (gate(d1.path(), 1), gate(d5.path(), 5));
+        // The follower knows {1, 2, 3}; member 5 joined after that and now leads.
+        let m = membership();
+        assert!(follower.admit_raft(Some(&leader.envelope(1)), &m).is_err());
+        follower
+            .admit_raft_entries(Some(&leader.envelope(1)), &m)
+            .expect("entries from a leader the follower does not know yet");
+        assert_eq!(
+            follower.identity().pinned(5),
+            Some(leader.identity().incarnation())
+        );
+        // A member it knows at another address is still refused.
+        let d2 = tempfile::tempdir().expect("tmp");
+        let moved = PeerGate::new(
+            Arc::new(IdentityStore::new(
+                d2.path(),
+                Identity::new(7, 2, MemberState::Ready),
+            )),
+            "elsewhere".to_owned(),
+        );
+        assert!(follower
+            .admit_raft_entries(Some(&moved.envelope(1)), &m)
+            .is_err());
     }
 
     #[test]

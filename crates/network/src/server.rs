@@ -32,18 +32,25 @@ impl RaftService {
         Self { raft, gate }
     }
 
-    /// Check the caller's identity ([`PeerGate::admit_raft`]) and decode its payload.
+    /// Check the caller's identity ([`PeerGate::admit_raft`]; for entries from a leader,
+    /// [`PeerGate::admit_raft_entries`]) and decode its payload.
     fn admit<T: DeserializeOwned>(
         &self,
         request: Request<RaftRequest>,
         what: &str,
+        entries: bool,
     ) -> Result<T, Status> {
         let req = request.into_inner();
         {
             let metrics = self.raft.metrics();
             let metrics = metrics.borrow();
-            self.gate
-                .admit_raft(req.from.as_ref(), metrics.membership_config.membership())?;
+            let membership = metrics.membership_config.membership();
+            if entries {
+                self.gate
+                    .admit_raft_entries(req.from.as_ref(), membership)?;
+            } else {
+                self.gate.admit_raft(req.from.as_ref(), membership)?;
+            }
         }
         decode(&req.data)
             .map_err(|e| Status::invalid_argument(format!("malformed {what} request: {e}")))
@@ -92,12 +99,12 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let req = self.admit(request, "append-entries")?;
+        let req = self.admit(request, "append-entries", true)?;
         self.reply(self.raft.append_entries(req).await)
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {
-        let req = self.admit(request, "vote")?;
+        let req = self.admit(request, "vote", false)?;
         self.reply(self.raft.vote(req).await)
     }
 
@@ -105,7 +112,7 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let req = self.admit(request, "install-snapshot")?;
+        let req = self.admit(request, "install-snapshot", true)?;
         self.reply(self.raft.install_snapshot(req).await)
     }
 }

@@ -270,6 +270,14 @@ fn check_members(members: &BTreeMap<NodeId, String>, id: NodeId) -> Result<(), B
 /// and `--data-dir`), then start each with `fenced serve` and the same `--initial-cluster`.
 /// Nothing is created if anything is wrong. Blocking.
 pub fn restore(opts: &RestoreOptions) -> Result<RestoreReport, BackupError> {
+    restore_on(&fenced_fs::os(), opts)
+}
+
+/// [`restore`], the new data dir made on `fs` (the backup file is read from the real one).
+pub fn restore_on(
+    fs: &std::sync::Arc<dyn fenced_fs::Fs>,
+    opts: &RestoreOptions,
+) -> Result<RestoreReport, BackupError> {
     check_members(&opts.members, opts.member_id)?;
     let (info, _meta, mut machine) = inspect(&opts.snapshot)?;
     let restored = machine.prepare_restore(opts.bump_revision)?;
@@ -280,7 +288,8 @@ pub fn restore(opts: &RestoreOptions) -> Result<RestoreReport, BackupError> {
         opts.bump_revision,
         &machine,
     );
-    store_restore::create_dir(
+    store_restore::create_dir_on(
+        fs,
         &opts.data_dir,
         cluster_id,
         opts.member_id,

@@ -99,10 +99,36 @@ fn quorum_reachable(node: &Node, voters: &BTreeSet<NodeId>) -> Result<(), String
 }
 
 impl Node {
+    /// Finish a voter change that a leader change interrupted. openraft changes voters in two
+    /// entries, the joint configuration (old and new voters, each needing a majority) and then
+    /// the new one; a leader lost between the two leaves the cluster joint for good. A retry
+    /// of the command (what the docs tell an operator after an unanswered one) then found the
+    /// member "already a voter" (or "not in the cluster") while a quorum still needed a
+    /// majority of the old voters too — in a 3-node cluster, losing one member could stop it.
+    /// Found by the simulator (docs/simulation.md). Every membership command finishes such a
+    /// change first.
+    async fn finish_joint(&self) -> Result<(), NodeError> {
+        let m = metrics(self.raft());
+        let joint = m.membership_config.membership().get_joint_config().clone();
+        let Some(goal) = joint.last().filter(|_| joint.len() > 1).cloned() else {
+            return Ok(());
+        };
+        tracing::warn!(
+            ?joint,
+            "finishing a membership change a leader change left in the joint configuration"
+        );
+        self.raft()
+            .change_membership(ChangeMembers::ReplaceAllVoters(goal), false)
+            .await
+            .map_err(change_error)?;
+        Ok(())
+    }
+
     /// Add member `id` at `addr` as a learner. Refused when `id` or `addr` is already a
     /// member, or `id` was a member before (ids are never reused).
     pub async fn member_add(&self, id: NodeId, addr: &str) -> Result<Vec<MemberView>, NodeError> {
         self.check_leader()?;
+        self.finish_joint().await?;
         let m = metrics(self.raft());
         if id == 0 {
             return Err(refuse("member ids start at 1".into()));
@@ -167,6 +193,7 @@ impl Node {
     /// [`MAX_PROMOTE_LAG`] entries, and unless the new voter set has a reachable majority.
     pub async fn member_promote(&self, id: NodeId) -> Result<Vec<MemberView>, NodeError> {
         self.check_leader()?;
+        self.finish_joint().await?;
         let m = metrics(self.raft());
         let all = members(&m);
         let Some(v) = all.iter().find(|v| v.id == id) else {
@@ -209,6 +236,7 @@ impl Node {
     /// voters without a reachable majority.
     pub async fn member_remove(&self, id: NodeId) -> Result<Vec<MemberView>, NodeError> {
         self.check_leader()?;
+        self.finish_joint().await?;
         let m = metrics(self.raft());
         let all = members(&m);
         let Some(v) = all.iter().find(|v| v.id == id) else {

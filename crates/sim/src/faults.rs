@@ -24,6 +24,14 @@ pub struct Faults {
     pub pauses: bool,
     pub clocks: bool,
     pub disk: bool,
+    /// Membership changes: a member (maybe the leader) replaced by a new one (`membership`).
+    pub membership: bool,
+    /// A member's data dir wiped and the node restarted unchanged, then replaced
+    /// (`membership`); with `restore`, rarely a majority.
+    pub wipes: bool,
+    /// A backup taken during the faults; at their end, sometimes (always after a majority
+    /// was wiped), every member restored from it (`membership`).
+    pub restore: bool,
     /// Mean gap between two faults starting, ms.
     pub every_ms: u64,
     /// Clock-rate drift bound, ppm (the README's "lease bound" assumes ≤ 100).
@@ -42,6 +50,9 @@ impl Default for Faults {
             pauses: true,
             clocks: true,
             disk: true,
+            membership: false,
+            wipes: false,
+            restore: false,
             every_ms: 1_500,
             drift_ppm: 100,
             max_ms: 4_000,
@@ -50,6 +61,17 @@ impl Default for Faults {
 }
 
 impl Faults {
+    /// Every fault, the operator's included (`--faults all`). [`Faults::default`] leaves the
+    /// operator's out: the test suite's seeds run with it.
+    pub fn all() -> Faults {
+        Faults {
+            membership: true,
+            wipes: true,
+            restore: true,
+            ..Faults::default()
+        }
+    }
+
     pub fn none() -> Faults {
         Faults {
             partitions: false,
@@ -58,6 +80,9 @@ impl Faults {
             pauses: false,
             clocks: false,
             disk: false,
+            membership: false,
+            wipes: false,
+            restore: false,
             ..Faults::default()
         }
     }
@@ -71,6 +96,8 @@ enum Kind {
     Pause,
     Clock,
     Disk,
+    Membership,
+    Wipe,
 }
 
 /// Inject faults until `until` (simulated), each fault ending by itself.
@@ -84,6 +111,8 @@ pub async fn run(cluster: Cluster, faults: Faults, seed: u64, until: tokio::time
         (faults.pauses, Kind::Pause),
         (faults.clocks, Kind::Clock),
         (faults.disk, Kind::Disk),
+        (faults.membership, Kind::Membership),
+        (faults.wipes, Kind::Wipe),
     ] {
         if on {
             kinds.push(k);
@@ -111,6 +140,11 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
     let net = cluster.net().clone();
     let lasting = Duration::from_millis(rng.gen_range(200..faults.max_ms.max(201)));
     match kind {
+        Kind::Membership => crate::membership::change(cluster, rng).await,
+        Kind::Wipe => {
+            let majority = faults.restore && rng.gen_bool(0.25);
+            crate::membership::wipe(cluster, rng, majority).await
+        }
         Kind::Partition => {
             let mut shuffled = ids.clone();
             shuffled.shuffle(&mut rng);
@@ -215,7 +249,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
 pub async fn heal(cluster: &Cluster) {
     cluster.net().heal();
     crate::disk::heal(cluster);
-    for id in cluster.ids() {
+    for id in cluster.all_ids() {
         if cluster.net().is_paused(id) {
             cluster.pause(id, false);
         }

@@ -19,6 +19,7 @@ pub mod disk;
 pub mod expiry;
 pub mod faults;
 pub mod history;
+pub mod membership;
 pub mod net;
 pub mod trace;
 pub mod workload;
@@ -218,17 +219,47 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
         rng.gen(),
         until,
     ));
+    // The operator's own choices, drawn only when its faults are on (the other runs stay
+    // as they were).
+    let f = &opts.faults;
+    let mut operator =
+        (f.membership || f.wipes || f.restore).then(|| StdRng::seed_from_u64(rng.gen()));
+    if let (true, Some(op)) = (f.restore, operator.as_mut()) {
+        let at = tokio::time::Instant::now() + opts.duration.mul_f64(op.gen_range(0.2..0.5));
+        let sub = StdRng::seed_from_u64(op.gen());
+        tokio::task::spawn_local(membership::take_backup(cluster.clone(), sub, at));
+    }
     tokio::time::sleep_until(until).await;
     let _ = nemesis.await;
     // Let faults already drawn take hold before they are all ended.
     tokio::time::sleep(Duration::from_millis(1)).await;
+    if let Some(op) = operator.as_mut() {
+        membership::finish(&cluster, op).await;
+    }
     faults::heal(&cluster).await;
+    let mut clients = Some(clients);
+    let restore = match operator.as_mut() {
+        Some(op) => cluster.operator().majority_wiped() || op.gen_bool(0.5),
+        None => false,
+    };
+    let restored = match cluster.operator().backup() {
+        Some(b) if restore => {
+            // The clients stop first: what they saw before the restore is the history.
+            shared.stop.set(true);
+            for c in clients.take().unwrap_or_default() {
+                let _ = c.await;
+            }
+            let errors = membership::restore(&cluster, &b).await;
+            Some((b, errors))
+        }
+        _ => None,
+    };
 
     // Liveness: every node serves a write within the bound once the faults are over.
     let healed = tokio::time::Instant::now();
     let mut verdicts = vec![liveness(&cluster, opts.liveness_bound, healed).await];
     shared.stop.set(true);
-    for c in clients {
+    for c in clients.take().unwrap_or_default() {
         let _ = c.await;
     }
 
@@ -243,10 +274,23 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
     verdicts.push(fencing::check(&ops, true));
     let quiet = expiry::Quiet {
         leadership: cluster.leadership(),
-        nodes: cluster.ids(),
+        // Every node the run had: a node not yet added or already removed has no view, so
+        // the quiet rule holds only while the membership is the same (conservative).
+        nodes: cluster.all_ids(),
         drift_ppm: opts.faults.drift_ppm.unsigned_abs(),
     };
     verdicts.push(expiry::check_with(&ops, Some(&quiet)));
+    if let (Some((backup, errors)), Some(op)) = (restored, operator.as_mut()) {
+        let spec = &opts.workload;
+        let probe = membership::probe(&cluster, op, spec.keys, spec.locks).await;
+        let mut v = membership::check(&ops, &backup, &probe);
+        v.anomalies += errors.len() as u64;
+        v.examples.extend(errors);
+        if v.anomalies > 0 {
+            v.valid = Some(false);
+        }
+        verdicts.push(v);
+    }
     for e in &events {
         trace.fold(serde_json::to_string(e).unwrap_or_default().as_bytes());
     }
@@ -324,7 +368,6 @@ async fn agreement(cluster: &Cluster) -> Verdict {
     let applied = |c: &Cluster| -> Vec<u64> {
         ids.iter()
             .copied()
-            .into_iter()
             .map(|id| {
                 c.node(id).map_or(0, |n| {
                     n.raft()
@@ -368,8 +411,14 @@ async fn agreement(cluster: &Cluster) -> Verdict {
     )
 }
 
-/// No node refused to start from its own data dir.
+/// No node refused to start from its own data dir, or stopped itself, unless its data dir
+/// had been wiped (then a refusal or a retirement is what the docs promise).
 fn refusals(cluster: &Cluster) -> Verdict {
+    for (id, why) in cluster.expected() {
+        cluster
+            .trace()
+            .line("check", format!("n{id} (wiped), as expected: {why}"));
+    }
     let r: Vec<String> = cluster
         .refusals()
         .into_iter()

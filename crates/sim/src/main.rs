@@ -41,7 +41,8 @@ struct Args {
     /// Simulated seconds each run's clients and faults last.
     #[arg(long, default_value_t = 20)]
     duration_s: u64,
-    /// Faults to inject: all, none, or a comma list of partitions,noise,crashes,pauses,clocks,disk.
+    /// Faults to inject: all, none, or a comma list of partitions,noise,crashes,pauses,clocks,
+    /// disk,membership,wipes,restore (`all`: every one).
     #[arg(long, default_value = "all")]
     faults: String,
     /// Nodes a client tries one request on before giving up (1: a refusal is final).
@@ -81,7 +82,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
     o.duration = Duration::from_secs(args.duration_s.max(1));
     o.workload.tries = args.client_tries.max(1);
     o.faults = match args.faults.as_str() {
-        "all" => fenced_sim::faults::Faults::default(),
+        "all" => fenced_sim::faults::Faults::all(),
         "none" => fenced_sim::faults::Faults::none(),
         list => {
             let mut f = fenced_sim::faults::Faults::none();
@@ -93,6 +94,9 @@ fn options(args: &Args) -> anyhow::Result<Options> {
                     "pauses" => f.pauses = true,
                     "clocks" => f.clocks = true,
                     "disk" => f.disk = true,
+                    "membership" => f.membership = true,
+                    "wipes" => f.wipes = true,
+                    "restore" => f.restore = true,
                     other => bail!("unknown fault {other:?}"),
                 }
             }
@@ -111,6 +115,13 @@ fn replay(args: &Args, seed: u64) -> String {
 }
 
 fn main() -> anyhow::Result<ExitCode> {
+    // The nodes' own logs, for a replay (`SIM_LOG=info fenced-sim --seed N`); off by default.
+    if std::env::var_os("SIM_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("SIM_LOG"))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args = Args::parse();
     let mut opts = options(&args)?;
     let range = match args.seed {

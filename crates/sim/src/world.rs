@@ -12,7 +12,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fenced_fs::SimFs;
+use fenced_fs::{Fs, SimFs};
 use fenced_server::clock::SimClock;
 use fenced_server::config::ClusterState;
 use fenced_server::{Node, NodeConfig, Running};
@@ -72,19 +72,55 @@ struct Slot {
     refusals: Vec<String>,
     /// Writes this node's leader changes into the trace while it runs.
     watcher: Option<tokio::task::JoinHandle<()>>,
-    /// Waits for the node to stop on a fatal error (its process exits; restarted later).
+    /// Stops the node when it stops itself (`Node::fatal`: retired, or Raft stopped), as
+    /// `fenced serve` exits then.
     fatal: Option<tokio::task::JoinHandle<()>>,
+    /// Started as a joining member (`fenced serve --join`), not with `--initial-cluster`.
+    join: bool,
+    /// Its data dir was wiped and it restarted unchanged: a refusal or a retirement is
+    /// expected (`crate::membership`).
+    wiped: bool,
+    /// Why it stopped itself, if it did: it is not restarted.
+    stopped: Option<String>,
+    /// Removed from the cluster (or never made it in): no longer one of [`Cluster::ids`].
+    gone: bool,
+    /// Refusals and retirements of a wiped member: expected, not anomalies.
+    expected: Vec<String>,
     /// The node's disk: it outlives the node's crashes, not its power losses.
     fs: SimFs,
     /// A byte of its files rotted since it last started: a refusal is expected.
     rotted: bool,
-    /// Left down for the rest of the run (it refused its damaged dir, or was retired).
+    /// Left down for the rest of the run: it refused its rotten dir.
     given_up: bool,
 }
 
 /// How long the simulated supervisor waits before restarting a node whose process exited on
-/// a fatal error (systemd's `RestartSec`).
+/// a disk error (systemd's `RestartSec`).
 const RESTART_AFTER: Duration = Duration::from_secs(1);
+
+impl Slot {
+    fn new(addr: String, dir: PathBuf, join: bool, fs: SimFs) -> Slot {
+        let (life, _) = watch::channel(0);
+        Slot {
+            addr,
+            dir,
+            clock: SimClock::new(START_UNIX_MS),
+            running: None,
+            life,
+            refusals: Vec::new(),
+            watcher: None,
+            fatal: None,
+            join,
+            wiped: false,
+            stopped: None,
+            gone: false,
+            expected: Vec::new(),
+            fs,
+            rotted: false,
+            given_up: false,
+        }
+    }
+}
 
 /// The cluster of one run. Cheap to clone.
 #[derive(Clone)]
@@ -96,79 +132,103 @@ struct Inner {
     spec: ClusterSpec,
     /// The data dirs' root, as text.
     root: String,
+    /// The data dirs' root.
+    root_dir: PathBuf,
+    /// `--initial-cluster` of the members that start without `--join` (changed by a restore).
+    initial: RefCell<BTreeMap<u64, String>>,
+    /// The simulated operator's state (`crate::membership`).
+    operator: crate::membership::Operator,
     net: Arc<Net>,
     trace: Trace,
     slots: RefCell<BTreeMap<u64, Slot>>,
     /// Every node's view of the leader over time (for the expiry checker's quiet rule).
     views: Rc<RefCell<Leadership>>,
+    /// Draws the disks' faults.
+    disk_seed: u64,
+}
+
+impl Inner {
+    /// A new, empty disk for node `id` (its `n`th).
+    fn disk(&self, id: u64, n: u64) -> SimFs {
+        disk(&self.root_dir, self.disk_seed, id, n)
+    }
+}
+
+fn disk(root: &std::path::Path, seed: u64, id: u64, n: u64) -> SimFs {
+    SimFs::new(
+        root,
+        seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ n.wrapping_mul(0xC2B2_AE3D_27D4_EB4F),
+    )
 }
 
 impl Cluster {
-    /// `seed` draws the disks' faults.
+    /// `disk_seed` draws the disks' faults.
     pub fn new(
         spec: ClusterSpec,
         root: &std::path::Path,
         net: Arc<Net>,
         trace: Trace,
-        seed: u64,
+        disk_seed: u64,
     ) -> Cluster {
         let mut slots = BTreeMap::new();
         for id in 1..=spec.nodes {
             let addr = format!("10.0.0.{id}:7380");
             net.add(id, &addr);
-            let (life, _) = watch::channel(0);
-            slots.insert(
-                id,
-                Slot {
-                    addr,
-                    dir: root.join(format!("n{id}")),
-                    clock: SimClock::new(START_UNIX_MS),
-                    running: None,
-                    life,
-                    refusals: Vec::new(),
-                    watcher: None,
-                    fatal: None,
-                    fs: SimFs::new(root, seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
-                    rotted: false,
-                    given_up: false,
-                },
-            );
+            let fs = disk(root, disk_seed, id, 0);
+            slots.insert(id, Slot::new(addr, root.join(format!("n{id}")), false, fs));
         }
+        let initial = slots.iter().map(|(i, s)| (*i, s.addr.clone())).collect();
         Cluster {
             inner: Rc::new(Inner {
+                operator: crate::membership::Operator::new(spec.nodes + 1),
                 spec,
                 root: root.display().to_string(),
+                root_dir: root.to_owned(),
+                initial: RefCell::new(initial),
                 net,
                 trace,
                 slots: RefCell::new(slots),
                 views: Rc::new(RefCell::new(Leadership::default())),
+                disk_seed,
             }),
         }
     }
 
+    /// The members: every node started, and not removed since.
     pub fn ids(&self) -> Vec<u64> {
+        self.inner
+            .slots
+            .borrow()
+            .iter()
+            .filter(|(_, s)| !s.gone)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Every node the run had, removed ones included.
+    pub fn all_ids(&self) -> Vec<u64> {
         self.inner.slots.borrow().keys().copied().collect()
     }
 
-    /// The nodes not given up on (see [`Cluster::given_up`]): those that must serve and agree
-    /// once the faults end.
+    /// The members not given up on (see [`Cluster::given_up`]): those that must serve and
+    /// agree once the faults end.
     pub fn serving_ids(&self) -> Vec<u64> {
         self.inner
             .slots
             .borrow()
             .iter()
-            .filter(|(_, s)| !s.given_up)
+            .filter(|(_, s)| !s.gone && !s.given_up)
             .map(|(id, _)| *id)
             .collect()
     }
 
-    /// Nodes left down for the rest of the run, and why.
+    /// Members left down for the rest of the run: they refused their rotten dirs.
     pub fn given_up(&self) -> Vec<u64> {
         self.inner
             .slots
             .borrow()
             .iter()
-            .filter(|(_, s)| s.given_up)
+            .filter(|(_, s)| !s.gone && s.given_up)
             .map(|(id, _)| *id)
             .collect()
     }
@@ -176,6 +236,101 @@ impl Cluster {
     /// Node `id`'s simulated disk.
     pub fn fs(&self, id: u64) -> Option<SimFs> {
         self.inner.slots.borrow().get(&id).map(|s| s.fs.clone())
+    }
+
+    pub fn spec(&self) -> &ClusterSpec {
+        &self.inner.spec
+    }
+
+    pub fn root(&self) -> &std::path::Path {
+        &self.inner.root_dir
+    }
+
+    pub fn operator(&self) -> &crate::membership::Operator {
+        &self.inner.operator
+    }
+
+    /// A new node `id` that joins a running cluster (`fenced serve --join`), with an empty
+    /// data dir, down until started.
+    pub fn add_joining(&self, id: u64) -> String {
+        let addr = format!("10.0.0.{id}:7380");
+        self.inner.net.add(id, &addr);
+        self.inner.slots.borrow_mut().insert(
+            id,
+            Slot::new(
+                addr.clone(),
+                self.inner.root_dir.join(format!("n{id}")),
+                true,
+                self.inner.disk(id, 0),
+            ),
+        );
+        addr
+    }
+
+    /// Node `id` is no member any more (removed, or never added): it is not started again.
+    pub fn set_gone(&self, id: u64) {
+        if let Some(s) = self.inner.slots.borrow_mut().get_mut(&id) {
+            s.gone = true;
+        }
+    }
+
+    /// Delete node `id`'s data dir (it must be down): an operator's mistake, or a lost disk
+    /// (the node gets a new, empty one).
+    pub fn wipe(&self, id: u64) {
+        let mut slots = self.inner.slots.borrow_mut();
+        if let Some(s) = slots.get_mut(&id) {
+            s.fs = self.inner.disk(id, 1);
+            s.wiped = true;
+            s.stopped = None;
+        }
+        drop(slots);
+        self.inner.trace.line(&format!("n{id}"), "data dir wiped");
+    }
+
+    pub fn is_wiped(&self, id: u64) -> bool {
+        self.inner.slots.borrow().get(&id).is_some_and(|s| s.wiped)
+    }
+
+    /// Why node `id` stopped itself (retired, Raft stopped), if it did.
+    pub fn stopped(&self, id: u64) -> Option<String> {
+        self.inner
+            .slots
+            .borrow()
+            .get(&id)
+            .and_then(|s| s.stopped.clone())
+    }
+
+    /// Expected refusals and retirements so far (of wiped members), per node.
+    pub fn expected(&self) -> Vec<(u64, String)> {
+        self.inner
+            .slots
+            .borrow()
+            .iter()
+            .flat_map(|(id, s)| s.expected.iter().map(move |r| (*id, r.clone())))
+            .collect()
+    }
+
+    /// Node `id`'s data dir.
+    pub fn dir(&self, id: u64) -> Option<PathBuf> {
+        self.inner.slots.borrow().get(&id).map(|s| s.dir.clone())
+    }
+
+    pub fn addr(&self, id: u64) -> Option<String> {
+        self.inner.slots.borrow().get(&id).map(|s| s.addr.clone())
+    }
+
+    /// After a restore: `members` start as a new cluster with this `--initial-cluster`, from
+    /// their restored data dirs.
+    pub fn restored(&self, members: &BTreeMap<u64, String>) {
+        *self.inner.initial.borrow_mut() = members.clone();
+        for (id, s) in self.inner.slots.borrow_mut().iter_mut() {
+            s.gone = !members.contains_key(id);
+            s.join = false;
+            s.wiped = false;
+            s.stopped = None;
+            s.rotted = false;
+            s.given_up = false;
+        }
     }
 
     pub fn net(&self) -> &Arc<Net> {
@@ -218,17 +373,38 @@ impl Cluster {
         self.inner.slots.borrow().get(&id).map(|s| s.clock.clone())
     }
 
-    fn config(&self, id: u64) -> NodeConfig {
+    /// Node `id`'s command line: `--initial-cluster … --initial-cluster-state new` for the
+    /// members the cluster started (or was restored) with, `--join` for those added later
+    /// (then `Err` if the binary's `--join` lookup would stop it before it starts).
+    fn config(&self, id: u64) -> Result<NodeConfig, String> {
+        let (cfg, join) = {
+            let slots = self.inner.slots.borrow();
+            let slot = &slots[&id];
+            let cfg = NodeConfig::new(
+                id,
+                slot.dir.clone(),
+                slot.addr.clone(),
+                format!("10.0.0.{id}:7379"),
+            );
+            (cfg, slot.join)
+        };
+        if join {
+            return self.join_config(id, cfg);
+        }
+        let mut cfg = cfg;
+        cfg.initial_cluster = self.inner.initial.borrow().clone();
+        cfg.initial_cluster_state = Some(ClusterState::New);
+        self.tune(id, cfg)
+    }
+
+    fn join_config(&self, id: u64, mut cfg: NodeConfig) -> Result<NodeConfig, String> {
+        cfg.join = crate::membership::join_lookup(self, id, &cfg)?;
+        self.tune(id, cfg)
+    }
+
+    fn tune(&self, id: u64, mut cfg: NodeConfig) -> Result<NodeConfig, String> {
         let slots = self.inner.slots.borrow();
         let slot = &slots[&id];
-        let mut cfg = NodeConfig::new(
-            id,
-            slot.dir.clone(),
-            slot.addr.clone(),
-            format!("10.0.0.{id}:7379"),
-        );
-        cfg.initial_cluster = slots.iter().map(|(i, s)| (*i, s.addr.clone())).collect();
-        cfg.initial_cluster_state = Some(ClusterState::New);
         cfg.snapshot_logs = self.inner.spec.snapshot_logs;
         cfg.keep_logs = self.inner.spec.keep_logs;
         cfg.digest_interval = self.inner.spec.digest_interval;
@@ -238,22 +414,36 @@ impl Cluster {
                 cfg.test_hooks.diverge_at = Some(index);
             }
         }
-        cfg
+        Ok(cfg)
     }
 
     /// Start node `id` (a restart after a crash opens the same data dir).
     pub async fn start(&self, id: u64) {
-        let given_up = self
+        if self.is_up(id) {
+            return;
+        }
+        // A removed node, or one that stopped itself (retired): the operator does not start it.
+        let skip = self
             .inner
             .slots
             .borrow()
             .get(&id)
-            .map_or(true, |s| s.given_up);
-        if self.is_up(id) || given_up {
+            .is_none_or(|s| s.gone || s.stopped.is_some() || s.given_up);
+        if skip {
             return;
         }
-        let fs = self.fs(id).map(|f| Arc::new(f) as Arc<dyn fenced_fs::Fs>);
-        let cfg = self.config(id);
+        let fs: Option<Arc<dyn Fs>> = self.fs(id).map(|f| Arc::new(f) as Arc<dyn Fs>);
+        let cfg = match self.config(id) {
+            Ok(cfg) => cfg,
+            Err(why) => {
+                // `fenced serve --join` stops before the node starts (not the node refusing
+                // its data dir): the operator tries again later.
+                self.inner
+                    .trace
+                    .line(&format!("n{id}"), format!("not started: {why}"));
+                return;
+            }
+        };
         let seams = fenced_server::run::Seams {
             links: Some(self.inner.net.links(id)),
             io: fenced_storage::Io::Inline,
@@ -282,7 +472,7 @@ impl Cluster {
                     self.inner.trace.clone(),
                     self.inner.views.clone(),
                 ));
-                let fatal = tokio::task::spawn_local(watch_fatal(self.clone(), id, node.clone()));
+                let fatal = tokio::task::spawn_local(watch_fatal(id, node, self.clone()));
                 if let Some(s) = self.inner.slots.borrow_mut().get_mut(&id) {
                     s.running = Some(running);
                     s.watcher = Some(watcher);
@@ -298,13 +488,13 @@ impl Cluster {
                     return;
                 };
                 let failing = s.fs.faults();
+                let line = |what: String| self.inner.trace.line(&format!("n{id}"), what);
                 if failing.fsync_error > 0.0 || failing.full {
                     // An I/O error on a failing disk, not a refusal of the dir: the
                     // supervisor tries again (after the fault, it must start).
-                    self.inner.trace.line(
-                        &format!("n{id}"),
-                        format!("failed to start on a failing disk: {why}; retried later"),
-                    );
+                    line(format!(
+                        "failed to start on a failing disk: {why}; retried later"
+                    ));
                     drop(slots);
                     let cluster = self.clone();
                     tokio::task::spawn_local(async move {
@@ -312,15 +502,17 @@ impl Cluster {
                         cluster.start(id).await;
                     });
                 } else if s.rotted {
-                    self.inner.trace.line(
-                        &format!("n{id}"),
-                        format!("refused its rotten dir, as it should: {why}; left down"),
-                    );
+                    line(format!(
+                        "refused its rotten dir, as it should: {why}; left down"
+                    ));
                     s.given_up = true;
+                } else if s.wiped {
+                    // A wiped member refused (e.g. `--join` of a voter with an empty dir):
+                    // what the docs promise, not an anomaly.
+                    line(format!("refused to start: {why}"));
+                    s.expected.push(format!("refused to start: {why}"));
                 } else {
-                    self.inner
-                        .trace
-                        .line(&format!("n{id}"), format!("REFUSED TO START: {why}"));
+                    line(format!("REFUSED TO START: {why}"));
                     s.refusals.push(why);
                 }
             }
@@ -479,28 +671,51 @@ impl Cluster {
     }
 }
 
-/// When node `id` stops on a fatal error (a failed disk write, retirement), its process
-/// exits, as `fenced serve`'s does; the supervisor starts it again after [`RESTART_AFTER`],
-/// unless it was retired (it would only retire again).
-async fn watch_fatal(cluster: Cluster, id: u64, node: Node) {
+/// When node `id` stops itself (`Node::fatal`: a peer knows its member under another
+/// incarnation, so it retired; or Raft stopped), stop it as `fenced serve` exits, and leave
+/// it down. Expected for a wiped member; an anomaly (`restarts`) for any other.
+async fn watch_fatal(id: u64, node: Node, cluster: Cluster) {
     let why = node.fatal().await;
+    drop(node);
     let why = why.replace(&*cluster.inner.root, "<data>");
-    cluster
-        .trace()
-        .line(&format!("n{id}"), format!("stops on a fatal error: {why}"));
-    let retired = why.starts_with("this member is retired");
-    // Not from this task: crashing the node aborts it.
-    tokio::task::spawn_local(async move {
-        cluster.crash(id).await;
-        if retired {
-            if let Some(s) = cluster.inner.slots.borrow_mut().get_mut(&id) {
-                s.given_up = true;
-            }
+    // An I/O error the simulated disk injected (EIO, ENOSPC): the process exits, as it
+    // should, and the supervisor starts it again.
+    let disk = why.contains("(os error 5)") || why.contains("(os error 28)");
+    let what = match disk {
+        true => format!("stops on a disk error: {why}; restarted in {RESTART_AFTER:?}"),
+        false => format!("STOPPED ITSELF: {why}"),
+    };
+    cluster.inner.trace.line(&format!("n{id}"), what);
+    // Not through `crash`, which aborts this task.
+    let running = {
+        let mut slots = cluster.inner.slots.borrow_mut();
+        let Some(slot) = slots.get_mut(&id) else {
             return;
+        };
+        slot.fatal = None;
+        if let Some(w) = slot.watcher.take() {
+            w.abort();
         }
+        slot.life.send_modify(|l| *l += 1);
+        if !disk {
+            if slot.wiped {
+                slot.expected.push(format!("stopped itself: {why}"));
+            } else {
+                slot.refusals.push(format!("stopped itself: {why}"));
+            }
+            slot.stopped = Some(why);
+        }
+        slot.running.take()
+    };
+    cluster.inner.net.down(id);
+    cluster.view_lost(id);
+    if let Some(r) = running {
+        r.crash().await;
+    }
+    if disk {
         tokio::time::sleep(RESTART_AFTER).await;
         cluster.start(id).await;
-    });
+    }
 }
 
 /// Write node `id`'s view of the leader into the trace whenever it changes.

@@ -75,6 +75,40 @@ fn seeds_that_found_bugs_pass() {
     seeds_pass(32..33, &Options::default());
 }
 
+/// Every fault plus the operator's: membership changes, wiped members, a backup and a restore
+/// (docs/simulation.md).
+fn with_operator(o: Options) -> Options {
+    Options {
+        faults: fenced_sim::faults::Faults::all(),
+        ..o
+    }
+}
+
+#[test]
+fn seeds_with_membership_changes_wipes_and_restores_pass() {
+    let o = with_operator(short());
+    let mut restored = 0;
+    for seed in 500..516 {
+        let r = run(seed, &o).expect("run");
+        assert!(r.valid(), "seed {seed}: {:?}", r.failures());
+        restored += r.verdicts.iter().filter(|v| v.checker == "restore").count();
+    }
+    assert!(restored > 0, "no seed restored from its backup");
+}
+
+/// Seeds that found bugs with the operator's faults on (docs/simulation.md, "What it found").
+#[test]
+fn operator_seeds_that_found_bugs_pass() {
+    // A learner that installed a snapshot taken before the leader joined refused that leader
+    // for good ("not in the membership this node knows").
+    seeds_pass(0..1, &with_operator(Options::default()));
+    // A promotion interrupted by a leader crash left the voters joint; a retry said "already
+    // a voter"; a wiped member then stopped the cluster.
+    let mut o = with_operator(Options::default());
+    o.faults.membership = false;
+    seeds_pass(17..18, &o);
+}
+
 #[test]
 fn a_seed_replays_exactly_in_this_process() {
     let o = short();
