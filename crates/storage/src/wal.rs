@@ -29,12 +29,14 @@
 //! * a problem after `recorded` can only be a write that a crash interrupted before its
 //!   `fdatasync` and hard-state record completed — nothing this node acknowledged. That tail
 //!   is cut off (and the cut made durable) before the log is used again;
-//! * intact entries after `recorded` are cut off too. They were never acknowledged, and they
-//!   may be in the page cache only: after a failed `fdatasync` Linux marks the pages clean
-//!   although they never reached the disk, so a restarted node reads them and a later
-//!   successful sync does not write them. Kept, the next append would record them as
-//!   durable, and a power loss would then take acknowledged entries away (found by
-//!   fenced-sim's disk faults). The leader sends them again.
+//! * intact entries after `recorded` are kept, but written again and synced before the log
+//!   is used. They may be in the page cache only: after a failed `fdatasync` Linux marks the
+//!   pages clean although they never reached the disk, so a restarted node reads them and a
+//!   later successful sync does not write them. Left so, the next append would record them
+//!   as durable, and a power loss would then take acknowledged entries away (found by
+//!   fenced-sim's disk faults). They are not cut off: `recorded` is behind the log when the
+//!   newer hard-state copy was damaged and the older one read, and then entries after it
+//!   may have been acknowledged.
 //!
 //! A zero record length ends a segment's records only if nothing but zeros follows it. The
 //! kernel writes a file's dirty pages back in any order, so a crash can lose the page of one

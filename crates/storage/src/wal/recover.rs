@@ -180,20 +180,6 @@ impl Wal {
                         break 'segments;
                     }
                 };
-                if recorded.is_none_or(|r| index > r.index) {
-                    // Past the last id the hard state recorded: written, maybe synced, never
-                    // acknowledged — and maybe never on the disk, though the page cache shows
-                    // it: a failed `fsync` leaves its pages readable but forgotten (Linux marks
-                    // them clean), and a later successful one does not write them. Kept, a
-                    // later append's sync would "record" them, and a power loss would take
-                    // acknowledged entries away. Cut, the leader sends them again.
-                    problem = Some(bad(StoreError::Damaged {
-                        path: path.clone(),
-                        detail: format!("entry {index} is past the recorded log"),
-                    }));
-                    wal.segments.push(seg);
-                    break 'segments;
-                }
                 if entry.log_id.index != index {
                     let found = entry.log_id.index;
                     problem = Some(bad(if found > index {
@@ -249,6 +235,7 @@ impl Wal {
             }
             crate::sync_dir(&**fs, &wal.dir)?;
         }
+        wal.rewrite_unrecorded(recorded)?;
         let last_index = wal.last.map(|l| l.index).max(purged);
         if let Some(r) = recorded {
             if last_index.is_none_or(|i| i < r.index) {
@@ -264,6 +251,35 @@ impl Wal {
             crate::sync_dir(&**fs, data_dir)?;
         }
         Ok(wal)
+    }
+}
+
+impl Wal {
+    /// Write the intact records past `recorded` again, and sync them. They were never
+    /// acknowledged, and they may be in the page cache only: after a failed `fdatasync` Linux
+    /// marks the pages clean although they never reached the disk, so a restarted node reads
+    /// them, and a later successful sync would not write them — yet the next append would
+    /// record them as durable, and a power loss would then take acknowledged entries away.
+    /// Written again, the pages are dirty and the sync writes them. (Not cut off instead:
+    /// `recorded` can be behind the log, when the newest hard-state copy was damaged and the
+    /// older one read, and entries past it may have been acknowledged.)
+    fn rewrite_unrecorded(&self, recorded: Option<LogId<NodeId>>) -> Result<(), StoreError> {
+        let from = recorded.map_or(0, |r| r.index + 1);
+        for seg in &self.segments {
+            let Some(i) = from.checked_sub(seg.first).map_or(Some(0), |i| {
+                (i < seg.offsets.len() as u64).then_some(i as usize)
+            }) else {
+                continue;
+            };
+            let at = seg.offsets[i];
+            let mut bytes = vec![0; (seg.end - at) as usize];
+            seg.file
+                .read_exact_at(&mut bytes, at)
+                .and_then(|()| seg.file.write_all_at(&bytes, at))
+                .and_then(|()| seg.file.sync_data())
+                .map_err(|e| StoreError::file(&seg.path, e))?;
+        }
+        Ok(())
     }
 }
 
@@ -337,25 +353,49 @@ mod tests {
         ));
     }
 
-    /// Intact entries past the recorded log are cut off, durably: they may be in the page
-    /// cache only (a failed fsync forgets its pages), and a later sync would record them.
+    /// Intact entries past the recorded log are kept, and written to the disk again: they
+    /// may be in the page cache only (a failed fsync forgets its pages, Linux marks them
+    /// clean), and a later sync would record them.
     #[test]
-    fn entries_past_the_recorded_log_are_cut_off() {
+    fn entries_past_the_recorded_log_are_written_again() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut wal = small(dir.path(), None, None);
-        for i in 1..=5 {
-            wal.append([blank(1, i)]).expect("append");
+        let disk = fenced_fs::SimFs::new(dir.path(), 1);
+        disk.set_faults(fenced_fs::DiskFaults {
+            page_survives: 0.0,
+            ..Default::default()
+        });
+        let fs: Arc<dyn Fs> = Arc::new(disk.clone());
+        fs.create_dir_all(dir.path()).expect("mkdir");
+        let mut wal = Wal::open_on(&fs, dir.path(), None, None).expect("create");
+        wal.append([blank(1, 1)]).expect("append");
+        for seg in &wal.segments {
+            seg.file.sync_data().expect("sync");
         }
         drop(wal);
-        let wal = Wal::open(dir.path(), id(1, 3), None).expect("open");
+        // Entries 2 and 3 are written, and their fsync fails: in the cache, not on the disk.
+        let mut wal = Wal::open_on(&fs, dir.path(), id(1, 1), None).expect("open");
+        disk.set_faults(fenced_fs::DiskFaults {
+            fsync_error: 1.0,
+            page_survives: 0.0,
+            ..Default::default()
+        });
+        wal.append([blank(1, 2), blank(1, 3)])
+            .expect("written to the cache");
+        for seg in &wal.segments {
+            assert!(seg.file.sync_data().is_err(), "the fsync fails");
+        }
+        drop(wal);
+        disk.set_faults(fenced_fs::DiskFaults {
+            page_survives: 0.0,
+            ..Default::default()
+        });
+        // The restarted node still reads them; opening writes them again.
+        let wal = Wal::open_on(&fs, dir.path(), id(1, 1), None).expect("reopen");
         assert_eq!(wal.last_log_id(), id(1, 3));
         drop(wal);
-        assert!(matches!(
-            Wal::open(dir.path(), id(1, 5), None),
-            Err(StoreError::LogEndsEarly { .. })
-        ));
-        let wal = Wal::open(dir.path(), None, None).expect("open with nothing recorded");
-        assert_eq!(wal.last_log_id(), None);
+        disk.power_loss();
+        let wal = Wal::open_on(&fs, dir.path(), id(1, 3), None).expect("after a power loss");
+        assert_eq!(wal.last_log_id(), id(1, 3), "the entries reached the disk");
     }
 
     /// Zero the bytes of entry `index`'s record (its length and its body), as a crash that
