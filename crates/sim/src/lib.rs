@@ -19,6 +19,7 @@ pub mod expiry;
 pub mod faults;
 pub mod history;
 pub mod net;
+pub mod resp;
 pub mod trace;
 pub mod workload;
 pub mod world;
@@ -210,6 +211,18 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
         rng.gen(),
         until,
     ));
+    let resp = resp::Resp::default();
+    for i in 0..opts.workload.resp.clients {
+        let rng = StdRng::seed_from_u64(rng.gen());
+        let spec = opts.workload.resp.clone();
+        clients.push(tokio::task::spawn_local(resp::run(
+            shared.clone(),
+            resp.clone(),
+            spec,
+            i,
+            rng,
+        )));
+    }
     tokio::time::sleep_until(until).await;
     let _ = nemesis.await;
     // Let faults already drawn take hold before they are all ended.
@@ -239,6 +252,8 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
         drift_ppm: opts.faults.drift_ppm.unsigned_abs(),
     };
     verdicts.push(expiry::check_with(&ops, Some(&quiet)));
+    verdicts.extend(resp.verdicts());
+    trace.fold(&resp.digest());
     for e in &events {
         trace.fold(serde_json::to_string(e).unwrap_or_default().as_bytes());
     }

@@ -50,6 +50,12 @@ struct Args {
     /// Longest a fault lasts, ms (past 5,000 an outage outlasts a node's own retries).
     #[arg(long, default_value_t = 4_000)]
     fault_max_ms: u64,
+    /// Clients that speak RESP to the nodes' front ends (0: none).
+    #[arg(long, default_value_t = 2)]
+    resp_clients: usize,
+    /// Longest pipeline a RESP client sends (at least 2).
+    #[arg(long, default_value_t = 8)]
+    pipeline_max: usize,
     /// Print only each run's fingerprint (the reproducibility check compares them).
     #[arg(long)]
     fingerprint: bool,
@@ -80,6 +86,8 @@ fn options(args: &Args) -> anyhow::Result<Options> {
     o.workload.clients = args.clients.max(1);
     o.duration = Duration::from_secs(args.duration_s.max(1));
     o.workload.tries = args.client_tries.max(1);
+    o.workload.resp.clients = args.resp_clients;
+    o.workload.resp.pipeline_max = args.pipeline_max.max(2);
     o.faults = match args.faults.as_str() {
         "all" => fenced_sim::faults::Faults::default(),
         "none" => fenced_sim::faults::Faults::none(),
@@ -104,8 +112,15 @@ fn options(args: &Args) -> anyhow::Result<Options> {
 
 fn replay(args: &Args, seed: u64) -> String {
     format!(
-        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {}",
-        args.nodes, args.clients, args.duration_s, args.faults, args.client_tries, args.fault_max_ms
+        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {} --resp-clients {} --pipeline-max {}",
+        args.nodes,
+        args.clients,
+        args.duration_s,
+        args.faults,
+        args.client_tries,
+        args.fault_max_ms,
+        args.resp_clients,
+        args.pipeline_max
     )
 }
 

@@ -162,11 +162,22 @@ impl Cluster {
             .and_then(|s| s.running.as_ref().map(|r| r.node.clone()))
     }
 
+    /// The running node `id` and a receiver that changes when it crashes, if up.
+    pub fn node_life(&self, id: u64) -> Option<(Node, watch::Receiver<u64>)> {
+        let slots = self.inner.slots.borrow();
+        let slot = slots.get(&id)?;
+        let node = slot.running.as_ref()?.node.clone();
+        let mut life = slot.life.subscribe();
+        life.mark_unchanged();
+        Some((node, life))
+    }
+
     pub fn clock(&self, id: u64) -> Option<SimClock> {
         self.inner.slots.borrow().get(&id).map(|s| s.clock.clone())
     }
 
-    fn config(&self, id: u64) -> NodeConfig {
+    /// Node `id`'s configuration (what it starts with).
+    pub fn config(&self, id: u64) -> NodeConfig {
         let slots = self.inner.slots.borrow();
         let slot = &slots[&id];
         let mut cfg = NodeConfig::new(
