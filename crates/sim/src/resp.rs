@@ -48,6 +48,8 @@ pub struct RespSpec {
     pub clients: usize,
     /// Longest pipeline (at least 2).
     pub pipeline_max: usize,
+    /// Relative weights of `INCR` pipelines, `LOCK.ACQUIRE` pipelines and `WATCH` cycles.
+    pub mix: [u32; 3],
 }
 
 impl Default for RespSpec {
@@ -55,6 +57,7 @@ impl Default for RespSpec {
         RespSpec {
             clients: 2,
             pipeline_max: 8,
+            mix: [4, 3, 3],
         }
     }
 }
@@ -349,10 +352,14 @@ pub async fn run(shared: Rc<Shared>, resp: Resp, spec: RespSpec, client: usize, 
                 }
             }
         }
-        let ok = match c.rng.gen_range(0..10) {
-            0..=3 => c.incr_pipeline().await,
-            4..=6 => c.lock_pipeline().await,
-            _ => c.watch_cycle().await,
+        let [incr, lock, watch] = c.spec.mix;
+        let pick = c.rng.gen_range(0..(incr + lock + watch).max(1));
+        let ok = if pick < incr {
+            c.incr_pipeline().await
+        } else if pick < incr + lock {
+            c.lock_pipeline().await
+        } else {
+            c.watch_cycle().await
         };
         // A dead connection, or now and then a move to another node.
         if ok.is_err() || c.rng.gen_bool(0.05) {

@@ -46,6 +46,9 @@ pub struct ClusterSpec {
     /// Test-only: node and log index from which that node's state diverges (the
     /// `--unsafe-test-diverge-at` hook), to show the agreement checker failing.
     pub diverge: Option<(u64, u64)>,
+    /// Most requests in one forwarded batch (the `forward_max_items` test hook; `None`:
+    /// production's 1,024).
+    pub forward_max_items: Option<usize>,
 }
 
 impl Default for ClusterSpec {
@@ -56,6 +59,7 @@ impl Default for ClusterSpec {
             keep_logs: 50,
             digest_interval: 100,
             diverge: None,
+            forward_max_items: None,
         }
     }
 }
@@ -192,6 +196,7 @@ impl Cluster {
         cfg.keep_logs = self.inner.spec.keep_logs;
         cfg.digest_interval = self.inner.spec.digest_interval;
         cfg.clock = slot.clock.node_clock();
+        cfg.test_hooks.forward_max_items = self.inner.spec.forward_max_items;
         if let Some((node, index)) = self.inner.spec.diverge {
             if node == id {
                 cfg.test_hooks.diverge_at = Some(index);
