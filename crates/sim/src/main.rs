@@ -51,11 +51,14 @@ struct Args {
     #[arg(long, default_value_t = 4_000)]
     fault_max_ms: u64,
     /// Clients that speak RESP to the nodes' front ends (0: none).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     resp_clients: usize,
     /// Longest pipeline a RESP client sends (at least 2).
     #[arg(long, default_value_t = 8)]
     pipeline_max: usize,
+    /// Longest pause between two operations of a RESP client, ms.
+    #[arg(long, default_value_t = 250)]
+    resp_think_ms: u64,
     /// What the RESP clients do: all, or a comma list of incr,lock,watch.
     #[arg(long, default_value = "all")]
     resp_mix: String,
@@ -94,6 +97,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
     o.workload.tries = args.client_tries.max(1);
     o.workload.resp.clients = args.resp_clients;
     o.workload.resp.pipeline_max = args.pipeline_max.max(2);
+    o.workload.resp.think_ms = args.resp_think_ms;
     o.cluster.forward_max_items = args.forward_batch;
     if args.resp_mix != "all" {
         let mut mix = [0; 3];
@@ -131,7 +135,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
 
 fn replay(args: &Args, seed: u64) -> String {
     format!(
-        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {} --resp-clients {} --pipeline-max {} --resp-mix {}{}",
+        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {} --resp-clients {} --pipeline-max {} --resp-think-ms {} --resp-mix {}{}",
         args.nodes,
         args.clients,
         args.duration_s,
@@ -140,6 +144,7 @@ fn replay(args: &Args, seed: u64) -> String {
         args.fault_max_ms,
         args.resp_clients,
         args.pipeline_max,
+        args.resp_think_ms,
         args.resp_mix,
         args.forward_batch
             .map_or(String::new(), |n| format!(" --forward-batch {n}"))

@@ -50,14 +50,17 @@ pub struct RespSpec {
     pub pipeline_max: usize,
     /// Relative weights of `INCR` pipelines, `LOCK.ACQUIRE` pipelines and `WATCH` cycles.
     pub mix: [u32; 3],
+    /// Longest pause between two operations of a client, ms (drawn from 0 up to it).
+    pub think_ms: u64,
 }
 
 impl Default for RespSpec {
     fn default() -> Self {
         RespSpec {
-            clients: 2,
+            clients: 1,
             pipeline_max: 8,
             mix: [4, 3, 3],
+            think_ms: 250,
         }
     }
 }
@@ -365,7 +368,8 @@ pub async fn run(shared: Rc<Shared>, resp: Resp, spec: RespSpec, client: usize, 
         if ok.is_err() || c.rng.gen_bool(0.05) {
             c.conn = None;
         }
-        tokio::time::sleep(Duration::from_millis(c.rng.gen_range(0..50))).await;
+        let think = c.rng.gen_range(0..=c.spec.think_ms);
+        tokio::time::sleep(Duration::from_millis(think)).await;
     }
 }
 

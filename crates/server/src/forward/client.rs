@@ -481,7 +481,11 @@ mod tests {
         .expect("raft");
         let stub = Arc::new(Stub::default());
         let links = Arc::new(ToStub(stub.clone()));
-        (Forwarder::new(raft.clone(), gate, links, 1000, None), stub, raft)
+        (
+            Forwarder::new(raft.clone(), gate, links, 1000, None),
+            stub,
+            raft,
+        )
     }
 
     /// The production forwarder over a `Links` that is a function call: proposals batch,
