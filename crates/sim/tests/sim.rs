@@ -57,6 +57,18 @@ fn seeds_of_a_five_node_cluster_pass() {
     seeds_pass(1_000..1_040, &o);
 }
 
+/// RESP clients at a higher rate, through forwarded batches of at most 4 requests (the
+/// `forward_max_items` hook): their pipelines sit at batch edges, where a split one came out
+/// of order (docs/simulation.md, "Known bugs, brought back").
+#[test]
+fn seeds_with_busy_resp_clients_pass() {
+    let mut o = short();
+    o.workload.resp.clients = 2;
+    o.workload.resp.think_ms = 50;
+    o.cluster.forward_max_items = Some(4);
+    seeds_pass(2_000..2_003, &o);
+}
+
 /// Seeds that once failed, kept with the options they failed under (docs/simulation.md,
 /// "What it found").
 #[test]
