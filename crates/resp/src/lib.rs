@@ -13,6 +13,7 @@ pub mod conn;
 pub mod frame;
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -263,6 +264,53 @@ pub async fn bind(config: &Config) -> Result<TcpListener, ServeError> {
         })
 }
 
+/// One node's RESP front end without its listener: what its connections share (the
+/// backend, the settings, the local subscriptions, the connection ids), and how one
+/// connection is served over any byte stream. [`serve`] runs its accepted sockets through
+/// it; a simulator or a test runs a connection over an in-memory stream
+/// (`tokio::io::duplex`) the same way.
+#[derive(Clone)]
+pub struct Front {
+    shared: Arc<Shared>,
+}
+
+impl Front {
+    /// Connections stop (after their current requests) once `shutdown` turns true or its
+    /// sender is dropped.
+    pub fn new(backend: Arc<dyn Backend>, config: Config, shutdown: watch::Receiver<bool>) -> Self {
+        Front {
+            shared: Arc::new(Shared {
+                backend,
+                config,
+                subs: Subscriptions::default(),
+                next_id: std::sync::atomic::AtomicU64::new(1),
+                live: std::sync::atomic::AtomicUsize::new(0),
+                shutdown,
+            }),
+        }
+    }
+
+    /// Serve one connection over `stream` until the client leaves, a protocol error, the
+    /// idle timeout or shutdown. `peer` and `local` are what `CLIENT LIST`/`INFO` show.
+    pub async fn connection<S>(&self, stream: S, peer: SocketAddr, local: Option<SocketAddr>)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        self.serve_stream(Box::new(stream), peer, local).await
+    }
+
+    async fn serve_stream(
+        &self,
+        stream: Box<dyn conn::Stream>,
+        peer: SocketAddr,
+        local: Option<SocketAddr>,
+    ) {
+        conn::Connection::new(self.shared.clone(), stream, peer, local)
+            .run()
+            .await;
+    }
+}
+
 /// Accept connections until `shutdown` turns true, then stop accepting, let every
 /// connection finish the requests it is running, and return.
 pub async fn serve(
@@ -272,14 +320,7 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) {
     let limit = Arc::new(Semaphore::new(config.max_connections));
-    let shared = Arc::new(Shared {
-        backend,
-        config,
-        subs: Subscriptions::default(),
-        next_id: std::sync::atomic::AtomicU64::new(1),
-        live: std::sync::atomic::AtomicUsize::new(0),
-        shutdown: shutdown.clone(),
-    });
+    let front = Front::new(backend, config, shutdown.clone());
     let mut stop = shutdown;
     let mut conns = tokio::task::JoinSet::new();
     loop {
@@ -301,9 +342,9 @@ pub async fn serve(
         let local = socket.local_addr().ok();
         match limit.clone().try_acquire_owned() {
             Ok(permit) => {
-                let shared = shared.clone();
+                let front = front.clone();
                 conns.spawn(async move {
-                    let stream: Box<dyn conn::Stream> = match &shared.config.tls {
+                    let stream: Box<dyn conn::Stream> = match &front.shared.config.tls {
                         None => Box::new(socket),
                         Some(acceptor) => {
                             match tokio::time::timeout(
@@ -324,9 +365,7 @@ pub async fn serve(
                             }
                         }
                     };
-                    conn::Connection::new(shared, stream, peer, local)
-                        .run()
-                        .await;
+                    front.serve_stream(stream, peer, local).await;
                     drop(permit);
                 });
             }

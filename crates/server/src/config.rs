@@ -141,6 +141,10 @@ pub struct TestHooks {
     /// Advertise these apply rules to the leader instead of `Semantics::NEWEST` (as a member
     /// running older code would).
     pub advertise_semantics: Option<u8>,
+    /// Most requests in one forwarded batch, instead of 1,024: small batches make a
+    /// simulator reach what only a long queue reaches otherwise (a client's pipeline at a
+    /// batch's edge).
+    pub forward_max_items: Option<usize>,
 }
 
 /// The environment variable that must be `1` for `fenced serve` to accept test hooks.

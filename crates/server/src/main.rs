@@ -461,6 +461,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let hooks = fenced_server::config::TestHooks {
         diverge_at: a.unsafe_test_diverge_at_index,
         advertise_semantics: a.unsafe_test_advertise_semantics,
+        forward_max_items: None,
     };
     if hooks.diverge_at.is_some() || hooks.advertise_semantics.is_some() {
         let env = fenced_server::config::TEST_HOOKS_ENV;

@@ -111,6 +111,7 @@ impl Node {
                     gate.clone(),
                     links,
                     cfg.max_pending_requests.max(1),
+                    cfg.test_hooks.forward_max_items,
                 ),
                 metrics,
                 raft,

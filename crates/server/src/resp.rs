@@ -31,6 +31,22 @@ pub async fn start(
     cfg: &NodeConfig,
     shutdown: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, StartError> {
+    let config = config(&node, cfg)?;
+    let listener = fenced_resp::bind(&config).await.map_err(|e| match e {
+        fenced_resp::ServeError::Bind { addr, source } => StartError::Bind { addr, source },
+    })?;
+    tracing::info!(addr = %cfg.resp_addr, "RESP front end listening");
+    Ok(tokio::spawn(fenced_resp::serve(
+        listener,
+        backend(node),
+        config,
+        shutdown,
+    )))
+}
+
+/// The node's RESP settings from its configuration: users, connection limit, TLS, and the
+/// node's metrics as the command observer.
+pub fn config(node: &Node, cfg: &NodeConfig) -> Result<fenced_resp::Config, StartError> {
     let mut config = fenced_resp::Config::new(cfg.resp_addr.clone());
     config.acl = cfg.acl.clone();
     config.max_connections = cfg.max_clients.max(1);
@@ -41,14 +57,13 @@ pub async fn start(
                 .map_err(|e| StartError::Config(format!("RESP TLS: {e}")))?,
         );
     }
-    let listener = fenced_resp::bind(&config).await.map_err(|e| match e {
-        fenced_resp::ServeError::Bind { addr, source } => StartError::Bind { addr, source },
-    })?;
-    tracing::info!(addr = %cfg.resp_addr, "RESP front end listening");
-    let cluster: Arc<dyn Backend> = Arc::new(RespBackend { node });
-    Ok(tokio::spawn(fenced_resp::serve(
-        listener, cluster, config, shutdown,
-    )))
+    Ok(config)
+}
+
+/// The node as the RESP front end's [`Backend`] (what [`start`] serves; a simulator runs
+/// connections on it through [`fenced_resp::Front`]).
+pub fn backend(node: Node) -> Arc<dyn Backend> {
+    Arc::new(RespBackend { node })
 }
 
 pub struct RespBackend {

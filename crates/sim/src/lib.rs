@@ -21,6 +21,7 @@ pub mod faults;
 pub mod history;
 pub mod membership;
 pub mod net;
+pub mod resp;
 pub mod trace;
 pub mod workload;
 pub mod world;
@@ -229,6 +230,18 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
         let sub = StdRng::seed_from_u64(op.gen());
         tokio::task::spawn_local(membership::take_backup(cluster.clone(), sub, at));
     }
+    let resp = resp::Resp::default();
+    for i in 0..opts.workload.resp.clients {
+        let rng = StdRng::seed_from_u64(rng.gen());
+        let spec = opts.workload.resp.clone();
+        clients.push(tokio::task::spawn_local(resp::run(
+            shared.clone(),
+            resp.clone(),
+            spec,
+            i,
+            rng,
+        )));
+    }
     tokio::time::sleep_until(until).await;
     let _ = nemesis.await;
     // Let faults already drawn take hold before they are all ended.
@@ -291,6 +304,8 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
         }
         verdicts.push(v);
     }
+    verdicts.extend(resp.verdicts());
+    trace.fold(&resp.digest());
     for e in &events {
         trace.fold(serde_json::to_string(e).unwrap_or_default().as_bytes());
     }

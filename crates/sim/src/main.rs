@@ -51,6 +51,21 @@ struct Args {
     /// Longest a fault lasts, ms (past 5,000 an outage outlasts a node's own retries).
     #[arg(long, default_value_t = 4_000)]
     fault_max_ms: u64,
+    /// Clients that speak RESP to the nodes' front ends (0: none).
+    #[arg(long, default_value_t = 1)]
+    resp_clients: usize,
+    /// Longest pipeline a RESP client sends (at least 2).
+    #[arg(long, default_value_t = 8)]
+    pipeline_max: usize,
+    /// Longest pause between two operations of a RESP client, ms.
+    #[arg(long, default_value_t = 250)]
+    resp_think_ms: u64,
+    /// What the RESP clients do: all, or a comma list of incr,lock,watch.
+    #[arg(long, default_value = "all")]
+    resp_mix: String,
+    /// Most requests in one forwarded batch (default: production's 1,024).
+    #[arg(long)]
+    forward_batch: Option<usize>,
     /// Print only each run's fingerprint (the reproducibility check compares them).
     #[arg(long)]
     fingerprint: bool,
@@ -81,6 +96,22 @@ fn options(args: &Args) -> anyhow::Result<Options> {
     o.workload.clients = args.clients.max(1);
     o.duration = Duration::from_secs(args.duration_s.max(1));
     o.workload.tries = args.client_tries.max(1);
+    o.workload.resp.clients = args.resp_clients;
+    o.workload.resp.pipeline_max = args.pipeline_max.max(2);
+    o.workload.resp.think_ms = args.resp_think_ms;
+    o.cluster.forward_max_items = args.forward_batch;
+    if args.resp_mix != "all" {
+        let mut mix = [0; 3];
+        for k in args.resp_mix.split(',') {
+            match k.trim() {
+                "incr" => mix[0] = 1,
+                "lock" => mix[1] = 1,
+                "watch" => mix[2] = 1,
+                other => bail!("unknown RESP operation {other:?}"),
+            }
+        }
+        o.workload.resp.mix = mix;
+    }
     o.faults = match args.faults.as_str() {
         "all" => fenced_sim::faults::Faults::all(),
         "none" => fenced_sim::faults::Faults::none(),
@@ -109,8 +140,19 @@ fn options(args: &Args) -> anyhow::Result<Options> {
 
 fn replay(args: &Args, seed: u64) -> String {
     format!(
-        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {}",
-        args.nodes, args.clients, args.duration_s, args.faults, args.client_tries, args.fault_max_ms
+        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {} --resp-clients {} --pipeline-max {} --resp-think-ms {} --resp-mix {}{}",
+        args.nodes,
+        args.clients,
+        args.duration_s,
+        args.faults,
+        args.client_tries,
+        args.fault_max_ms,
+        args.resp_clients,
+        args.pipeline_max,
+        args.resp_think_ms,
+        args.resp_mix,
+        args.forward_batch
+            .map_or(String::new(), |n| format!(" --forward-batch {n}"))
     )
 }
 

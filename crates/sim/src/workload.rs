@@ -45,6 +45,8 @@ pub struct Workload {
     /// Clock-rate drift bound of the nodes, in ppm: a lease asked for `ttl` is promised
     /// `ttl·(1 − ρ)` of real time (README, "The lease bound"); the history records that.
     pub drift_ppm: u64,
+    /// Clients that speak RESP to the nodes' front ends (`resp.rs`).
+    pub resp: crate::resp::RespSpec,
 }
 
 impl Default for Workload {
@@ -59,6 +61,7 @@ impl Default for Workload {
             ttl_share: 0.15,
             tries: 3,
             drift_ppm: 100,
+            resp: crate::resp::RespSpec::default(),
         }
     }
 }

@@ -47,6 +47,9 @@ pub struct ClusterSpec {
     /// Test-only: node and log index from which that node's state diverges (the
     /// `--unsafe-test-diverge-at` hook), to show the agreement checker failing.
     pub diverge: Option<(u64, u64)>,
+    /// Most requests in one forwarded batch (the `forward_max_items` test hook; `None`:
+    /// production's 1,024).
+    pub forward_max_items: Option<usize>,
 }
 
 impl Default for ClusterSpec {
@@ -57,6 +60,7 @@ impl Default for ClusterSpec {
             keep_logs: 50,
             digest_interval: 100,
             diverge: None,
+            forward_max_items: None,
         }
     }
 }
@@ -369,6 +373,16 @@ impl Cluster {
             .and_then(|s| s.running.as_ref().map(|r| r.node.clone()))
     }
 
+    /// The running node `id` and a receiver that changes when it crashes, if up.
+    pub fn node_life(&self, id: u64) -> Option<(Node, watch::Receiver<u64>)> {
+        let slots = self.inner.slots.borrow();
+        let slot = slots.get(&id)?;
+        let node = slot.running.as_ref()?.node.clone();
+        let mut life = slot.life.subscribe();
+        life.mark_unchanged();
+        Some((node, life))
+    }
+
     pub fn clock(&self, id: u64) -> Option<SimClock> {
         self.inner.slots.borrow().get(&id).map(|s| s.clock.clone())
     }
@@ -376,7 +390,7 @@ impl Cluster {
     /// Node `id`'s command line: `--initial-cluster … --initial-cluster-state new` for the
     /// members the cluster started (or was restored) with, `--join` for those added later
     /// (then `Err` if the binary's `--join` lookup would stop it before it starts).
-    fn config(&self, id: u64) -> Result<NodeConfig, String> {
+    fn command_line(&self, id: u64) -> Result<NodeConfig, String> {
         let (cfg, join) = {
             let slots = self.inner.slots.borrow();
             let slot = &slots[&id];
@@ -394,27 +408,43 @@ impl Cluster {
         let mut cfg = cfg;
         cfg.initial_cluster = self.inner.initial.borrow().clone();
         cfg.initial_cluster_state = Some(ClusterState::New);
+        Ok(self.tune(id, cfg))
+    }
+
+    /// Node `id`'s configuration as its front ends see it (without its cluster flags).
+    pub fn config(&self, id: u64) -> NodeConfig {
+        let cfg = {
+            let slots = self.inner.slots.borrow();
+            let slot = &slots[&id];
+            NodeConfig::new(
+                id,
+                slot.dir.clone(),
+                slot.addr.clone(),
+                format!("10.0.0.{id}:7379"),
+            )
+        };
         self.tune(id, cfg)
     }
 
     fn join_config(&self, id: u64, mut cfg: NodeConfig) -> Result<NodeConfig, String> {
         cfg.join = crate::membership::join_lookup(self, id, &cfg)?;
-        self.tune(id, cfg)
+        Ok(self.tune(id, cfg))
     }
 
-    fn tune(&self, id: u64, mut cfg: NodeConfig) -> Result<NodeConfig, String> {
+    fn tune(&self, id: u64, mut cfg: NodeConfig) -> NodeConfig {
         let slots = self.inner.slots.borrow();
         let slot = &slots[&id];
         cfg.snapshot_logs = self.inner.spec.snapshot_logs;
         cfg.keep_logs = self.inner.spec.keep_logs;
         cfg.digest_interval = self.inner.spec.digest_interval;
         cfg.clock = slot.clock.node_clock();
+        cfg.test_hooks.forward_max_items = self.inner.spec.forward_max_items;
         if let Some((node, index)) = self.inner.spec.diverge {
             if node == id {
                 cfg.test_hooks.diverge_at = Some(index);
             }
         }
-        Ok(cfg)
+        cfg
     }
 
     /// Start node `id` (a restart after a crash opens the same data dir).
@@ -433,7 +463,7 @@ impl Cluster {
             return;
         }
         let fs: Option<Arc<dyn Fs>> = self.fs(id).map(|f| Arc::new(f) as Arc<dyn Fs>);
-        let cfg = match self.config(id) {
+        let cfg = match self.command_line(id) {
             Ok(cfg) => cfg,
             Err(why) => {
                 // `fenced serve --join` stops before the node starts (not the node refusing

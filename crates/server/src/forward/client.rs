@@ -49,6 +49,9 @@ pub(crate) struct Forwarder {
     leader_log_time: AtomicU64,
     /// `--max-pending-requests`: the bound of each batcher's queue.
     max_queued: usize,
+    /// Most requests in one forwarded batch (the test hook `forward_max_items`, else
+    /// [`FORWARD_LIMITS`]'s).
+    max_items: usize,
     me: Weak<Forwarder>,
 }
 
@@ -58,6 +61,7 @@ impl Forwarder {
         gate: PeerGate,
         links: Arc<dyn Links>,
         max_queued: usize,
+        max_items: Option<usize>,
     ) -> Arc<Forwarder> {
         Arc::new_cyclic(|me| Forwarder {
             raft,
@@ -66,6 +70,7 @@ impl Forwarder {
             batchers: Mutex::new(HashMap::new()),
             leader_log_time: AtomicU64::new(0),
             max_queued,
+            max_items: max_items.unwrap_or(FORWARD_LIMITS.max_items).max(1),
             me: me.clone(),
         })
     }
@@ -215,6 +220,7 @@ impl Forwarder {
         let to = addr.to_owned();
         let limits = Limits {
             max_queued: self.max_queued,
+            max_items: self.max_items,
             ..FORWARD_LIMITS
         };
         let b = Batcher::spawn(limits, move |batch: Vec<Proposal>| {
@@ -475,7 +481,11 @@ mod tests {
         .expect("raft");
         let stub = Arc::new(Stub::default());
         let links = Arc::new(ToStub(stub.clone()));
-        (Forwarder::new(raft.clone(), gate, links, 1000), stub, raft)
+        (
+            Forwarder::new(raft.clone(), gate, links, 1000, None),
+            stub,
+            raft,
+        )
     }
 
     /// The production forwarder over a `Links` that is a function call: proposals batch,
