@@ -17,6 +17,11 @@
 //!   them (a power loss loses them).
 //! * [`DiskFaults::full`] — writes that need new space fail with `ENOSPC`.
 //! * [`SimFs::rot`] — one durable byte of one file flips (bit rot), in both copies.
+//! * [`SimFs::lose_power_at_sync`] — the power goes at a later sync, in the middle of the
+//!   writes before it: that sync and every operation after it fail with `EIO` until
+//!   [`SimFs::power_loss`] is applied (the node's process sees its disk die, the machine
+//!   then restarts). So a power loss can land between a write and its sync, where the page
+//!   cache holds data the disk does not.
 //!
 //! All randomness comes from the seed given to [`SimFs::new`], and every iteration is in
 //! name order, so a seed replays exactly.
@@ -167,9 +172,35 @@ struct State {
     names: BTreeMap<PathBuf, Node>,
     durable: BTreeMap<PathBuf, Node>,
     queued: Vec<NameOp>,
+    /// Syncs left before the power goes ([`SimFs::lose_power_at_sync`]).
+    syncs_to_live: Option<u64>,
+    /// The power went: every operation fails until [`SimFs::power_loss`].
+    dead: bool,
 }
 
 impl State {
+    /// `EIO` if the power went.
+    fn alive(&self) -> io::Result<()> {
+        match self.dead {
+            true => Err(io::Error::from_raw_os_error(IO_ERROR)),
+            false => Ok(()),
+        }
+    }
+
+    /// Count a sync down to the power loss; `EIO` if the power goes now or went before.
+    fn sync_or_die(&mut self) -> io::Result<()> {
+        self.alive()?;
+        if let Some(n) = self.syncs_to_live {
+            if n <= 1 {
+                self.syncs_to_live = None;
+                self.dead = true;
+                return Err(io::Error::from_raw_os_error(IO_ERROR));
+            }
+            self.syncs_to_live = Some(n - 1);
+        }
+        Ok(())
+    }
+
     fn is_dir(&self, p: &Path) -> bool {
         self.root.starts_with(p) || matches!(self.names.get(p), Some(Node::Dir))
     }
@@ -227,6 +258,8 @@ impl SimFs {
                 names: BTreeMap::new(),
                 durable: BTreeMap::new(),
                 queued: Vec::new(),
+                syncs_to_live: None,
+                dead: false,
             })),
         }
     }
@@ -239,11 +272,29 @@ impl SimFs {
         lock(&self.state).faults = faults;
     }
 
+    /// The power goes at the `n`th sync from now (1: the next one), which fails, like every
+    /// operation after it until [`SimFs::power_loss`].
+    pub fn lose_power_at_sync(&self, n: u64) {
+        lock(&self.state).syncs_to_live = Some(n.max(1));
+    }
+
+    /// Whether a power loss is due at a later sync ([`SimFs::lose_power_at_sync`]).
+    pub fn power_due(&self) -> bool {
+        lock(&self.state).syncs_to_live.is_some()
+    }
+
+    /// Whether the power went ([`SimFs::lose_power_at_sync`]) and the loss is not applied yet.
+    pub fn is_dead(&self) -> bool {
+        lock(&self.state).dead
+    }
+
     /// The machine loses power: only what reached the disk stays (see the module's docs).
     /// Files opened before are dead (their process is).
     pub fn power_loss(&self) -> PowerLoss {
         let mut guard = lock(&self.state);
         let st = &mut *guard;
+        st.dead = false;
+        st.syncs_to_live = None;
         let mut report = PowerLoss::default();
         // Names: a prefix of the queued changes reached the journal.
         let keep = st.rng.gen_range(0..=st.queued.len());
@@ -406,13 +457,17 @@ impl SimFile {
         }
     }
 
-    fn full(&self) -> bool {
-        lock(&self.fs.state).faults.full
+    /// Whether the disk is full; `EIO` if the power went.
+    fn full(&self) -> io::Result<bool> {
+        let st = lock(&self.fs.state);
+        st.alive()?;
+        Ok(st.faults.full)
     }
 
     fn sync(&self) -> io::Result<()> {
         let fail = {
             let mut st = lock(&self.fs.state);
+            st.sync_or_die()?;
             let p = st.faults.fsync_error;
             p > 0.0 && st.rng.gen_bool(p.min(1.0))
         };
@@ -440,6 +495,7 @@ impl SimFile {
 
 impl File for SimFile {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        lock(&self.fs.state).alive()?;
         let f = lock(&self.inode);
         let len = f.cache.len() as u64;
         if offset >= len {
@@ -453,7 +509,7 @@ impl File for SimFile {
     fn write_all_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
         self.writable()?;
         let end = offset + buf.len() as u64;
-        let full = self.full();
+        let full = self.full()?;
         let mut f = lock(&self.inode);
         if end > f.cache.len() as u64 {
             if full {
@@ -473,7 +529,7 @@ impl File for SimFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.writable()?;
-        let full = self.full();
+        let full = self.full()?;
         let mut f = lock(&self.inode);
         let old = f.cache.len() as u64;
         if len > old && full {
@@ -508,6 +564,7 @@ impl File for SimFile {
 impl Fs for SimFs {
     fn open(&self, path: &Path, mode: Mode) -> io::Result<Arc<dyn File>> {
         let mut st = lock(&self.state);
+        st.alive()?;
         let inode = match st.names.get(path) {
             Some(Node::File(i)) => {
                 let i = i.clone();
@@ -563,6 +620,7 @@ impl Fs for SimFs {
 
     fn create_dir(&self, dir: &Path) -> io::Result<()> {
         let mut st = lock(&self.state);
+        st.alive()?;
         if st.exists(dir) {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
@@ -576,6 +634,7 @@ impl Fs for SimFs {
 
     fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
         let mut st = lock(&self.state);
+        st.alive()?;
         let missing: Vec<PathBuf> = dir
             .ancestors()
             .take_while(|a| !st.is_dir(a))
@@ -595,6 +654,7 @@ impl Fs for SimFs {
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let mut st = lock(&self.state);
+        st.alive()?;
         match st.names.get(path) {
             Some(Node::File(_)) => {
                 st.change(NameOp::Remove(path.to_path_buf()));
@@ -610,6 +670,7 @@ impl Fs for SimFs {
 
     fn remove_dir(&self, dir: &Path) -> io::Result<()> {
         let mut st = lock(&self.state);
+        st.alive()?;
         if !matches!(st.names.get(dir), Some(Node::Dir)) {
             return Err(not_found(dir));
         }
@@ -625,6 +686,7 @@ impl Fs for SimFs {
 
     fn remove_dir_all(&self, dir: &Path) -> io::Result<()> {
         let mut st = lock(&self.state);
+        st.alive()?;
         if !matches!(st.names.get(dir), Some(Node::Dir)) {
             return Err(not_found(dir));
         }
@@ -634,6 +696,7 @@ impl Fs for SimFs {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut st = lock(&self.state);
+        st.alive()?;
         if !st.names.contains_key(from) {
             return Err(not_found(from));
         }
@@ -654,6 +717,7 @@ impl Fs for SimFs {
         if !st.is_dir(dir) {
             return Err(not_found(dir));
         }
+        st.sync_or_die()?;
         let fail = st.faults.fsync_error > 0.0 && st.rng.gen_bool(st.faults.fsync_error.min(1.0));
         // The queued changes of this directory, in order; a change also queued for another
         // directory (a rename across two) goes too.

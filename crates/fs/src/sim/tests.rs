@@ -310,3 +310,28 @@ fn a_seed_replays_exactly() {
     assert_eq!(run(11), run(11));
     assert_ne!(run(11), run(12));
 }
+
+#[test]
+fn the_power_goes_at_a_later_sync_between_writes_and_their_sync() {
+    let fs = fs(4, never());
+    let f = fs.open(&p("log"), Mode::Create).expect("create");
+    f.write_all_at(b"one", 0).expect("write");
+    fs.lose_power_at_sync(2);
+    f.sync_data().expect("the first sync still works");
+    fs.sync_dir(Path::new(ROOT))
+        .map_err(|e| e.raw_os_error())
+        .expect_err("the power goes");
+    assert!(fs.is_dead());
+    assert!(
+        f.write_all_at(b"two", 3).is_err(),
+        "a dead disk writes nothing"
+    );
+    assert!(fs.open(&p("log"), Mode::Read).is_err());
+    // The sync of its directory died: the name is as unsure as any unsynced one; if it
+    // survived, it holds what the first sync wrote.
+    fs.power_loss();
+    assert!(!fs.is_dead());
+    if fs.exists(&p("log")) {
+        assert_eq!(fs.read(&p("log")).expect("read"), b"one");
+    }
+}
