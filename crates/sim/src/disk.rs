@@ -1,10 +1,15 @@
 //! Disk faults ([`fenced_fs::SimFs`], one simulated disk per node): power losses (one node's,
-//! or every node's at once), `fsync` failures, a full disk, and a rotten byte.
+//! every node's at once, or one that lands in the middle of a node's writes), `fsync`
+//! failures, a full disk, and a rotten byte.
 //!
 //! What each must leave:
 //! * **A power loss** keeps only what each node synced (plus any subset of its dirty pages,
 //!   torn or not). Every acknowledged write was synced on a majority first, so none may be
 //!   lost — even when every node loses power at once — and no node may refuse its own dir.
+//!   The storage runs inline in the simulator (a write and its sync in one call), so a power
+//!   loss between two tasks finds nothing unsynced; [`fenced_fs::SimFs::lose_power_at_sync`] lands one
+//!   between a write and its sync instead (the node sees `EIO`, exits, and the machine
+//!   restarts without what was not synced).
 //! * **`fsync` failures and a full disk** stop a node's writes: its Raft stops on the storage
 //!   error and the process exits ("fatal"), as `fenced serve` does; the simulated supervisor
 //!   restarts it. Linux forgets pages whose `fsync` failed, so the restarted node may read
@@ -29,7 +34,19 @@ pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
     let ids = cluster.ids();
     let trace = cluster.trace().clone();
     let id = *ids.choose(&mut rng).unwrap_or(&1);
-    match rng.gen_range(0..10) {
+    match rng.gen_range(0..12) {
+        // The power goes at one of the node's next syncs, in the middle of its writes.
+        10..=11 => {
+            let Some(fs) = cluster.fs(id) else {
+                return;
+            };
+            let n = rng.gen_range(1..=30);
+            trace.line(
+                "nemesis",
+                format!("n{id} loses power at its sync #{n} from now"),
+            );
+            fs.lose_power_at_sync(n);
+        }
         // One node loses power, back after a while.
         0..=3 => {
             if !cluster.is_up(id) {
@@ -104,15 +121,20 @@ pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
     }
 }
 
-/// End the disk faults that last: every disk works and has room.
-pub fn heal(cluster: &Cluster) {
-    for id in cluster.ids() {
-        if let Some(fs) = cluster.fs(id) {
-            fs.set_faults(DiskFaults {
-                fsync_error: 0.0,
-                full: false,
-                ..fs.faults()
-            });
+/// End the disk faults that last: every disk works and has room; a power loss still due
+/// happens now, and one whose disk died is applied.
+pub async fn heal(cluster: &Cluster) {
+    for id in cluster.all_ids() {
+        let Some(fs) = cluster.fs(id) else {
+            continue;
+        };
+        fs.set_faults(DiskFaults {
+            fsync_error: 0.0,
+            full: false,
+            ..fs.faults()
+        });
+        if fs.is_dead() || fs.power_due() {
+            cluster.power_loss(id).await;
         }
     }
 }

@@ -248,7 +248,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
 /// End every fault: heal the network, resume paused nodes, restart crashed ones.
 pub async fn heal(cluster: &Cluster) {
     cluster.net().heal();
-    crate::disk::heal(cluster);
+    crate::disk::heal(cluster).await;
     for id in cluster.all_ids() {
         if cluster.net().is_paused(id) {
             cluster.pause(id, false);

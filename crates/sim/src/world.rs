@@ -519,7 +519,7 @@ impl Cluster {
                 };
                 let failing = s.fs.faults();
                 let line = |what: String| self.inner.trace.line(&format!("n{id}"), what);
-                if failing.fsync_error > 0.0 || failing.full {
+                if failing.fsync_error > 0.0 || failing.full || s.fs.is_dead() {
                     // An I/O error on a failing disk, not a refusal of the dir: the
                     // supervisor tries again (after the fault, it must start).
                     line(format!(
@@ -527,6 +527,7 @@ impl Cluster {
                     ));
                     drop(slots);
                     let cluster = self.clone();
+                    cluster.lost_power_if_dead(id);
                     tokio::task::spawn_local(async move {
                         tokio::time::sleep(RESTART_AFTER).await;
                         cluster.start(id).await;
@@ -584,6 +585,18 @@ impl Cluster {
             self.inner
                 .trace
                 .line(&format!("n{id}"), format!("lost power: {lost:?}"));
+        }
+    }
+
+    /// If node `id`'s disk died ([`SimFs::lose_power_at_sync`]; the node is down), its machine
+    /// lost power then: apply the loss.
+    fn lost_power_if_dead(&self, id: u64) {
+        if let Some(fs) = self.fs(id).filter(SimFs::is_dead) {
+            let lost = fs.power_loss();
+            self.inner.trace.line(
+                &format!("n{id}"),
+                format!("lost power in the middle of its writes: {lost:?}"),
+            );
         }
     }
 
@@ -743,6 +756,7 @@ async fn watch_fatal(id: u64, node: Node, cluster: Cluster) {
         r.crash().await;
     }
     if disk {
+        cluster.lost_power_if_dead(id);
         tokio::time::sleep(RESTART_AFTER).await;
         cluster.start(id).await;
     }
