@@ -18,6 +18,7 @@ use openraft::{
 use crate::hardstate::{HardState, HardStateValue};
 use crate::observe::{Hook, StorageObserver};
 use crate::purged::Purged;
+use crate::snapshot::SnapshotStore;
 use crate::wal::{Flusher, Wal};
 use crate::{Io, StoreError};
 
@@ -40,6 +41,8 @@ pub struct LogStore {
     hook: Hook,
     /// Where blocking work runs.
     io: Io,
+    /// The snapshots of the same data dir: a purge waits for one that covers it.
+    snapshots: Arc<SnapshotStore>,
 }
 
 /// See [`LogStore::committed`].
@@ -89,6 +92,7 @@ impl LogStore {
         hard: HardState,
         hook: Hook,
         io: Io,
+        snapshots: Arc<SnapshotStore>,
     ) -> Result<LogStore, StoreError> {
         let committed = Arc::new(Mutex::new(hard.value().committed));
         let hard = Arc::new(Mutex::new(hard));
@@ -105,6 +109,7 @@ impl LogStore {
             hard,
             committed,
             io,
+            snapshots,
         })
     }
 
@@ -315,6 +320,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId<NodeId>) -> StorageResult<()> {
         tracing::debug!(%log_id, "purge log up to");
+        // Not past what a snapshot on disk covers, while one is being installed
+        // (`SnapshotStore::covering`).
+        self.snapshots.covering(log_id).await;
         // Record first, durably: a crash before the segments are gone leaves only harmless
         // stale entries, while segments gone without the record would look like a hole.
         let purged = self.purged.clone();

@@ -146,9 +146,10 @@ pub(crate) fn open_checked(
     }
 
     let hook = observe::Hook::default();
-    let log_store = LogStore::new(purged_file, wal, hard, hook.clone(), io)?;
+    let snapshots = Arc::new(snapshots);
+    let log_store = LogStore::new(purged_file, wal, hard, hook.clone(), io, snapshots.clone())?;
     let sm_store = StateMachineStore {
-        snapshots: Arc::new(snapshots),
+        snapshots,
         state: Arc::new(RwLock::new(state)),
         events,
         snapshot_seq: 0,

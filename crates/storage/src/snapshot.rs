@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use bincode::Options;
 use fenced_fs::{File, Fs, Mode};
 use fenced_raft_types::{NodeId, SnapshotFile};
-use openraft::{BasicNode, SnapshotMeta};
+use openraft::{BasicNode, LogId, SnapshotMeta};
 
 use crate::{frame, StoreError};
 
@@ -106,6 +106,11 @@ pub struct SnapshotStore {
     /// Held while the current snapshot is compared and replaced.
     replacing: Mutex<()>,
     next_tmp: AtomicU64,
+    /// The last log id the current snapshot covers, durably ([`SnapshotStore::covering`]).
+    covered: tokio::sync::watch::Sender<Option<LogId<NodeId>>>,
+    /// Files a snapshot from the leader is being received into ([`SnapshotStore::receiving`]);
+    /// one still there is an install that may come.
+    received: Mutex<Vec<PathBuf>>,
 }
 
 impl SnapshotStore {
@@ -130,12 +135,18 @@ impl SnapshotStore {
                     .map_err(|e| StoreError::file(&path, e))?;
             }
         }
-        Ok(SnapshotStore {
+        let mut store = SnapshotStore {
             fs: fs.clone(),
             dir,
             replacing: Mutex::new(()),
             next_tmp: AtomicU64::new(0),
-        })
+            covered: tokio::sync::watch::Sender::new(None),
+            received: Mutex::new(Vec::new()),
+        };
+        if let Some((meta, _)) = store.current()? {
+            store.covered = tokio::sync::watch::Sender::new(meta.last_log_id);
+        }
+        Ok(store)
     }
 
     pub fn dir(&self) -> &Path {
@@ -198,7 +209,42 @@ impl SnapshotStore {
             .rename(path, &current)
             .map_err(|e| StoreError::file(path, e))?;
         crate::sync_dir(&*self.fs, &self.dir)?;
+        self.covered.send_if_modified(|c| {
+            let newer = *c < meta.last_log_id;
+            if newer {
+                *c = meta.last_log_id;
+            }
+            newer
+        });
         Ok(true)
+    }
+
+    /// Wait until the current snapshot, durably installed, covers `log_id`. A log is purged
+    /// only up to what a snapshot on disk covers: openraft asks a follower to purge the log
+    /// while the snapshot it received is still being installed, and a purge recorded before
+    /// an install that then failed, or that a crash cut short, left a data dir whose log
+    /// ended before its snapshot began — refused at the next start, for good (found by
+    /// fenced-sim). Never resolves if that snapshot never comes (the node stops on the
+    /// install's error).
+    ///
+    /// Without a snapshot being received (a file of [`SnapshotStore::receiving`] still there),
+    /// no install is coming, and it returns at once.
+    pub async fn covering(&self, log_id: LogId<NodeId>) {
+        let mut covered = self.covered.subscribe();
+        if *covered.borrow_and_update() >= Some(log_id) {
+            return;
+        }
+        let incoming = {
+            let mut received = self
+                .received
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            received.retain(|p| self.fs.exists(p));
+            !received.is_empty()
+        };
+        if incoming {
+            let _ = covered.wait_for(|c| *c >= Some(log_id)).await;
+        }
     }
 
     /// The current snapshot's meta and path, if there is one (its meta checked, the rest
@@ -226,6 +272,10 @@ impl SnapshotStore {
             .fs
             .open(&path, Mode::Create)
             .map_err(|e| StoreError::file(&path, e))?;
+        self.received
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(path.clone());
         match inline {
             true => Ok(SnapshotFile::new_inline(file, path)),
             false => SnapshotFile::new(file, path.clone()).map_err(|e| StoreError::file(&path, e)),
