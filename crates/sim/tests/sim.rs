@@ -96,6 +96,19 @@ fn seeds_that_found_bugs_pass() {
     // hard-state copy made a node read the older one and cut entries it had acknowledged:
     // the leader saw the follower's log go back (openraft panics on it).
     seeds_pass(22..23, &as_found(with_operator(Options::default()), true));
+    // A follower purged its log for a snapshot from the leader before installing it (openraft
+    // sends the purge while the install runs); the install failed on an fsync error, and the
+    // node then refused its dir for good: "purged up to 615, but no snapshot covers it".
+    let mut o = Options::default();
+    o.workload.clients = 32;
+    o.faults = fenced_sim::faults::Faults {
+        partitions: true,
+        noise: true,
+        crashes: true,
+        disk: true,
+        ..fenced_sim::faults::Faults::none()
+    };
+    seeds_pass(337..338, &o);
 }
 
 /// Every fault plus the operator's: membership changes, wiped members, a backup and a restore
