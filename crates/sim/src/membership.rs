@@ -101,7 +101,7 @@ pub fn join_lookup(cluster: &Cluster, id: u64, cfg: &NodeConfig) -> Result<Optio
     let fresh = cluster
         .fs(id)
         .and_then(|fs| fs.read_dir(&cfg.data_dir).ok())
-        .map_or(true, |d| d.is_empty());
+        .is_none_or(|d| d.is_empty());
     let nodes: Vec<_> = cluster
         .ids()
         .into_iter()
