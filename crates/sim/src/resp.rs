@@ -20,6 +20,8 @@
 //!   writes `h`, so `EXEC` never aborts — unless a write of the client to `h` had an unknown
 //!   outcome (it may apply later and change the revision `WATCH` saw); the client then moves
 //!   on to a fresh key. Checker `watch`.
+//! * **Register operations over RESP** and **`CL.THROTTLE` pipelines**: in `resp_ops.rs`;
+//!   checkers `linearizability` (the run's history) and `throttle` (`throttle.rs`).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
