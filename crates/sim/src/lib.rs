@@ -22,6 +22,8 @@ pub mod history;
 pub mod membership;
 pub mod net;
 pub mod resp;
+pub mod resp_ops;
+pub mod throttle;
 pub mod trace;
 pub mod workload;
 pub mod world;

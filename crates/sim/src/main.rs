@@ -60,7 +60,7 @@ struct Args {
     /// Longest pause between two operations of a RESP client, ms.
     #[arg(long, default_value_t = 250)]
     resp_think_ms: u64,
-    /// What the RESP clients do: all, or a comma list of incr,lock,watch.
+    /// What the RESP clients do: all, or a comma list of incr,lock,watch,eval,throttle.
     #[arg(long, default_value = "all")]
     resp_mix: String,
     /// Most requests in one forwarded batch (default: production's 1,024).
@@ -101,12 +101,14 @@ fn options(args: &Args) -> anyhow::Result<Options> {
     o.workload.resp.think_ms = args.resp_think_ms;
     o.cluster.forward_max_items = args.forward_batch;
     if args.resp_mix != "all" {
-        let mut mix = [0; 3];
+        let mut mix = [0; 5];
         for k in args.resp_mix.split(',') {
             match k.trim() {
                 "incr" => mix[0] = 1,
                 "lock" => mix[1] = 1,
                 "watch" => mix[2] = 1,
+                "eval" => mix[3] = 1,
+                "throttle" => mix[4] = 1,
                 other => bail!("unknown RESP operation {other:?}"),
             }
         }

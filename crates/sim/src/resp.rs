@@ -20,6 +20,8 @@
 //!   writes `h`, so `EXEC` never aborts — unless a write of the client to `h` had an unknown
 //!   outcome (it may apply later and change the revision `WATCH` saw); the client then moves
 //!   on to a fresh key. Checker `watch`.
+//! * **Register operations over RESP** and **`CL.THROTTLE` pipelines**: in `resp_ops.rs`;
+//!   checkers `linearizability` (the run's history) and `throttle` (`throttle.rs`).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -48,8 +50,10 @@ pub struct RespSpec {
     pub clients: usize,
     /// Longest pipeline (at least 2).
     pub pipeline_max: usize,
-    /// Relative weights of `INCR` pipelines, `LOCK.ACQUIRE` pipelines and `WATCH` cycles.
-    pub mix: [u32; 3],
+    /// Relative weights of `INCR` pipelines, `LOCK.ACQUIRE` pipelines, `WATCH` cycles,
+    /// register operations over RESP (`eval`) and `CL.THROTTLE` pipelines (`throttle`;
+    /// both in `resp_ops.rs`).
+    pub mix: [u32; 5],
     /// Longest pause between two operations of a client, ms (drawn from 0 up to it).
     pub think_ms: u64,
 }
@@ -59,7 +63,7 @@ impl Default for RespSpec {
         RespSpec {
             clients: 1,
             pipeline_max: 8,
-            mix: [4, 3, 3],
+            mix: [4, 3, 3, 3, 2],
             think_ms: 250,
         }
     }
@@ -238,6 +242,9 @@ pub struct WatchCycle {
 pub struct Log {
     pub pipelines: Vec<Pipeline>,
     pub cycles: Vec<WatchCycle>,
+    pub throttles: Vec<crate::throttle::Throttle>,
+    /// The nodes' clock-rate drift bound, ppm (for `throttle`).
+    pub drift_ppm: u64,
 }
 
 /// The RESP clients' shared record. Cheap to clone.
@@ -250,7 +257,11 @@ impl Resp {
     /// `pipeline-order` and `watch` over what the clients saw.
     pub fn verdicts(&self) -> Vec<Verdict> {
         let log = self.log.borrow();
-        vec![check_pipelines(&log.pipelines), check_watch(&log.cycles)]
+        vec![
+            check_pipelines(&log.pipelines),
+            check_watch(&log.cycles),
+            crate::throttle::check(&log.throttles, log.drift_ppm),
+        ]
     }
 
     /// The record, as bytes for the fingerprint.
@@ -332,7 +343,9 @@ pub fn check_watch(cycles: &[WatchCycle]) -> Verdict {
 
 /// One RESP client, until the workload stops.
 pub async fn run(shared: Rc<Shared>, resp: Resp, spec: RespSpec, client: usize, rng: StdRng) {
+    resp.log.borrow_mut().drift_ppm = shared.spec.drift_ppm;
     let mut c = Client {
+        ops: crate::resp_ops::Ops::new(shared.clone(), client),
         cluster: shared.cluster.clone(),
         resp,
         spec,
@@ -355,14 +368,20 @@ pub async fn run(shared: Rc<Shared>, resp: Resp, spec: RespSpec, client: usize, 
                 }
             }
         }
-        let [incr, lock, watch] = c.spec.mix;
-        let pick = c.rng.gen_range(0..(incr + lock + watch).max(1));
+        let [incr, lock, watch, eval, throttle] = c.spec.mix;
+        let pick = c
+            .rng
+            .gen_range(0..(incr + lock + watch + eval + throttle).max(1));
         let ok = if pick < incr {
             c.incr_pipeline().await
         } else if pick < incr + lock {
             c.lock_pipeline().await
-        } else {
+        } else if pick < incr + lock + watch {
             c.watch_cycle().await
+        } else if pick < incr + lock + watch + eval {
+            c.eval_op().await
+        } else {
+            c.throttle_pipeline().await
         };
         // A dead connection, or now and then a move to another node.
         if ok.is_err() || c.rng.gen_bool(0.05) {
@@ -374,6 +393,7 @@ pub async fn run(shared: Rc<Shared>, resp: Resp, spec: RespSpec, client: usize, 
 }
 
 struct Client {
+    ops: crate::resp_ops::Ops,
     cluster: Cluster,
     resp: Resp,
     spec: RespSpec,
@@ -494,6 +514,18 @@ impl Client {
             })
             .collect();
         self.record_pipeline("lock", cmds).await
+    }
+
+    async fn eval_op(&mut self) -> Result<(), Gone> {
+        let conn = self.conn.as_mut().ok_or(Gone::Down)?;
+        self.ops.eval(conn, &mut self.rng).await
+    }
+
+    async fn throttle_pipeline(&mut self) -> Result<(), Gone> {
+        let conn = self.conn.as_mut().ok_or(Gone::Down)?;
+        let (records, done) = self.ops.throttle(conn, &mut self.rng).await;
+        self.resp.log.borrow_mut().throttles.extend(records);
+        done
     }
 
     fn cycle(&mut self, key: &str, exec: Exec) {

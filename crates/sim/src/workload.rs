@@ -589,5 +589,5 @@ impl Client {
 }
 
 /// Compare-and-set of a register: `KEYS[1]` from `ARGV[1]` to `ARGV[2]`.
-const CAS: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
+pub(crate) const CAS: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
                    redis.call('SET', KEYS[1], ARGV[2]) return 1 else return 0 end";
