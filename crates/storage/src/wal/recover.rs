@@ -266,12 +266,11 @@ impl Wal {
     fn rewrite_unrecorded(&self, recorded: Option<LogId<NodeId>>) -> Result<(), StoreError> {
         let from = recorded.map_or(0, |r| r.index + 1);
         for seg in &self.segments {
-            let Some(i) = from.checked_sub(seg.first).map_or(Some(0), |i| {
-                (i < seg.offsets.len() as u64).then_some(i as usize)
-            }) else {
+            // The segment's first record past `recorded`, if it has one.
+            let i = from.saturating_sub(seg.first);
+            let Some(&at) = usize::try_from(i).ok().and_then(|i| seg.offsets.get(i)) else {
                 continue;
             };
-            let at = seg.offsets[i];
             let mut bytes = vec![0; (seg.end - at) as usize];
             seg.file
                 .read_exact_at(&mut bytes, at)
