@@ -80,6 +80,8 @@ pub enum Mode {
     Create,
     /// Read and write; created if missing, emptied if present.
     Truncate,
+    /// Read and write; created, and `AlreadyExists` if something is there (`O_EXCL`).
+    CreateNew,
 }
 
 /// One name in a directory.

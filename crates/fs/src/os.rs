@@ -47,6 +47,7 @@ impl Fs for OsFs {
             Mode::Write => o.read(true).write(true),
             Mode::Create => o.read(true).write(true).create(true),
             Mode::Truncate => o.read(true).write(true).create(true).truncate(true),
+            Mode::CreateNew => o.read(true).write(true).create_new(true),
         };
         Ok(Arc::new(o.open(path)?))
     }

@@ -566,6 +566,12 @@ impl Fs for SimFs {
         let mut st = lock(&self.state);
         st.alive()?;
         let inode = match st.names.get(path) {
+            Some(_) if mode == Mode::CreateNew => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{}: exists", path.display()),
+                ))
+            }
             Some(Node::File(i)) => {
                 let i = i.clone();
                 if mode == Mode::Truncate {
@@ -584,7 +590,7 @@ impl Fs for SimFs {
                     format!("{}: is a directory", path.display()),
                 ))
             }
-            None if matches!(mode, Mode::Create | Mode::Truncate) => {
+            None if matches!(mode, Mode::Create | Mode::Truncate | Mode::CreateNew) => {
                 st.parent_is_dir(path)?;
                 let i = InodeRef::default();
                 st.change(NameOp::Create(path.to_path_buf(), Node::File(i.clone())));

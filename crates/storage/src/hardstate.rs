@@ -81,15 +81,9 @@ impl HardState {
         value: HardStateValue,
     ) -> Result<HardState, StoreError> {
         let path = Self::path_in(dir);
-        // As `create_new`: an existing file is not overwritten.
-        if fs.exists(&path) {
-            return Err(StoreError::file(
-                &path,
-                io::Error::from(io::ErrorKind::AlreadyExists),
-            ));
-        }
+        // An existing file is not overwritten.
         let file = fs
-            .open(&path, Mode::Create)
+            .open(&path, Mode::CreateNew)
             .map_err(|e| StoreError::file(&path, e))?;
         let mut hs = HardState {
             path,

@@ -261,16 +261,10 @@ impl SnapshotStore {
     /// [`SnapshotFile::new_inline`]).
     pub fn receiving(&self, inline: bool) -> Result<SnapshotFile, StoreError> {
         let path = self.tmp_path()?;
-        // As `create_new`: never someone else's file (the name is new to this process).
-        if self.fs.exists(&path) {
-            return Err(StoreError::file(
-                &path,
-                io::Error::from(io::ErrorKind::AlreadyExists),
-            ));
-        }
+        // Never someone else's file (the name is new to this process).
         let file = self
             .fs
-            .open(&path, Mode::Create)
+            .open(&path, Mode::CreateNew)
             .map_err(|e| StoreError::file(&path, e))?;
         self.received
             .lock()

@@ -335,3 +335,22 @@ fn the_power_goes_at_a_later_sync_between_writes_and_their_sync() {
         assert_eq!(fs.read(&p("log")).expect("read"), b"one");
     }
 }
+
+#[test]
+fn create_new_refuses_what_is_there_on_both_file_systems() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sim = SimFs::new(ROOT, 1);
+    for (fs, root) in [
+        (&OsFs as &dyn Fs, dir.path()),
+        (&sim as &dyn Fs, Path::new(ROOT)),
+    ] {
+        let path = root.join("new");
+        fs.open(&path, Mode::CreateNew).expect("created");
+        assert_eq!(
+            fs.open(&path, Mode::CreateNew)
+                .map(|_| ())
+                .map_err(|e| e.kind()),
+            Err(io::ErrorKind::AlreadyExists)
+        );
+    }
+}
