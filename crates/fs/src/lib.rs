@@ -13,6 +13,7 @@
 //! The storage code is written once against [`Fs`] and [`File`]; which one it gets is the
 //! caller's choice (`fenced_storage::open_with`).
 
+mod cursor;
 mod os;
 mod sim;
 
@@ -21,6 +22,7 @@ use std::io;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use cursor::Cursor;
 pub use os::OsFs;
 pub use sim::{DiskFaults, PowerLoss, SimFs};
 

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use fenced_fs::{File, Fs, Mode};
+use fenced_fs::{Cursor, File, Fs, Mode};
 
 /// A snapshot file as openraft's `SnapshotData`: the bytes openraft streams to a follower,
 /// or receives from the leader.
@@ -25,7 +25,7 @@ pub struct SnapshotFile {
 enum Handle {
     Pool(tokio::fs::File),
     /// The file and the position of the next read or write.
-    Inline(Arc<dyn File>, u64),
+    Inline(Cursor<Arc<dyn File>>),
 }
 
 impl SnapshotFile {
@@ -51,7 +51,7 @@ impl SnapshotFile {
     /// The open `file` found at `path`, its I/O done inline when polled, from its start.
     pub fn new_inline(file: Arc<dyn File>, path: PathBuf) -> SnapshotFile {
         SnapshotFile {
-            file: Handle::Inline(file, 0),
+            file: Handle::Inline(Cursor::new(file)),
             path,
         }
     }
@@ -79,7 +79,7 @@ impl SnapshotFile {
                 f.sync_all().await
             }
             // Positional writes are not buffered: nothing to flush.
-            Handle::Inline(f, _) => f.sync_all(),
+            Handle::Inline(f) => f.file().sync_all(),
         }
     }
 }
@@ -100,10 +100,9 @@ impl tokio::io::AsyncRead for SnapshotFile {
     ) -> Poll<io::Result<()>> {
         match &mut self.file {
             Handle::Pool(f) => Pin::new(f).poll_read(cx, buf),
-            Handle::Inline(f, pos) => {
-                let n = f.read_at(buf.initialize_unfilled(), *pos)?;
+            Handle::Inline(f) => {
+                let n = io::Read::read(f, buf.initialize_unfilled())?;
                 buf.advance(n);
-                *pos += n as u64;
                 Poll::Ready(Ok(()))
             }
         }
@@ -118,25 +117,21 @@ impl tokio::io::AsyncWrite for SnapshotFile {
     ) -> Poll<io::Result<usize>> {
         match &mut self.file {
             Handle::Pool(f) => Pin::new(f).poll_write(cx, buf),
-            Handle::Inline(f, pos) => {
-                f.write_all_at(buf, *pos)?;
-                *pos += buf.len() as u64;
-                Poll::Ready(Ok(buf.len()))
-            }
+            Handle::Inline(f) => Poll::Ready(io::Write::write(f, buf)),
         }
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.file {
             Handle::Pool(f) => Pin::new(f).poll_flush(cx),
-            Handle::Inline(..) => Poll::Ready(Ok(())),
+            Handle::Inline(_) => Poll::Ready(Ok(())),
         }
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match &mut self.file {
             Handle::Pool(f) => Pin::new(f).poll_shutdown(cx),
-            Handle::Inline(..) => Poll::Ready(Ok(())),
+            Handle::Inline(_) => Poll::Ready(Ok(())),
         }
     }
 }
@@ -145,30 +140,14 @@ impl tokio::io::AsyncSeek for SnapshotFile {
     fn start_seek(mut self: Pin<&mut Self>, position: SeekFrom) -> io::Result<()> {
         match &mut self.file {
             Handle::Pool(f) => Pin::new(f).start_seek(position),
-            Handle::Inline(f, pos) => {
-                let (base, delta) = match position {
-                    SeekFrom::Start(n) => {
-                        *pos = n;
-                        return Ok(());
-                    }
-                    SeekFrom::End(d) => (f.len()?, d),
-                    SeekFrom::Current(d) => (*pos, d),
-                };
-                *pos = base.checked_add_signed(delta).ok_or_else(|| {
-                    io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        "invalid seek to a negative or overflowing position",
-                    )
-                })?;
-                Ok(())
-            }
+            Handle::Inline(f) => io::Seek::seek(f, position).map(|_| ()),
         }
     }
 
     fn poll_complete(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
         match &mut self.file {
             Handle::Pool(f) => Pin::new(f).poll_complete(cx),
-            Handle::Inline(_, pos) => Poll::Ready(Ok(*pos)),
+            Handle::Inline(f) => Poll::Ready(Ok(f.position())),
         }
     }
 }

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bincode::Options;
-use fenced_fs::{File, Fs, Mode};
+use fenced_fs::{Cursor, Fs, Mode};
 use fenced_raft_types::{NodeId, SnapshotFile};
 use openraft::{BasicNode, LogId, SnapshotMeta};
 
@@ -69,33 +69,6 @@ impl<W: Write> Write for Crc<W> {
 
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
-    }
-}
-
-/// A [`File`] read or written as a stream from a position (positional reads and writes
-/// underneath).
-struct At<'a> {
-    file: &'a dyn File,
-    pos: u64,
-}
-
-impl Read for At<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.file.read_at(buf, self.pos)?;
-        self.pos += n as u64;
-        Ok(n)
-    }
-}
-
-impl Write for At<'_> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.file.write_all_at(buf, self.pos)?;
-        self.pos += buf.len() as u64;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }
 
@@ -335,13 +308,7 @@ pub fn write_file(
         let file = fs
             .open(path, Mode::Truncate)
             .map_err(|e| StoreError::file(path, e))?;
-        let mut w = BufWriter::with_capacity(
-            1 << 20,
-            At {
-                file: &*file,
-                pos: 0,
-            },
-        );
+        let mut w = BufWriter::with_capacity(1 << 20, Cursor::new(&*file));
         write_to(&mut w, meta, machine).map_err(|e| match e {
             StoreError::File { error, .. } => StoreError::file(path, error),
             e => e,
@@ -392,10 +359,7 @@ pub fn read_meta(fs: &dyn Fs, path: &Path) -> Result<Meta, StoreError> {
     let file = fs
         .open(path, Mode::Read)
         .map_err(|e| StoreError::file(path, e))?;
-    let mut f = BufReader::new(At {
-        file: &*file,
-        pos: 0,
-    });
+    let mut f = BufReader::new(Cursor::new(&*file));
     read_header(path, &mut f).map(|(_, meta)| meta)
 }
 
@@ -409,7 +373,7 @@ pub fn load(fs: &dyn Fs, path: &Path) -> Result<(Meta, fenced_core::StateMachine
         return Err(damaged(path, format!("{len} bytes is too short")));
     }
     let mut hasher = crc32fast::Hasher::new();
-    let mut r = BufReader::with_capacity(1 << 20, At { file: &*f, pos: 0 }).take(len - 4);
+    let mut r = BufReader::with_capacity(1 << 20, Cursor::new(&*f)).take(len - 4);
     let mut buf = vec![0u8; 1 << 16];
     loop {
         let n = r.read(&mut buf).map_err(|e| StoreError::file(path, e))?;
@@ -428,7 +392,7 @@ pub fn load(fs: &dyn Fs, path: &Path) -> Result<(Meta, fenced_core::StateMachine
             format!("stored crc32 {stored:08x}, computed {actual:08x}"),
         ));
     }
-    let mut r = BufReader::with_capacity(1 << 20, At { file: &*f, pos: 0 }).take(len - 4);
+    let mut r = BufReader::with_capacity(1 << 20, Cursor::new(&*f)).take(len - 4);
     let (_, meta) = read_header(path, &mut r)?;
     let machine = codec(len)
         .deserialize_from(&mut r)
