@@ -228,9 +228,12 @@ fn upgrade_entry(old: Entry<LegacyTypeConfig>) -> Entry<TypeConfig> {
 
 /// `mkdir -p dir`, durably: each directory created is fsynced into its parent, so that a
 /// power loss cannot take a data dir away with everything synced inside it (a directory's
-/// own name lives in its parent, which nothing else syncs).
+/// own name lives in its parent, which nothing else syncs). Nothing to do if `dir` exists.
 pub(crate) fn create_dir_all_durably(fs: &dyn Fs, dir: &Path) -> Result<(), StoreError> {
     let missing: Vec<&Path> = dir.ancestors().take_while(|a| !fs.exists(a)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
     fs.create_dir_all(dir)
         .map_err(|error| StoreError::file(dir, error))?;
     for created in missing.into_iter().rev() {

@@ -137,14 +137,7 @@ impl SnapshotStore {
 
     /// A new temporary file name in the snapshot directory (created if missing).
     fn tmp_path(&self) -> Result<PathBuf, StoreError> {
-        if !self.fs.exists(&self.dir) {
-            self.fs
-                .create_dir_all(&self.dir)
-                .map_err(|e| StoreError::file(&self.dir, e))?;
-            if let Some(parent) = self.dir.parent() {
-                crate::sync_dir(&*self.fs, parent)?;
-            }
-        }
+        crate::create_dir_all_durably(&*self.fs, &self.dir)?;
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
         Ok(self.dir.join(format!("{}-{n}.tmp", std::process::id())))
     }

@@ -155,9 +155,7 @@ impl Wal {
             fs.remove_dir_all(&dir)
                 .map_err(|e| StoreError::file(&dir, e))?;
         }
-        fs.create_dir_all(&dir)
-            .map_err(|e| StoreError::file(&dir, e))?;
-        crate::sync_dir(&**fs, data_dir)?;
+        crate::create_dir_all_durably(&**fs, &dir)?;
         let mut wal = Wal::empty(fs, dir, purged);
         wal.append(entries)?;
         for s in &wal.segments {

@@ -245,11 +245,7 @@ impl Wal {
                 });
             }
         }
-        if !fs.exists(&wal.dir) {
-            fs.create_dir_all(&wal.dir)
-                .map_err(|e| StoreError::file(&wal.dir, e))?;
-            crate::sync_dir(&**fs, data_dir)?;
-        }
+        crate::create_dir_all_durably(&**fs, &wal.dir)?;
         Ok(wal)
     }
 }
