@@ -512,41 +512,34 @@ pub async fn probe(cluster: &Cluster, rng: &mut StdRng, keys: usize, locks: usiz
     let mut p = Probe::default();
     for k in 0..keys {
         let key = format!("k{k}");
-        let mut last = Err("no read".to_owned());
-        for _ in 0..40 {
-            let ids = cluster.ids();
-            let Some(&id) = ids.choose(rng) else { break };
+        let last = on_any_member(cluster, rng, "no read", |id, _| {
             let kb = key.clone().into_bytes();
-            let r = cluster
-                .call(id, move |n| async move {
-                    n.read_clone_timed(move |sm, now| {
-                        sm.kv().read(now, &[b"GET".to_vec(), kb.clone()])
+            async move {
+                let r = cluster
+                    .call(id, move |n| async move {
+                        n.read_clone_timed(move |sm, now| {
+                            sm.kv().read(now, &[b"GET".to_vec(), kb.clone()])
+                        })
+                        .await
                     })
-                    .await
-                })
-                .await;
-            last = match r {
-                Ok(Ok(Some(fenced_core::kv::Reply::Bulk(v)))) => {
-                    Ok(Some(String::from_utf8_lossy(&v).into_owned()))
+                    .await;
+                match r {
+                    Ok(Ok(Some(fenced_core::kv::Reply::Bulk(v)))) => {
+                        Ok(Some(String::from_utf8_lossy(&v).into_owned()))
+                    }
+                    Ok(Ok(Some(fenced_core::kv::Reply::Nil) | None)) => Ok(None),
+                    Ok(Ok(other)) => Err(format!("{other:?}")),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(g) => Err(format!("n{id}: {g:?}")),
                 }
-                Ok(Ok(Some(fenced_core::kv::Reply::Nil) | None)) => Ok(None),
-                Ok(Ok(other)) => Err(format!("{other:?}")),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(g) => Err(format!("n{id}: {g:?}")),
-            };
-            if last.is_ok() {
-                break;
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        })
+        .await;
         p.reads.push((key, last));
     }
     for l in 0..locks {
         let lock = format!("L{l}");
-        let mut last = Err("no grant".to_owned());
-        for seq in 1..=40 {
-            let ids = cluster.ids();
-            let Some(&id) = ids.choose(rng) else { break };
+        let last = on_any_member(cluster, rng, "no grant", |id, seq| {
             let rid = RequestId {
                 client_id: 900_000 + l as u64,
                 seq,
@@ -558,23 +551,47 @@ pub async fn probe(cluster: &Cluster, rng: &mut StdRng, keys: usize, locks: usiz
                 session: None,
                 wait_ms: 0,
             };
-            let r = cluster
-                .call(id, move |n| async move { n.propose(Some(rid), cmd).await })
-                .await;
-            last = match r {
-                Ok(Ok(Response::Granted { token, .. })) => Ok(token),
-                Ok(Ok(other)) => Err(format!("{other:?}")),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(g) => Err(format!("n{id}: {g:?}")),
-            };
-            if last.is_ok() {
-                break;
+            async move {
+                let r = cluster
+                    .call(id, move |n| async move { n.propose(Some(rid), cmd).await })
+                    .await;
+                match r {
+                    Ok(Ok(Response::Granted { token, .. })) => Ok(token),
+                    Ok(Ok(other)) => Err(format!("{other:?}")),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(g) => Err(format!("n{id}: {g:?}")),
+                }
             }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        })
+        .await;
         p.grants.push((lock, last));
     }
     p
+}
+
+/// `attempt(node, try)` through a random member, tries 1 to 40 250 ms apart, until one
+/// succeeds: its answer, or the last error (`none` if no member was there to try).
+async fn on_any_member<T, F, Fut>(
+    cluster: &Cluster,
+    rng: &mut StdRng,
+    none: &str,
+    mut attempt: F,
+) -> Result<T, String>
+where
+    F: FnMut(u64, u64) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let mut last = Err(none.to_owned());
+    for tried in 1..=40 {
+        let ids = cluster.ids();
+        let Some(&id) = ids.choose(rng) else { break };
+        last = attempt(id, tried).await;
+        if last.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    last
 }
 
 /// The `restore` checker. With `ops` the history before the restore (the clients stopped

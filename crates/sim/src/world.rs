@@ -580,23 +580,23 @@ impl Cluster {
     /// reached it ([`SimFs::power_loss`]).
     pub async fn power_loss(&self, id: u64) {
         self.crash(id).await;
-        if let Some(fs) = self.fs(id) {
-            let lost = fs.power_loss();
-            self.inner
-                .trace
-                .line(&format!("n{id}"), format!("lost power: {lost:?}"));
-        }
+        self.apply_power_loss(id, self.fs(id), "lost power");
     }
 
     /// If node `id`'s disk died ([`SimFs::lose_power_at_sync`]; the node is down), its machine
     /// lost power then: apply the loss.
     fn lost_power_if_dead(&self, id: u64) {
-        if let Some(fs) = self.fs(id).filter(SimFs::is_dead) {
+        let dead = self.fs(id).filter(SimFs::is_dead);
+        self.apply_power_loss(id, dead, "lost power in the middle of its writes");
+    }
+
+    /// Node `id`'s disk `fs` (if any) keeps only what reached it; the trace says `what`.
+    fn apply_power_loss(&self, id: u64, fs: Option<SimFs>, what: &str) {
+        if let Some(fs) = fs {
             let lost = fs.power_loss();
-            self.inner.trace.line(
-                &format!("n{id}"),
-                format!("lost power in the middle of its writes: {lost:?}"),
-            );
+            self.inner
+                .trace
+                .line(&format!("n{id}"), format!("{what}: {lost:?}"));
         }
     }
 
