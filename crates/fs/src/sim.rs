@@ -272,6 +272,11 @@ impl SimFs {
         lock(&self.state).faults = faults;
     }
 
+    /// Change some of the faults, the rest as they are.
+    pub fn change_faults(&self, change: impl FnOnce(&mut DiskFaults)) {
+        change(&mut lock(&self.state).faults);
+    }
+
     /// The power goes at the `n`th sync from now (1: the next one), which fails, like every
     /// operation after it until [`SimFs::power_loss`].
     pub fn lose_power_at_sync(&self, n: u64) {

@@ -22,7 +22,6 @@
 
 use std::time::Duration;
 
-use fenced_fs::DiskFaults;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -79,15 +78,9 @@ pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
                 "nemesis",
                 format!("n{id} fsync fails with probability {p} for {lasting:?}"),
             );
-            fs.set_faults(DiskFaults {
-                fsync_error: p,
-                ..fs.faults()
-            });
+            fs.change_faults(|f| f.fsync_error = p);
             tokio::time::sleep(lasting).await;
-            fs.set_faults(DiskFaults {
-                fsync_error: 0.0,
-                ..fs.faults()
-            });
+            fs.change_faults(|f| f.fsync_error = 0.0);
             trace.line("nemesis", format!("n{id} fsync works again"));
         }
         // The disk is full for a while.
@@ -96,15 +89,9 @@ pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
                 return;
             };
             trace.line("nemesis", format!("n{id} disk full for {lasting:?}"));
-            fs.set_faults(DiskFaults {
-                full: true,
-                ..fs.faults()
-            });
+            fs.change_faults(|f| f.full = true);
             tokio::time::sleep(lasting).await;
-            fs.set_faults(DiskFaults {
-                full: false,
-                ..fs.faults()
-            });
+            fs.change_faults(|f| f.full = false);
             trace.line("nemesis", format!("n{id} disk has room again"));
         }
         // A byte rots while the node is stopped — in one node at most: a node that refuses
@@ -128,10 +115,9 @@ pub async fn heal(cluster: &Cluster) {
         let Some(fs) = cluster.fs(id) else {
             continue;
         };
-        fs.set_faults(DiskFaults {
-            fsync_error: 0.0,
-            full: false,
-            ..fs.faults()
+        fs.change_faults(|f| {
+            f.fsync_error = 0.0;
+            f.full = false;
         });
         if fs.is_dead() || fs.power_due() {
             cluster.power_loss(id).await;
