@@ -135,11 +135,14 @@ impl SnapshotStore {
         self.dir.join(CURRENT)
     }
 
-    /// A new temporary file name in the snapshot directory (created if missing).
+    /// A new temporary file name in the snapshot directory (created if missing): a counter of
+    /// this store. (The process id was in it too, which made the names — and the simulator's
+    /// trace, which shows them in errors — differ between runs of one seed; one data dir has
+    /// one store, and every `*.tmp` of an earlier run is deleted when it opens.)
     fn tmp_path(&self) -> Result<PathBuf, StoreError> {
         crate::create_dir_all_durably(&*self.fs, &self.dir)?;
         let n = self.next_tmp.fetch_add(1, Ordering::Relaxed);
-        Ok(self.dir.join(format!("{}-{n}.tmp", std::process::id())))
+        Ok(self.dir.join(format!("{n}.tmp")))
     }
 
     /// Write `meta` and `machine` into a new temporary file, synced; returns its path.
