@@ -270,12 +270,13 @@ fn check_members(members: &BTreeMap<NodeId, String>, id: NodeId) -> Result<(), B
 /// and `--data-dir`), then start each with `fenced serve` and the same `--initial-cluster`.
 /// Nothing is created if anything is wrong. Blocking.
 pub fn restore(opts: &RestoreOptions) -> Result<RestoreReport, BackupError> {
-    restore_on(&fenced_fs::os(), opts)
+    restore_on(&fenced_storage::Env::default(), opts)
 }
 
-/// [`restore`], the new data dir made on `fs` (the backup file is read from the real one).
+/// [`restore`], the new data dir made on `env`'s file system and opened with its I/O (the
+/// backup file is read from the real one).
 pub fn restore_on(
-    fs: &std::sync::Arc<dyn fenced_fs::Fs>,
+    env: &fenced_storage::Env,
     opts: &RestoreOptions,
 ) -> Result<RestoreReport, BackupError> {
     check_members(&opts.members, opts.member_id)?;
@@ -289,7 +290,7 @@ pub fn restore_on(
         &machine,
     );
     store_restore::create_dir_on(
-        fs,
+        env,
         &opts.data_dir,
         cluster_id,
         opts.member_id,
@@ -369,7 +370,7 @@ pub async fn force_new_cluster(
     );
     env.fs.rename(dir, &aside).map_err(file_err(dir))?;
     if let Err(e) = store_restore::create_dir_on(
-        &env.fs,
+        env,
         dir,
         cluster_id,
         member_id,

@@ -480,7 +480,7 @@ pub async fn restore(cluster: &Cluster, backup: &Backup) -> Vec<String> {
             continue;
         };
         let _ = fs.remove_dir_all(&dir);
-        let fs: std::sync::Arc<dyn Fs> = std::sync::Arc::new(fs);
+        let env = fenced_storage::Env::new(std::sync::Arc::new(fs), fenced_storage::Io::Inline);
         let opts = RestoreOptions {
             snapshot: backup.file.clone(),
             data_dir: dir,
@@ -489,7 +489,7 @@ pub async fn restore(cluster: &Cluster, backup: &Backup) -> Vec<String> {
             cluster_token: DEFAULT_CLUSTER_TOKEN.to_owned(),
             bump_revision: DEFAULT_BUMP_REVISION,
         };
-        match fenced_server::backup::restore_on(&fs, &opts) {
+        match fenced_server::backup::restore_on(&env, &opts) {
             Ok(r) => cluster.trace().line(
                 "operator",
                 format!(

@@ -12,14 +12,13 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fenced_fs::Fs;
 use fenced_raft_types::identity::{self, Identity, MemberState};
 use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::storage::{RaftLogReader, RaftLogStorage, RaftStateMachine};
 use openraft::{BasicNode, LogId, SnapshotMeta, StoredMembership};
 
 use crate::snapshot::{self, SnapshotStore};
-use crate::{Env, Io, StoreError};
+use crate::{Env, StoreError};
 
 type Meta = SnapshotMeta<NodeId, BasicNode>;
 
@@ -35,7 +34,7 @@ pub fn create_dir(
     snapshot_id: String,
 ) -> Result<(), StoreError> {
     create_dir_on(
-        &fenced_fs::os(),
+        &Env::default(),
         dir,
         cluster_id,
         member_id,
@@ -44,15 +43,17 @@ pub fn create_dir(
     )
 }
 
-/// [`create_dir`] on `fs`.
+/// [`create_dir`] on `env`'s file system; the check that the new dir reads back opens it
+/// with `env`'s I/O.
 pub fn create_dir_on(
-    fs: &Arc<dyn Fs>,
+    env: &Env,
     dir: &Path,
     cluster_id: u64,
     member_id: NodeId,
     machine: &fenced_core::StateMachine,
     snapshot_id: String,
 ) -> Result<(), StoreError> {
+    let fs = &env.fs;
     match fs.read_dir(dir).map(|entries| entries.is_empty()) {
         Ok(false) => {
             return Err(StoreError::Refused(format!(
@@ -72,18 +73,16 @@ pub fn create_dir_on(
         _ => PathBuf::from("."),
     };
     crate::create_dir_all_durably(&**fs, &parent)?;
-    let staging = parent.join(format!(
-        ".{}.restoring-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    // One restore into a dir at a time (the operator's); a leftover from an interrupted one
+    // is removed first.
+    let staging = parent.join(format!(".{}.restoring", name.to_string_lossy()));
     if fs.exists(&staging) {
         fs.remove_dir_all(&staging)
             .map_err(|e| StoreError::file(&staging, e))?;
     }
     fs.create_dir(&staging)
         .map_err(|e| StoreError::file(&staging, e))?;
-    let result = fill(fs, &staging, cluster_id, member_id, machine, snapshot_id)
+    let result = fill(env, &staging, cluster_id, member_id, machine, snapshot_id)
         .and_then(|()| {
             fs.rename(&staging, dir)
                 .map_err(|e| StoreError::file(dir, e))
@@ -96,13 +95,14 @@ pub fn create_dir_on(
 }
 
 fn fill(
-    fs: &Arc<dyn Fs>,
+    env: &Env,
     dir: &Path,
     cluster_id: u64,
     member_id: NodeId,
     machine: &fenced_core::StateMachine,
     snapshot_id: String,
 ) -> Result<(), StoreError> {
+    let fs = &env.fs;
     identity::store_on(
         &**fs,
         dir,
@@ -117,11 +117,8 @@ fn fill(
     let path = snapshots.write(&meta, machine)?;
     snapshots.install(&path, &meta)?;
     // The rest of the store (an empty log, no vote), and a check that it reads back.
-    let (log, state_machine) = crate::open_with(
-        dir,
-        Arc::new(|_: &[fenced_core::Event]| {}),
-        Env::new(fs.clone(), Io::Threads),
-    )?;
+    let (log, state_machine) =
+        crate::open_with(dir, Arc::new(|_: &[fenced_core::Event]| {}), env.clone())?;
     let back = state_machine.shared().read(|m| m.revision());
     if back != machine.revision() || log.holds_state() {
         return Err(StoreError::Damaged {
