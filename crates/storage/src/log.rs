@@ -322,7 +322,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         tracing::debug!(%log_id, "purge log up to");
         // Not past what a snapshot on disk covers, while one is being installed
         // (`SnapshotStore::covering`).
-        self.snapshots.covering(log_id).await;
+        self.snapshots
+            .covering(log_id)
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
         // Record first, durably: a crash before the segments are gone leaves only harmless
         // stale entries, while segments gone without the record would look like a hole.
         let purged = self.purged.clone();

@@ -79,11 +79,21 @@ pub struct SnapshotStore {
     /// Held while the current snapshot is compared and replaced.
     replacing: Mutex<()>,
     next_tmp: AtomicU64,
-    /// The last log id the current snapshot covers, durably ([`SnapshotStore::covering`]).
-    covered: tokio::sync::watch::Sender<Option<LogId<NodeId>>>,
+    /// What the current snapshot covers, durably, and whether an install failed since
+    /// ([`SnapshotStore::covering`]).
+    covered: tokio::sync::watch::Sender<Covered>,
     /// Files a snapshot from the leader is being received into ([`SnapshotStore::receiving`]);
     /// one still there is an install that may come.
     received: Mutex<Vec<PathBuf>>,
+}
+
+/// What [`SnapshotStore::covering`] waits on.
+#[derive(Clone, Debug, Default)]
+struct Covered {
+    /// The last log id the current snapshot covers, durably.
+    upto: Option<LogId<NodeId>>,
+    /// Why an install of a received snapshot failed, since the last one that succeeded.
+    failed: Option<String>,
 }
 
 impl SnapshotStore {
@@ -113,11 +123,14 @@ impl SnapshotStore {
             dir,
             replacing: Mutex::new(()),
             next_tmp: AtomicU64::new(0),
-            covered: tokio::sync::watch::Sender::new(None),
+            covered: tokio::sync::watch::Sender::new(Covered::default()),
             received: Mutex::new(Vec::new()),
         };
         if let Some((meta, _)) = store.current()? {
-            store.covered = tokio::sync::watch::Sender::new(meta.last_log_id);
+            store.covered = tokio::sync::watch::Sender::new(Covered {
+                upto: meta.last_log_id,
+                failed: None,
+            });
         }
         Ok(store)
     }
@@ -178,30 +191,39 @@ impl SnapshotStore {
             .rename(path, &current)
             .map_err(|e| StoreError::file(path, e))?;
         crate::sync_dir(&*self.fs, &self.dir)?;
-        self.covered.send_if_modified(|c| {
-            let newer = *c < meta.last_log_id;
-            if newer {
-                *c = meta.last_log_id;
-            }
-            newer
+        self.covered.send_modify(|c| {
+            c.upto = c.upto.max(meta.last_log_id);
+            c.failed = None;
         });
         Ok(true)
     }
 
-    /// Wait until the current snapshot, durably installed, covers `log_id`. A log is purged
-    /// only up to what a snapshot on disk covers: openraft asks a follower to purge the log
-    /// while the snapshot it received is still being installed, and a purge recorded before
-    /// an install that then failed, or that a crash cut short, left a data dir whose log
-    /// ended before its snapshot began — refused at the next start, for good (found by
-    /// fenced-sim). Never resolves if that snapshot never comes (the node stops on the
-    /// install's error).
+    /// An install of a received snapshot failed (Raft stops on the error): a purge waiting
+    /// for it ([`SnapshotStore::covering`]) fails too.
+    pub fn install_failed(&self, why: &impl std::fmt::Display) {
+        self.covered
+            .send_modify(|c| c.failed = Some(why.to_string()));
+    }
+
+    /// Wait until the current snapshot, durably installed, covers `log_id`; an error if the
+    /// install of a received snapshot failed first. A log is purged only up to what a
+    /// snapshot on disk covers: openraft asks a follower to purge the log while the snapshot
+    /// it received is still being installed, and a purge recorded before an install that
+    /// then failed, or that a crash cut short, left a data dir whose log ended before its
+    /// snapshot began — refused at the next start, for good (found by fenced-sim). Purging
+    /// less instead is no cure: the entries appended next, after the snapshot's, would reach
+    /// the disk before it, over a log that does not reach them. Waiting on an install that
+    /// then fails must not last for good either: Raft waits on this purge, so it could not
+    /// stop on the install's error (found by fenced-sim too).
     ///
-    /// Without a snapshot being received (a file of [`SnapshotStore::receiving`] still there),
-    /// no install is coming, and it returns at once.
-    pub async fn covering(&self, log_id: LogId<NodeId>) {
+    /// Without a snapshot being received (a file of [`SnapshotStore::receiving`] still there)
+    /// or an install that failed, no install is coming, and it returns at once.
+    pub async fn covering(&self, log_id: LogId<NodeId>) -> Result<(), StoreError> {
+        let done = |c: &Covered| c.upto >= Some(log_id);
         let mut covered = self.covered.subscribe();
-        if *covered.borrow_and_update() >= Some(log_id) {
-            return;
+        let now = covered.borrow_and_update().clone();
+        if done(&now) {
+            return Ok(());
         }
         let incoming = {
             let mut received = self
@@ -211,8 +233,22 @@ impl SnapshotStore {
             received.retain(|p| self.fs.exists(p));
             !received.is_empty()
         };
-        if incoming {
-            let _ = covered.wait_for(|c| *c >= Some(log_id)).await;
+        let now = match (now.failed.is_some(), incoming) {
+            (false, false) => return Ok(()),
+            (true, _) => now,
+            (false, true) => match covered.wait_for(|c| done(c) || c.failed.is_some()).await {
+                Ok(c) => c.clone(),
+                // The sender is `self`'s: not while `self` is borrowed.
+                Err(_) => now,
+            },
+        };
+        match done(&now) {
+            true => Ok(()),
+            false => Err(StoreError::Refused(format!(
+                "not purging the log up to {log_id}: the snapshot that would cover it failed \
+                 to install: {}",
+                now.failed.as_deref().unwrap_or("(no reason)")
+            ))),
         }
     }
 
@@ -397,4 +433,87 @@ pub fn load(fs: &dyn Fs, path: &Path) -> Result<(Meta, fenced_core::StateMachine
         return Err(damaged(path, "bytes after the state machine"));
     }
     Ok((meta, machine))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::{CommittedLeaderId, StoredMembership};
+    use std::time::Duration;
+
+    fn id(i: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(1, 1), i)
+    }
+
+    fn meta(i: u64) -> Meta {
+        Meta {
+            last_log_id: Some(id(i)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: format!("s{i}"),
+        }
+    }
+
+    /// A store with a snapshot file of `meta(i)` written (not installed), and a file being
+    /// received.
+    fn receiving(i: u64) -> (tempfile::TempDir, SnapshotStore, PathBuf) {
+        let dir = tempfile::TempDir::new().expect("temp dir");
+        let store = SnapshotStore::open(dir.path()).expect("open");
+        let written = store
+            .write(&meta(i), &fenced_core::StateMachine::default())
+            .expect("write");
+        let _incoming = store.receiving(true).expect("receiving");
+        (dir, store, written)
+    }
+
+    async fn waits(store: &SnapshotStore, i: u64) -> bool {
+        tokio::time::timeout(Duration::from_secs(5), store.covering(id(i)))
+            .await
+            .is_err()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_purge_goes_ahead_when_no_snapshot_is_coming() {
+        let dir = tempfile::TempDir::new().expect("temp dir");
+        let store = SnapshotStore::open(dir.path()).expect("open");
+        store.covering(id(9)).await.expect("nothing to wait for");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_purge_waits_for_the_install_of_a_received_snapshot() {
+        let (_dir, store, written) = receiving(5);
+        assert!(
+            waits(&store, 5).await,
+            "it must wait while the install is to come"
+        );
+        let (waited, installed) = tokio::join!(store.covering(id(5)), async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            store.install(&written, &meta(5))
+        });
+        assert!(installed.expect("install"));
+        waited.expect("covered by the install");
+        // Below what is covered: at once.
+        store.covering(id(3)).await.expect("covered");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_purge_waiting_for_an_install_that_fails_fails_too() {
+        let (_dir, store, _) = receiving(5);
+        let purge = tokio::time::timeout(Duration::from_secs(5), store.covering(id(5)));
+        let (waited, ()) = tokio::join!(purge, async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            store.install_failed(&"disk on fire");
+        });
+        let e = waited
+            .expect("the purge must not wait for good")
+            .expect_err("the install failed");
+        assert!(e.to_string().contains("disk on fire"), "{e}");
+        // A purge asked after the failure fails at once (Raft is stopping), and an install
+        // that succeeds clears the failure.
+        assert!(store.covering(id(5)).await.is_err());
+        let written = store
+            .write(&meta(6), &fenced_core::StateMachine::default())
+            .expect("write");
+        store.install(&written, &meta(6)).expect("install");
+        store.covering(id(6)).await.expect("covered");
+    }
 }

@@ -127,6 +127,82 @@ impl StateMachineStore {
     pub fn diverge_at_for_tests(&mut self, index: u64) {
         self.digester.set_diverge_at(index);
     }
+
+    /// [`RaftStateMachine::install_snapshot`]'s work: check the received file, make it the
+    /// current snapshot, and take its state.
+    async fn install_received(
+        &mut self,
+        meta: &Meta,
+        mut snapshot: Box<SnapshotFile>,
+    ) -> StorageResult<()> {
+        let err = |e: StoreError| StorageIOError::read_snapshot(Some(meta.signature()), &e);
+        snapshot
+            .sync()
+            .await
+            .map_err(|e| err(StoreError::file(snapshot.path(), e)))?;
+        let mut path = snapshot.path().to_owned();
+        drop(snapshot);
+        if path.parent() != Some(self.snapshots.dir()) {
+            // Not a file of `begin_receiving_snapshot` (openraft's storage test suite hands
+            // over the leader's own): install a copy, never move someone else's file.
+            let own = self
+                .snapshots
+                .receiving(self.io.inline())
+                .map_err(err)?
+                .path()
+                .to_owned();
+            let (from, to) = (path, own.clone());
+            let fs = self.snapshots.fs().clone();
+            self.io
+                .run(snapshot::DIR, move || {
+                    fs.copy(&from, &to)
+                        .and_then(|_| fs.open(&to, fenced_fs::Mode::Read)?.sync_all())
+                        .map_err(|error| StoreError::File { path: from, error })
+                })
+                .await
+                .map_err(err)?;
+            path = own;
+        }
+        let (checked, fs) = (path.clone(), self.snapshots.fs().clone());
+        let (stored_meta, machine) = match self
+            .io
+            .run(snapshot::DIR, move || snapshot::load(&*fs, &checked))
+            .await
+        {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                let _ = self.snapshots.fs().remove_file(&path);
+                return Err(err(e).into());
+            }
+        };
+        if &stored_meta != meta {
+            let _ = self.snapshots.fs().remove_file(&path);
+            return Err(err(StoreError::Checksum {
+                what: "received snapshot",
+                detail: format!(
+                    "it describes snapshot {}, the leader announced {}",
+                    stored_meta.snapshot_id, meta.snapshot_id
+                ),
+            })
+            .into());
+        }
+        let store = self.snapshots.clone();
+        let m = meta.clone();
+        self.io
+            .run(snapshot::DIR, move || store.install(&path, &m))
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        let new_state = SmState {
+            last_applied: meta.last_log_id,
+            membership: meta.last_membership.clone(),
+            machine,
+        };
+        let mut st = self.state.write().map_err(|_| {
+            StorageIOError::write_state_machine(AnyError::new(&StoreError::Poisoned))
+        })?;
+        *st = new_state;
+        Ok(())
+    }
 }
 
 /// What the server's snapshot trigger weighs: bytes of log on disk against the size of the
@@ -232,75 +308,14 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     async fn install_snapshot(
         &mut self,
         meta: &Meta,
-        mut snapshot: Box<SnapshotFile>,
+        snapshot: Box<SnapshotFile>,
     ) -> StorageResult<()> {
-        let err = |e: StoreError| StorageIOError::read_snapshot(Some(meta.signature()), &e);
-        snapshot
-            .sync()
-            .await
-            .map_err(|e| err(StoreError::file(snapshot.path(), e)))?;
-        let mut path = snapshot.path().to_owned();
-        drop(snapshot);
-        if path.parent() != Some(self.snapshots.dir()) {
-            // Not a file of `begin_receiving_snapshot` (openraft's storage test suite hands
-            // over the leader's own): install a copy, never move someone else's file.
-            let own = self
-                .snapshots
-                .receiving(self.io.inline())
-                .map_err(err)?
-                .path()
-                .to_owned();
-            let (from, to) = (path, own.clone());
-            let fs = self.snapshots.fs().clone();
-            self.io
-                .run(snapshot::DIR, move || {
-                    fs.copy(&from, &to)
-                        .and_then(|_| fs.open(&to, fenced_fs::Mode::Read)?.sync_all())
-                        .map_err(|error| StoreError::File { path: from, error })
-                })
-                .await
-                .map_err(err)?;
-            path = own;
+        let installed = self.install_received(meta, snapshot).await;
+        if let Err(e) = &installed {
+            // A purge waiting for this install must not wait for good.
+            self.snapshots.install_failed(e);
         }
-        let (checked, fs) = (path.clone(), self.snapshots.fs().clone());
-        let (stored_meta, machine) = match self
-            .io
-            .run(snapshot::DIR, move || snapshot::load(&*fs, &checked))
-            .await
-        {
-            Ok(loaded) => loaded,
-            Err(e) => {
-                let _ = self.snapshots.fs().remove_file(&path);
-                return Err(err(e).into());
-            }
-        };
-        if &stored_meta != meta {
-            let _ = self.snapshots.fs().remove_file(&path);
-            return Err(err(StoreError::Checksum {
-                what: "received snapshot",
-                detail: format!(
-                    "it describes snapshot {}, the leader announced {}",
-                    stored_meta.snapshot_id, meta.snapshot_id
-                ),
-            })
-            .into());
-        }
-        let store = self.snapshots.clone();
-        let m = meta.clone();
-        self.io
-            .run(snapshot::DIR, move || store.install(&path, &m))
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
-        let new_state = SmState {
-            last_applied: meta.last_log_id,
-            membership: meta.last_membership.clone(),
-            machine,
-        };
-        let mut st = self.state.write().map_err(|_| {
-            StorageIOError::write_state_machine(AnyError::new(&StoreError::Poisoned))
-        })?;
-        *st = new_state;
-        Ok(())
+        installed
     }
 
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
