@@ -94,10 +94,17 @@ pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
             fs.change_faults(|f| f.full = false);
             trace.line("nemesis", format!("n{id} disk has room again"));
         }
-        // A byte rots while the node is stopped — in one node at most: a node that refuses
-        // its rotten dir stays down, and the rest must keep a majority.
+        // A byte rots while the node is stopped — in one member at most, none while another
+        // lost its data, and none while the operator changes the membership (a cluster of
+        // two voters on the way has no member to spare): a node that refuses its rotten dir
+        // stays down, and the rest must keep a majority.
         _ => {
-            if !cluster.is_up(id) || !cluster.given_up().is_empty() {
+            let full = cluster.ids().len() as u64 >= cluster.spec().nodes;
+            if !cluster.is_up(id)
+                || !cluster.damaged().is_empty()
+                || cluster.operator().busy()
+                || !full
+            {
                 return;
             }
             cluster.crash(id).await;

@@ -75,6 +75,11 @@ impl Operator {
         self.majority_wiped.get()
     }
 
+    /// A membership change, a wipe or its repair is under way.
+    pub fn busy(&self) -> bool {
+        self.busy.get()
+    }
+
     fn claim(&self) -> bool {
         if self.busy.get() || self.majority_wiped.get() {
             return false;

@@ -226,6 +226,19 @@ impl Cluster {
             .collect()
     }
 
+    /// Members that lost their data (wiped, not removed yet), or whose disk holds a rotten
+    /// byte they have not started from yet, or that gave up on it. The disk faults damage
+    /// one member at a time, or the rest could lose their majority.
+    pub fn damaged(&self) -> Vec<u64> {
+        self.inner
+            .slots
+            .borrow()
+            .iter()
+            .filter(|(_, s)| !s.gone && (s.given_up || s.rotted || s.wiped))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
     /// Members left down for the rest of the run: they refused their rotten dirs.
     pub fn given_up(&self) -> Vec<u64> {
         self.inner
