@@ -112,6 +112,9 @@ fn seeds_that_found_bugs_pass() {
     // The rewrite of the records past the recorded log (seed 32's fix) indexed a segment
     // holding none: a panic at start.
     seeds_pass(2303..2304, &o);
+    // The simulator's own fault budget: a byte rotted in a second member while the first
+    // was still refusing its rotten dir — two of three members down for good.
+    seeds_pass(496..497, &o);
 }
 
 /// Every fault plus the operator's: membership changes, wiped members, a backup and a restore
@@ -146,6 +149,14 @@ fn operator_seeds_that_found_bugs_pass() {
     let mut o = as_found(with_operator(Options::default()), false);
     o.faults.membership = false;
     seeds_pass(17..18, &o);
+    // A follower's purge waited for the install of the snapshot it received, and the install
+    // failed on an fsync error: Raft waited on the purge for good, could not stop, and the
+    // restore's shutdown of the node never returned (simulated time ran on, unbounded).
+    seeds_pass(700_457..700_458, &with_operator(Options::default()));
+    // The simulator's own fault budget: a byte rotted in a member while another was wiped
+    // (700071), or while a membership change had left two voters (700009).
+    seeds_pass(700_071..700_072, &with_operator(Options::default()));
+    seeds_pass(700_009..700_010, &with_operator(Options::default()));
 }
 
 #[test]
