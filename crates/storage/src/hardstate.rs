@@ -304,18 +304,12 @@ mod tests {
         assert_eq!(hs.value(), &value(3));
 
         // Damage the newest slot: the previous value comes back.
-        let f = OpenOptions::new()
-            .write(true)
-            .open(HardState::path_in(dir.path()))
-            .expect("open");
-        f.write_all_at(b"\xff\xff", newer * SLOT + 30)
-            .expect("poke");
+        damage_slot(dir.path(), newer);
         let hs = HardState::open(dir.path()).expect("open").expect("exists");
         assert_eq!(hs.value(), &value(2));
 
         // Both damaged: refused, naming the file.
-        f.write_all_at(b"\xff\xff", (1 - newer) * SLOT + 30)
-            .expect("poke");
+        damage_slot(dir.path(), 1 - newer);
         match HardState::open(dir.path()) {
             Err(e @ StoreError::Damaged { .. }) => {
                 assert!(e.to_string().contains(FILE_NAME), "{e}")
@@ -336,14 +330,19 @@ mod tests {
         hs.write(voted.clone()).expect("write");
         let newer = hs.seq % 2;
         drop(hs);
-        let f = OpenOptions::new()
-            .write(true)
-            .open(HardState::path_in(dir.path()))
-            .expect("open");
-        f.write_all_at(b"\xff\xff", newer * SLOT + 30)
-            .expect("poke");
+        damage_slot(dir.path(), newer);
         let hs = HardState::open(dir.path()).expect("open").expect("exists");
         assert_eq!(hs.value().vote, voted.vote, "the vote went back");
+    }
+
+    /// Two bytes of slot `slot`'s payload in `dir`'s file go bad.
+    fn damage_slot(dir: &Path, slot: u64) {
+        OpenOptions::new()
+            .write(true)
+            .open(HardState::path_in(dir))
+            .expect("open")
+            .write_all_at(b"\xff\xff", slot * SLOT + 30)
+            .expect("poke");
     }
 
     #[test]
