@@ -89,9 +89,28 @@ pub(crate) fn open_checked(
         }
     }
     let wal_dir = dir.join(wal::DIR);
-    let hard = match hardstate::HardState::open_on(&**fs, dir)? {
+    // A new data dir is made in this order: the hard state, the purged record, the log
+    // directory. Without the last two, its creation was cut short: nothing was acknowledged.
+    let creating = purged_file.is_none() && !fs.exists(&wal_dir);
+    let hard = match hardstate::HardState::open_on(&**fs, dir) {
+        Ok(found) => found,
+        // Its first write torn by a crash (a full disk, a power loss): written again.
+        Err(StoreError::Damaged { .. }) if creating => {
+            let path = hardstate::HardState::path_in(dir);
+            fs.remove_file(&path)
+                .map_err(|e| StoreError::file(&path, e))?;
+            tracing::warn!(
+                "{}: the hard state of a data dir whose creation was cut short is unreadable; \
+                 written again",
+                path.display()
+            );
+            None
+        }
+        Err(e) => return Err(e),
+    };
+    let hard = match hard {
         Some(h) => h,
-        None if purged_file.is_some() || fs.exists(&wal_dir) => {
+        None if !creating => {
             return Err(StoreError::Damaged {
                 path: hardstate::HardState::path_in(dir),
                 detail: "the file is missing (it holds the vote and the last appended log id)"

@@ -501,6 +501,21 @@ async fn damaged_log_is_refused_at_open_never_truncated() {
     std::fs::remove_file(dir.path().join("hardstate")).unwrap();
     assert_refused(dir.path(), |e| matches!(e, StoreError::Damaged { .. }));
 
+    // Its first copy unreadable while the rest is there: refused.
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    std::fs::write(dir.path().join("hardstate"), b"FHS2 torn").unwrap();
+    assert_refused(dir.path(), |e| matches!(e, StoreError::Damaged { .. }));
+
+    // The same in a data dir whose creation a crash cut short (the hard state is its first
+    // file; no purged record, no log yet): nothing was acknowledged, so it is written again.
+    let dir = TempDir::new().unwrap();
+    std::fs::write(dir.path().join("hardstate"), b"FHS2 torn").unwrap();
+    let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+    assert_eq!(log.read_vote().await.unwrap(), None);
+    drop(log);
+    open(dir.path(), no_events()).unwrap();
+
     // Intact: opens, with the vote from the hard state and every entry.
     let dir = TempDir::new().unwrap();
     stored_history(dir.path()).await;
