@@ -12,6 +12,7 @@ use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use fenced_client::{Client, ClientOptions, LockOptions};
 use fenced_resp::acl::Acl;
 use fenced_server::config::{parse_cluster, ClusterState, DEFAULT_CLUSTER_TOKEN};
+use fenced_server::membership::{join_decision, JoinAnswer, JoinError};
 use fenced_server::NodeConfig;
 
 mod cli;
@@ -578,53 +579,34 @@ async fn join_lookup(
         },
     )?;
     let answers: Vec<_> = client.status_all().await.into_iter().flatten().collect();
-    let Some(s) = answers
+    let answer = answers
         .iter()
         .find(|s| s.state == "leader")
         .or_else(|| answers.first())
-    else {
-        if fresh {
-            bail!(
-                "--join: no endpoint of {} answered; an empty data dir needs the cluster to                  join it",
-                endpoints.join(",")
-            );
+        .map(|s| JoinAnswer {
+            leader: s.state == "leader",
+            cluster_id: s.cluster_id,
+            members: s
+                .members
+                .iter()
+                .map(|m| (m.id, m.addr.clone(), m.voter))
+                .collect(),
+        });
+    let decision = join_decision(cfg.id, &cfg.grpc_addr, fresh, answer.as_ref());
+    match (&decision, &answer) {
+        (Err(e @ (JoinError::NoAnswer | JoinError::NotAdded { .. })), _) => {
+            bail!("{e} (asked: {})", endpoints.join(","))
         }
-        tracing::warn!("--join: the cluster did not answer; starting from the data dir");
-        return Ok(None);
-    };
-    let hint = format!(
-        "run `fenced member add {} {} --learner --endpoints {}` first",
-        cfg.id,
-        cfg.grpc_addr,
-        endpoints.join(",")
-    );
-    match s.members.iter().find(|m| m.id == cfg.id) {
-        None if fresh => bail!(
-            "--join: member {} is not in the membership of cluster {:x}; {hint}",
-            cfg.id,
-            s.cluster_id
+        (Ok(None), None) => {
+            tracing::warn!("--join: the cluster did not answer; starting from the data dir")
+        }
+        (Ok(None), Some(a)) if !a.leader => tracing::warn!(
+            "--join: no leader answered; starting from the data dir (only a leader can say \
+             this member was removed)"
         ),
-        None => bail!(
-            "--join: member {} is not in the membership of cluster {:x} any more (removed?);              a removed member never comes back under its old id",
-            cfg.id,
-            s.cluster_id
-        ),
-        Some(m) if m.addr != cfg.grpc_addr => bail!(
-            "--join: cluster {:x} knows member {} at {}, but --grpc-addr is {}",
-            s.cluster_id,
-            cfg.id,
-            m.addr,
-            cfg.grpc_addr
-        ),
-        Some(m) if m.voter && fresh => bail!(
-            "--join: member {} is a voter of cluster {:x}: a voter that lost its data must not              rejoin under its id (it would vote without the entries it acknowledged); remove              it and add this node under a new id",
-            cfg.id,
-            s.cluster_id
-        ),
-        // A voter restarting from its data dir: the usual rules.
-        Some(m) if m.voter => Ok(None),
-        Some(_) => Ok(Some(s.cluster_id)),
+        _ => {}
     }
+    Ok(decision?)
 }
 
 async fn member(a: MemberArgs) -> anyhow::Result<()> {

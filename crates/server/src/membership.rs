@@ -275,3 +275,153 @@ impl Node {
         Ok(members(&metrics(self.raft())))
     }
 }
+
+/// One node's answer to `fenced serve --join`'s lookup: whether it leads, its cluster, and
+/// every member it knows as `(id, address, voter)`.
+#[derive(Clone, Debug)]
+pub struct JoinAnswer {
+    pub leader: bool,
+    pub cluster_id: u64,
+    pub members: Vec<(NodeId, String, bool)>,
+}
+
+/// Why `fenced serve --join` does not start the node.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JoinError {
+    #[error("--join: no endpoint answered; an empty data dir needs the cluster to join it")]
+    NoAnswer,
+    #[error(
+        "--join: member {id} is not in the membership of cluster {cluster_id:x}; run \
+         `fenced member add {id} {addr} --learner` first"
+    )]
+    NotAdded {
+        id: NodeId,
+        addr: String,
+        cluster_id: u64,
+    },
+    #[error(
+        "--join: member {id} is not in the membership of cluster {cluster_id:x} any more \
+         (removed?); a removed member never comes back under its old id"
+    )]
+    Removed { id: NodeId, cluster_id: u64 },
+    #[error(
+        "--join: cluster {cluster_id:x} knows member {id} at {known}, but --grpc-addr is {addr}"
+    )]
+    OtherAddr {
+        id: NodeId,
+        cluster_id: u64,
+        known: String,
+        addr: String,
+    },
+    #[error(
+        "--join: member {id} is a voter of cluster {cluster_id:x}: a voter that lost its data \
+         must not rejoin under its id (it would vote without the entries it acknowledged); \
+         remove it and add this node under a new id"
+    )]
+    VoterLostData { id: NodeId, cluster_id: u64 },
+}
+
+/// `fenced serve --join`'s decision for member `id` at `addr`, from the answer of the leader
+/// if one answered, else of any member (`None`: nobody answered). `fresh`: the data dir is
+/// empty. `Ok(Some(cluster))`: join `cluster` as the learner it was added as;
+/// `Ok(None)`: start from the data dir, as any restart does.
+///
+/// Only a leader's answer stops a member that has a data dir: a follower's view of the
+/// membership may be behind, or not loaded yet right after its own restart (after a power
+/// loss of every node, the first one up answered with an empty membership and the others,
+/// refused, never started: found by fenced-sim).
+pub fn join_decision(
+    id: NodeId,
+    addr: &str,
+    fresh: bool,
+    answer: Option<&JoinAnswer>,
+) -> Result<Option<u64>, JoinError> {
+    let Some(a) = answer else {
+        return match fresh {
+            true => Err(JoinError::NoAnswer),
+            false => Ok(None),
+        };
+    };
+    let cluster_id = a.cluster_id;
+    match a.members.iter().find(|(m, _, _)| *m == id) {
+        None if fresh => Err(JoinError::NotAdded {
+            id,
+            addr: addr.to_owned(),
+            cluster_id,
+        }),
+        None if !a.leader => Ok(None),
+        None => Err(JoinError::Removed { id, cluster_id }),
+        Some((_, known, _)) if known != addr => Err(JoinError::OtherAddr {
+            id,
+            cluster_id,
+            known: known.clone(),
+            addr: addr.to_owned(),
+        }),
+        Some((_, _, true)) if fresh => Err(JoinError::VoterLostData { id, cluster_id }),
+        // A voter restarting from its data dir: the usual rules.
+        Some((_, _, true)) => Ok(None),
+        Some(_) => Ok(Some(cluster_id)),
+    }
+}
+
+#[cfg(test)]
+mod join_tests {
+    use super::*;
+
+    fn answer(leader: bool, members: &[(NodeId, bool)]) -> JoinAnswer {
+        JoinAnswer {
+            leader,
+            cluster_id: 0xc1,
+            members: members
+                .iter()
+                .map(|(id, voter)| (*id, format!("10.0.0.{id}:7380"), *voter))
+                .collect(),
+        }
+    }
+
+    const ADDR: &str = "10.0.0.4:7380";
+
+    #[test]
+    fn a_learner_joins_and_a_voter_restarts_from_its_dir() {
+        let a = answer(true, &[(1, true), (4, false)]);
+        assert_eq!(join_decision(4, ADDR, true, Some(&a)), Ok(Some(0xc1)));
+        let a = answer(false, &[(1, true), (4, true)]);
+        assert_eq!(join_decision(4, ADDR, false, Some(&a)), Ok(None));
+    }
+
+    #[test]
+    fn nobody_answering_stops_only_an_empty_dir() {
+        assert_eq!(join_decision(4, ADDR, true, None), Err(JoinError::NoAnswer));
+        assert_eq!(join_decision(4, ADDR, false, None), Ok(None));
+    }
+
+    #[test]
+    fn only_a_leader_says_a_member_with_data_was_removed() {
+        // A follower just restarted: its membership not loaded yet (empty), or behind.
+        let follower = answer(false, &[]);
+        assert_eq!(join_decision(4, ADDR, false, Some(&follower)), Ok(None));
+        let leader = answer(true, &[(1, true)]);
+        assert!(matches!(
+            join_decision(4, ADDR, false, Some(&leader)),
+            Err(JoinError::Removed { id: 4, .. })
+        ));
+        // An empty dir not in the membership: not added yet, whoever answers.
+        assert!(matches!(
+            join_decision(4, ADDR, true, Some(&follower)),
+            Err(JoinError::NotAdded { id: 4, .. })
+        ));
+    }
+
+    #[test]
+    fn a_voter_that_lost_its_data_or_another_address_is_refused() {
+        let a = answer(true, &[(1, true), (4, true)]);
+        assert!(matches!(
+            join_decision(4, ADDR, true, Some(&a)),
+            Err(JoinError::VoterLostData { .. })
+        ));
+        assert!(matches!(
+            join_decision(4, "10.9.9.9:7380", false, Some(&a)),
+            Err(JoinError::OtherAddr { .. })
+        ));
+    }
+}

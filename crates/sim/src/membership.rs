@@ -114,31 +114,23 @@ pub fn join_lookup(cluster: &Cluster, id: u64, cfg: &NodeConfig) -> Result<Optio
         .filter_map(|i| cluster.node(i))
         .filter(|n| n.health().is_ok())
         .collect();
-    let Some(n) = nodes
+    let answer = nodes
         .iter()
         .find(|n| n.check_leader().is_ok())
         .or_else(|| nodes.first())
-    else {
-        if fresh {
-            return Err("--join: no endpoint answered".into());
-        }
-        return Ok(None);
-    };
-    let m = n.raft().metrics().borrow().clone();
-    let views = fenced_server::membership::members(&m);
-    let cluster_id = n.gate().identity().cluster_id();
-    match views.iter().find(|v| v.id == id) {
-        None => Err(format!("--join: member {id} is not in the membership")),
-        Some(v) if v.addr != cfg.grpc_addr => Err(format!(
-            "--join: the cluster knows member {id} at {}",
-            v.addr
-        )),
-        Some(v) if v.voter && fresh => Err(format!(
-            "--join: member {id} is a voter: a voter that lost its data must not rejoin under its id"
-        )),
-        Some(v) if v.voter => Ok(None),
-        Some(_) => Ok(Some(cluster_id)),
-    }
+        .map(|n| {
+            let m = n.raft().metrics().borrow().clone();
+            fenced_server::membership::JoinAnswer {
+                leader: n.check_leader().is_ok(),
+                cluster_id: n.gate().identity().cluster_id(),
+                members: fenced_server::membership::members(&m)
+                    .into_iter()
+                    .map(|v| (v.id, v.addr, v.voter))
+                    .collect(),
+            }
+        });
+    fenced_server::membership::join_decision(id, &cfg.grpc_addr, fresh, answer.as_ref())
+        .map_err(|e| e.to_string())
 }
 
 /// How an admin command ended.
