@@ -15,10 +15,14 @@
 //! not the one its member acknowledged entries from.
 //!
 //! A member that bootstraps a new cluster ([`MemberState::Bootstrapping`]) neither votes nor
-//! accepts appends until it has pinned *every* member of the membership. A genuine first start
+//! accepts appends until it has pinned *every voter* of the membership. A genuine first start
 //! waits for all members to be up; a majority of wiped members restarted with
 //! `--initial-cluster-state new` while the members that remember them are down waits for
-//! those, which then refuse them — instead of electing a leader among themselves.
+//! those, which then refuse them — instead of electing a leader among themselves. Learners
+//! are not waited for: they never vote, and one being added may not have started yet (a
+//! first leader, never called by its peers, stayed `Bootstrapping`; when a learner was added
+//! and the leader then lost power, it refused every vote, waiting for the learner, and no
+//! leader was ever elected again: found by fenced-sim, seed 802977).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -195,7 +199,7 @@ impl PeerGate {
     }
 
     /// [`PeerGate::admit`] for a Raft call (vote, append, snapshot): also refused while this
-    /// member bootstraps and has not heard from every member ([`PeerGate::bootstrapped`]).
+    /// member bootstraps and has not heard from every voter ([`PeerGate::bootstrapped`]).
     pub fn admit_raft(
         &self,
         from: Option<&PeerIdentity>,
@@ -223,7 +227,7 @@ impl PeerGate {
     fn admit_bootstrapped(&self, membership: &Membership<NodeId, BasicNode>) -> Result<(), Status> {
         self.bootstrapped(membership).map_err(|missing| {
             refuse(format!(
-                "member {} is starting a new cluster and waits to hear from every member \
+                "member {} is starting a new cluster and waits to hear from every voter \
                  before it votes or accepts entries (not yet from {missing:?})",
                 self.ids.member_id()
             ))
@@ -231,7 +235,7 @@ impl PeerGate {
     }
 
     /// Whether this member may vote and accept appends: it is past bootstrapping, or it has
-    /// now pinned every member of `membership` (then it records that it is
+    /// now pinned every voter of `membership` (then it records that it is
     /// [`MemberState::Ready`]). Otherwise the members it has not heard of yet.
     pub fn bootstrapped(
         &self,
@@ -241,8 +245,7 @@ impl PeerGate {
         let missing: Option<Vec<NodeId>> = self.ids.read(|me| {
             (me.state == MemberState::Bootstrapping).then(|| {
                 membership
-                    .nodes()
-                    .map(|(id, _)| *id)
+                    .voter_ids()
                     .filter(|id| me.pinned(*id).is_none())
                     .collect()
             })
@@ -250,14 +253,14 @@ impl PeerGate {
         let Some(missing) = missing else {
             return Ok(());
         };
-        if !missing.is_empty() || membership.nodes().next().is_none() {
+        if !missing.is_empty() || membership.voter_ids().next().is_none() {
             return Err(missing);
         }
         if let Err(e) = self.ids.set_state(MemberState::Ready) {
             tracing::error!("recording that this member met every peer: {e}");
             return Err(missing);
         }
-        tracing::info!("heard from every member of the new cluster: voting from now on");
+        tracing::info!("heard from every voter of the new cluster: voting from now on");
         Ok(())
     }
 
@@ -450,5 +453,25 @@ mod tests {
             .expect("load")
             .expect("present");
         assert_eq!(on_disk.state, MemberState::Ready);
+    }
+
+    #[test]
+    fn a_bootstrapping_member_does_not_wait_for_a_learner() {
+        let (d1, d2) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let id = Identity::new(7, 1, MemberState::Bootstrapping);
+        fenced_raft_types::identity::store(d1.path(), &id).expect("store");
+        let n1 = PeerGate::new(Arc::new(IdentityStore::new(d1.path(), id)), "n1");
+        let n2 = gate(d2.path(), 2);
+        // Voters 1 and 2; learner 3 added but not started (never heard from).
+        let voters: BTreeSet<NodeId> = [1, 2].into_iter().collect();
+        let nodes: std::collections::BTreeMap<NodeId, BasicNode> = (1..=3)
+            .map(|i| (i, BasicNode::new(format!("n{i}"))))
+            .collect();
+        let m = Membership::new(vec![voters], nodes);
+        assert!(n1.admit_raft(Some(&n2.envelope(1)), &m).is_ok());
+        assert_eq!(n1.identity().get().state, MemberState::Ready);
     }
 }

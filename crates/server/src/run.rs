@@ -273,12 +273,12 @@ pub async fn start_with(cfg: NodeConfig, seams: Seams) -> Result<Running, StartE
         tracing::info!(?nodes, "bootstrapping a new cluster");
         match raft.initialize(nodes).await {
             Ok(()) => {}
-            // Already initialized: a restart before this member heard from every member
+            // Already initialized: a restart before this member heard from every voter
             // (it stays `Bootstrapping` until then).
             Err(RaftError::APIError(e)) => tracing::info!("not initializing: {e}"),
             Err(e) => return Err(StartError::Raft(e.to_string())),
         }
-        // Alone, this member has heard from every member; in a cluster it votes once it
+        // Alone, this member has heard from every voter; in a cluster it votes once it
         // has heard from all of them (`PeerGate::bootstrapped`).
         if members.keys().all(|id| *id == cfg.id) {
             identity.set_state(MemberState::Ready)?;

@@ -9,7 +9,7 @@
 //!   every member up, so a majority of the voters stays up throughout;
 //! * **wiped members** — a member's data dir deleted and the node restarted with its old
 //!   command line (`--initial-cluster-state new`): an operator's mistake. It must neither
-//!   vote nor accept entries until it has heard from every member, and it retires when a peer
+//!   vote nor accept entries until it has heard from every voter, and it retires when a peer
 //!   knows its member under its old incarnation (tests/amnesia.rs). Its refusal or retirement
 //!   is expected; the operator then replaces it (remove its id, add a new one). Rarely (with
 //!   a backup to restore), a *majority* is wiped while the members that remember them are
