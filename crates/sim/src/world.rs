@@ -480,10 +480,16 @@ impl Cluster {
             Ok(cfg) => cfg,
             Err(why) => {
                 // `fenced serve --join` stops before the node starts (not the node refusing
-                // its data dir): the operator tries again later.
-                self.inner
-                    .trace
-                    .line(&format!("n{id}"), format!("not started: {why}"));
+                // its data dir): the supervisor tries again, as systemd's `Restart=` does.
+                self.inner.trace.line(
+                    &format!("n{id}"),
+                    format!("not started: {why}; retried in {RESTART_AFTER:?}"),
+                );
+                let cluster = self.clone();
+                tokio::task::spawn_local(async move {
+                    tokio::time::sleep(RESTART_AFTER).await;
+                    cluster.start(id).await;
+                });
                 return;
             }
         };
