@@ -157,6 +157,15 @@ fn operator_seeds_that_found_bugs_pass() {
     // (700071), or while a membership change had left two voters (700009).
     seeds_pass(700_071..700_072, &with_operator(Options::default()));
     seeds_pass(700_009..700_010, &with_operator(Options::default()));
+    // A new learner lost power during its data dir's first hard-state write and refused the
+    // dir for good.
+    seeds_pass(800_418..800_419, &with_operator(Options::default()));
+    // Every node lost power; the first one back answered `--join`'s lookup before its
+    // membership was loaded, and the others, told they were not members, never started.
+    seeds_pass(800_923..800_924, &with_operator(Options::default()));
+    // The first leader, never called by its peers, was still bootstrapping; a learner was
+    // added but not started, and it then refused every vote, waiting for that learner.
+    seeds_pass(802_977..802_978, &with_operator(Options::default()));
 }
 
 #[test]
