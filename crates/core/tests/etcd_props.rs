@@ -52,8 +52,13 @@ impl R {
 #[derive(Clone, Debug)]
 enum TOp {
     Put(usize, u8),
+    /// A put with `ignore_value` (refused if the key is absent).
+    PutKeep(usize),
     Delete(R),
     Range(R),
+    /// A range at the txn's revision minus this (0 = the txn's own: a future one; the
+    /// revision 0 itself = current).
+    RangeAt(R, u8),
 }
 
 #[derive(Clone, Debug)]
@@ -86,6 +91,8 @@ fn top() -> impl Strategy<Value = TOp> {
         3 => (0..KEYS.len(), any::<u8>()).prop_map(|(k, v)| TOp::Put(k, v)),
         1 => r().prop_map(TOp::Delete),
         1 => r().prop_map(TOp::Range),
+        1 => (0..KEYS.len()).prop_map(TOp::PutKeep),
+        1 => (r(), 0u8..8).prop_map(|(r, back)| TOp::RangeAt(r, back)),
     ]
 }
 
@@ -188,7 +195,7 @@ fn duplicate(ops: &[TOp]) -> bool {
         .collect();
     let mut puts = Vec::new();
     for o in ops {
-        if let TOp::Put(k, _) = o {
+        if let TOp::Put(k, _) | TOp::PutKeep(k) = o {
             if puts.contains(k) || dels.iter().any(|r| r.holds(&key(*k))) {
                 return true;
             }
@@ -198,7 +205,7 @@ fn duplicate(ops: &[TOp]) -> bool {
     false
 }
 
-fn req_of(o: &TOp) -> RequestOp {
+fn req_of(o: &TOp, rev: Revision) -> RequestOp {
     match o {
         TOp::Put(k, v) => RequestOp::Put(PutRequest {
             prev_kv: true,
@@ -209,6 +216,15 @@ fn req_of(o: &TOp) -> RequestOp {
             prev_kv: true,
         }),
         TOp::Range(r) => RequestOp::Range(RangeRequest::new(r.range())),
+        TOp::PutKeep(k) => RequestOp::Put(PutRequest {
+            prev_kv: true,
+            ignore_value: true,
+            ..PutRequest::new(key(*k), Vec::new())
+        }),
+        TOp::RangeAt(r, back) => RequestOp::Range(RangeRequest {
+            revision: rev.saturating_sub(u64::from(*back)),
+            ..RangeRequest::new(r.range())
+        }),
     }
 }
 
@@ -265,8 +281,8 @@ fn apply(
                     result: CompareResult::Equal,
                     target: CompareTarget::Version(*version),
                 }],
-                success: success.iter().map(req_of).collect(),
-                failure: failure.iter().map(req_of).collect(),
+                success: success.iter().map(|o| req_of(o, rev)).collect(),
+                failure: failure.iter().map(|o| req_of(o, rev)).collect(),
             };
             let out = store.txn(&req, rev, &no_lease);
             if duplicate(success) || duplicate(failure) {
@@ -278,10 +294,35 @@ fn apply(
                 );
                 false
             } else {
-                let out = out.expect("txn");
                 let holds = m.now.get(&key(*ck)).map_or(0, |kv| kv.version) == *version;
-                prop_assert_eq!(out.response.succeeded, holds);
                 let ops = if holds { success } else { failure };
+                // The first refusal on the chosen branch, judged before anything is written.
+                let refusal = ops.iter().find_map(|o| match o {
+                    TOp::PutKeep(k) if !m.now.contains_key(&key(*k)) => {
+                        Some(EtcdError::KeyNotFound)
+                    }
+                    TOp::RangeAt(_, back) => {
+                        let at = rev.saturating_sub(u64::from(*back));
+                        if at > current {
+                            Some(EtcdError::FutureRevision { current })
+                        } else if at != 0 && at < m.compacted {
+                            Some(EtcdError::Compacted {
+                                compact_revision: m.compacted,
+                            })
+                        } else {
+                            None
+                        }
+                    }
+                    _ => None,
+                });
+                if let Some(refusal) = refusal {
+                    prop_assert_eq!(out, Err(refusal));
+                    prop_assert_eq!(bytes(store), before, "a refused txn changed the store");
+                    return Ok(current);
+                }
+                let out = out.expect("txn");
+                prop_assert_eq!(out.response.succeeded, holds);
+                prop_assert_eq!(out.response.responses.len(), ops.len());
                 let mut wrote = false;
                 for (o, resp) in ops.iter().zip(&out.response.responses) {
                     match (o, resp) {
@@ -289,6 +330,24 @@ fn apply(
                             let prev = m.put(key(*k), *v, rev);
                             prop_assert_eq!(&p.prev_kv, &prev);
                             wrote = true;
+                        }
+                        (TOp::PutKeep(k), ResponseOp::Put(p)) => {
+                            let v = m.now[&key(*k)].value[0];
+                            let prev = m.put(key(*k), v, rev);
+                            prop_assert_eq!(&p.prev_kv, &prev);
+                            wrote = true;
+                        }
+                        (TOp::RangeAt(r, back), ResponseOp::Range(got)) => {
+                            let at = rev.saturating_sub(u64::from(*back));
+                            let want: Vec<KeyValue> = if at == 0 {
+                                m.range(*r)
+                            } else {
+                                m.at(at)
+                                    .into_values()
+                                    .filter(|kv| r.holds(&kv.key))
+                                    .collect()
+                            };
+                            prop_assert_eq!(&got.kvs, &want);
                         }
                         (TOp::Delete(r), ResponseOp::DeleteRange(d)) => {
                             let prev = m.delete(*r, rev);

@@ -340,3 +340,41 @@ fn check_intervals(reqs: &[RequestOp]) -> Result<(BTreeSet<Bytes>, Intervals), E
     }
     Ok((puts, dels))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The merged intervals answer `contains` as the plain list of ranges does.
+        #[test]
+        fn intervals_contain_what_their_ranges_contain(
+            ranges in proptest::collection::vec(
+                (proptest::collection::vec(0u8..4, 1..3), proptest::collection::vec(0u8..4, 0..3)),
+                0..12,
+            ),
+            probes in proptest::collection::vec(proptest::collection::vec(0u8..4, 1..4), 1..20),
+        ) {
+            let ranges: Vec<KeyRange> =
+                ranges.into_iter().map(|(k, e)| KeyRange::new(k, e)).collect();
+            let (mut one, mut halves, mut other) =
+                (Intervals::default(), Intervals::default(), Intervals::default());
+            for (i, r) in ranges.iter().enumerate() {
+                one.insert_range(r);
+                if i % 2 == 0 { halves.insert_range(r) } else { other.insert_range(r) }
+            }
+            halves.union(other);
+            for p in probes {
+                let want = ranges.iter().any(|r| r.contains(&p));
+                prop_assert_eq!(one.contains(&p), want, "{:?} in {:?}", p, ranges);
+                prop_assert_eq!(halves.contains(&p), want);
+            }
+            // Disjoint and ordered.
+            let spans: Vec<_> = one.map.iter().collect();
+            for w in spans.windows(2) {
+                prop_assert!(w[0].1.as_ref().is_some_and(|end| end < w[1].0));
+            }
+        }
+    }
+}
