@@ -5,7 +5,8 @@
 //! (b) the events after r are exactly the model's changes after r, in order, also when read
 //!     in pages and restricted to a key range;
 //! (c) compaction never changes reads at or above the compact revision, and reads and
-//!     watches below it fail with `Compacted`;
+//!     watches below it fail with `Compacted` — also while a compaction made in small steps
+//!     is unfinished;
 //! (d) two stores fed the same calls — one of them decoded from a snapshot half way —
 //!     encode to the same bytes;
 //! (e) a refused txn, or one that writes nothing, changes nothing.
@@ -243,6 +244,7 @@ fn apply(
     m: &mut Model,
     op: &Op,
     current: Revision,
+    stepwise: bool,
 ) -> Result<Revision, TestCaseError> {
     let rev = current + 1;
     let before = bytes(store);
@@ -367,7 +369,13 @@ fn apply(
         Op::Skip(n) => return Ok(current + u64::from(*n)),
         Op::Compact(back) => {
             let c = current.saturating_sub(u64::from(*back));
-            let got = store.compact(c, current);
+            let got = if stepwise {
+                store
+                    .begin_compact(c, current)
+                    .map(|()| CompactStats::default())
+            } else {
+                store.compact(c, current)
+            };
             if c <= m.compacted {
                 prop_assert_eq!(
                     got,
@@ -435,6 +443,88 @@ fn all_pages(
     }
 }
 
+/// (a) every revision reads as the model's state at it, over the whole keyspace and over
+/// ranges; below the compact revision, Compacted; above the current, Future.
+/// (b) the changes after every revision, whole or paged, all keys or a range.
+fn check_reads(
+    store: &EtcdStore,
+    model: &Model,
+    current: Revision,
+    limit: usize,
+) -> Result<(), TestCaseError> {
+    for r in 0..=current + 1 {
+        let got = read(store, KeyRange::all(), r, current);
+        if r > current {
+            prop_assert_eq!(got, Err(EtcdError::FutureRevision { current }));
+            continue;
+        }
+        let at = if r == 0 { current } else { r };
+        if at < model.compacted {
+            prop_assert_eq!(
+                got,
+                Err(EtcdError::Compacted {
+                    compact_revision: model.compacted
+                })
+            );
+            continue;
+        }
+        let state = model.at(at);
+        prop_assert_eq!(
+            got.expect("read"),
+            state.values().cloned().collect::<Vec<_>>()
+        );
+        for rg in RANGES {
+            let want: Vec<KeyValue> = state
+                .values()
+                .filter(|kv| rg.holds(&kv.key))
+                .cloned()
+                .collect();
+            let req = RangeRequest {
+                revision: r,
+                limit: limit as u64,
+                ..RangeRequest::new(rg.range())
+            };
+            let got = store.range(&req, current).expect("read");
+            prop_assert_eq!(got.count, want.len() as u64);
+            prop_assert_eq!(got.more, want.len() > limit);
+            prop_assert_eq!(&got.kvs[..], &want[..want.len().min(limit)]);
+        }
+    }
+
+    for after in 0..=current + 1 {
+        if after < model.compacted {
+            prop_assert_eq!(
+                store.events_since(after, &KeyRange::all(), 0, true),
+                Err(EtcdError::Compacted {
+                    compact_revision: model.compacted
+                })
+            );
+            continue;
+        }
+        let want: Vec<Event> = model
+            .events
+            .iter()
+            .filter(|e| e.kv.mod_revision > after)
+            .cloned()
+            .collect();
+        let page = store
+            .events_since(after, &KeyRange::all(), 0, true)
+            .expect("events");
+        prop_assert!(!page.more);
+        prop_assert_eq!(&page.events, &want);
+        prop_assert_eq!(&all_pages(store, after, &KeyRange::all(), limit)?, &want);
+        for rg in RANGES {
+            let want: Vec<Event> = want
+                .iter()
+                .filter(|e| rg.holds(&e.kv.key))
+                .cloned()
+                .collect();
+            prop_assert_eq!(&all_pages(store, after, &rg.range(), limit)?, &want);
+        }
+    }
+    Ok(())
+}
+
 const RANGES: [R; 5] = [
     R::Prefix(0),
     R::Key(3),
@@ -451,10 +541,12 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..60),
         split in 0usize..60,
         limit in 1usize..4,
+        step_budget in 1usize..5,
     ) {
         let mut store = EtcdStore::new();
         let mut twin = EtcdStore::new();
         let mut twin_model = Model::default();
+        let (mut stepper, mut step_model, mut step_current) = (EtcdStore::new(), Model::default(), 0);
         let mut model = Model::default();
         let mut current: Revision = 0;
         let mut twin_current = 0;
@@ -470,7 +562,7 @@ proptest! {
             } else {
                 None
             };
-            current = apply(&mut store, &mut model, op, current)?;
+            current = apply(&mut store, &mut model, op, current, false)?;
             if let Some((from, reads, feed)) = kept {
                 for (r, want) in (from..=current).zip(reads) {
                     prop_assert_eq!(read(&store, KeyRange::all(), r, current), want);
@@ -489,7 +581,10 @@ proptest! {
             if i == split {
                 twin = bincode::deserialize(&bytes(&twin)).expect("decode");
             }
-            twin_current = apply(&mut twin, &mut twin_model, op, twin_current)?;
+            twin_current = apply(&mut twin, &mut twin_model, op, twin_current, false)?;
+            // (c) the stepper compacts a little after each call.
+            step_current = apply(&mut stepper, &mut step_model, op, step_current, true)?;
+            stepper.compact_step(step_budget);
         }
         prop_assert_eq!(twin_current, current);
         prop_assert_eq!(bytes(&twin), bytes(&store));
@@ -498,53 +593,13 @@ proptest! {
         prop_assert_eq!(decoded.history_bytes(), store.history_bytes());
         prop_assert_eq!(&decoded, &store);
 
-        // (a) every revision reads as the model's state at it, over the whole keyspace and
-        // over ranges; below the compact revision, Compacted; above the current, Future.
-        for r in 0..=current + 1 {
-            let got = read(&store, KeyRange::all(), r, current);
-            if r > current {
-                prop_assert_eq!(got, Err(EtcdError::FutureRevision { current }));
-                continue;
-            }
-            let at = if r == 0 { current } else { r };
-            if at < model.compacted {
-                prop_assert_eq!(got, Err(EtcdError::Compacted { compact_revision: model.compacted }));
-                continue;
-            }
-            let state = model.at(at);
-            prop_assert_eq!(got.expect("read"), state.values().cloned().collect::<Vec<_>>());
-            for rg in RANGES {
-                let want: Vec<KeyValue> =
-                    state.values().filter(|kv| rg.holds(&kv.key)).cloned().collect();
-                let req = RangeRequest { revision: r, limit: limit as u64, ..RangeRequest::new(rg.range()) };
-                let got = store.range(&req, current).expect("read");
-                prop_assert_eq!(got.count, want.len() as u64);
-                prop_assert_eq!(got.more, want.len() > limit);
-                prop_assert_eq!(&got.kvs[..], &want[..want.len().min(limit)]);
-            }
-        }
-
-        // (b) the changes after every revision, whole or paged, all keys or a range.
-        for after in 0..=current + 1 {
-            if after < model.compacted {
-                prop_assert_eq!(
-                    store.events_since(after, &KeyRange::all(), 0, true),
-                    Err(EtcdError::Compacted { compact_revision: model.compacted })
-                );
-                continue;
-            }
-            let want: Vec<Event> = model.events.iter()
-                .filter(|e| e.kv.mod_revision > after)
-                .cloned()
-                .collect();
-            let page = store.events_since(after, &KeyRange::all(), 0, true).expect("events");
-            prop_assert!(!page.more);
-            prop_assert_eq!(&page.events, &want);
-            prop_assert_eq!(&all_pages(&store, after, &KeyRange::all(), limit)?, &want);
-            for rg in RANGES {
-                let want: Vec<Event> = want.iter().filter(|e| rg.holds(&e.kv.key)).cloned().collect();
-                prop_assert_eq!(&all_pages(&store, after, &rg.range(), limit)?, &want);
-            }
-        }
+        check_reads(&store, &model, current, limit)?;
+        // The stepper, its compaction possibly unfinished, reads the same; finished, it is
+        // the same store.
+        prop_assert_eq!(step_current, current);
+        check_reads(&stepper, &step_model, current, limit)?;
+        let stats = stepper.compact_step(usize::MAX);
+        prop_assert!(!stats.pending && !stepper.compaction_pending());
+        prop_assert_eq!(bytes(&stepper), bytes(&store));
     }
 }

@@ -36,12 +36,14 @@
 //!   the history. Values stay in `versions` only.
 //! * `by_rev: CowMap<Rev, key>` — the change feed: every stored version by revision, for
 //!   watch replay and for compaction to find what it must look at.
-//! * `compact_revision`, `last_write` and the byte count of the stored history.
+//! * `compact_revision`, `last_write`, the position of a compaction in progress and the byte
+//!   count of the stored history.
 //!
-//! Only `versions`, `compact_revision` and `last_write` are serialized (see
-//! [`EtcdStore`]'s `Serialize`): `latest`, `by_rev` and the byte count are derived from them
-//! on decode (O(n log n), like decoding the maps would be). The encoding depends only on the
-//! contents: two replicas that applied the same calls encode to the same bytes.
+//! Only `versions`, `compact_revision`, `last_write` and the compaction's position are
+//! serialized (see [`EtcdStore`]'s `Serialize`): `latest`, `by_rev` and the byte count are
+//! derived from them on decode (O(n log n), like decoding the maps would be). The encoding
+//! depends only on the contents: two replicas that applied the same calls encode to the same
+//! bytes.
 //!
 //! # Costs
 //! With n stored versions and k keys in the requested range:
@@ -53,11 +55,12 @@
 //! * events after r: O(log n + e) for the e changes after r (all keys; a key range filters
 //!   them), plus O(log n) per previous kv asked for;
 //! * compaction to c: O(m log n) for the m versions written between the previous compact
-//!   revision and c — never a scan of the whole store.
+//!   revision and c — never a scan of the whole store — and in bounded steps if wanted.
 //!
 //! # Compaction
-//! [`EtcdStore::compact`] at c keeps, per key, the newest version at or below c unless it is a
-//! tombstone, and every version above c; everything else below c goes. Reads at revisions at
+//! [`EtcdStore::compact`] (or [`begin_compact`](EtcdStore::begin_compact) then
+//! [`compact_step`](EtcdStore::compact_step)s) at c keeps, per key, the newest version at or
+//! below c unless it is a tombstone, and every version above c; everything else below c goes. Reads at revisions at
 //! or above c are unchanged; reads below fail with [`EtcdError::Compacted`]. The change feed
 //! is complete only *after* c (a tombstone at c itself is gone), so
 //! [`events_since`](EtcdStore::events_since) needs `after >= c` — etcd's watch

@@ -39,8 +39,9 @@ pub(crate) struct Latest {
 /// for the layout. Cloning is O(1) (copy-on-write maps).
 ///
 /// Encoded (serde) as the struct `{ versions: map (key, main, sub) → Stored, compact_revision:
-/// u64, last_write: u64 }`, `Stored` being the enum `Put { create_revision, version, value,
-/// lease } | Tombstone`; the indexes are rebuilt on decode.
+/// u64, last_write: u64, compact_cursor: Option<Rev> }`, `Stored` being the enum `Put {
+/// create_revision, version, value, lease } | Tombstone` and `Rev` `{ main: u64, sub: u32 }`;
+/// the indexes and the byte count are rebuilt on decode.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EtcdStore {
     pub(super) versions: CowMap<VersionKey, Stored>,
@@ -50,6 +51,9 @@ pub struct EtcdStore {
     pub(super) compact_revision: Revision,
     /// Main revision of the last write, 0 before any.
     pub(super) last_write: Revision,
+    /// A compaction in progress: every change-feed entry at or below this one has been
+    /// compacted; those above it up to the compact revision remain to walk.
+    pub(super) compact_cursor: Option<Rev>,
     pub(super) history_bytes: u64,
 }
 
@@ -59,6 +63,7 @@ struct WireRef<'a> {
     versions: &'a CowMap<VersionKey, Stored>,
     compact_revision: Revision,
     last_write: Revision,
+    compact_cursor: Option<Rev>,
 }
 
 #[derive(Deserialize)]
@@ -67,6 +72,7 @@ struct Wire {
     versions: CowMap<VersionKey, Stored>,
     compact_revision: Revision,
     last_write: Revision,
+    compact_cursor: Option<Rev>,
 }
 
 impl Serialize for EtcdStore {
@@ -75,6 +81,7 @@ impl Serialize for EtcdStore {
             versions: &self.versions,
             compact_revision: self.compact_revision,
             last_write: self.last_write,
+            compact_cursor: self.compact_cursor,
         }
         .serialize(s)
     }
@@ -86,6 +93,7 @@ impl<'de> Deserialize<'de> for EtcdStore {
         let mut store = EtcdStore {
             compact_revision: wire.compact_revision,
             last_write: wire.last_write,
+            compact_cursor: wire.compact_cursor,
             ..EtcdStore::default()
         };
         for ((key, main, sub), stored) in wire.versions.iter() {

@@ -729,6 +729,77 @@ fn encoding_rebuilds_the_indexes() {
     // Only the history is encoded: the snapshot of an empty store is tiny.
     assert_eq!(
         bincode::serialize(&EtcdStore::new()).expect("encode").len(),
-        24
+        25
+    );
+}
+
+#[test]
+fn compaction_in_bounded_steps() {
+    let mut s = EtcdStore::new();
+    // A hot key with a long history, and a few others.
+    for rev in 1..=100 {
+        put(&mut s, rev, "hot", &rev.to_string());
+    }
+    put(&mut s, 101, "a", "1");
+    del(&mut s, 102, KeyRange::key("a"));
+    put(&mut s, 103, "b", "1");
+    let all_at_once = {
+        let mut c = s.clone();
+        c.compact(102, 103).expect("compact");
+        c
+    };
+    let reads = |s: &EtcdStore| {
+        (102..=103)
+            .map(|r| get(s, KeyRange::all(), r, 103))
+            .collect::<Vec<_>>()
+    };
+    let want = reads(&all_at_once);
+    s.begin_compact(102, 103).expect("begin");
+    assert!(s.compaction_pending());
+    assert_eq!(
+        reads(&s),
+        want,
+        "reads at or above it do not wait for the steps"
+    );
+    assert_eq!(
+        s.events_since(101, &KeyRange::all(), 0, false),
+        Err(EtcdError::Compacted {
+            compact_revision: 102
+        })
+    );
+    let mut steps = 0;
+    loop {
+        let stats = s.compact_step(10);
+        assert!(stats.removed <= 10);
+        steps += 1;
+        assert!(steps < 100, "every step makes progress");
+        assert_eq!(reads(&s), want);
+        if !stats.pending {
+            break;
+        }
+    }
+    assert!(steps >= 10, "99 versions of one key take several steps");
+    assert_eq!(s, all_at_once);
+    assert_eq!(
+        bincode::serialize(&s).ok(),
+        bincode::serialize(&all_at_once).ok()
+    );
+    assert_eq!((s.version_count(), s.compaction_pending()), (2, false));
+    // A compaction begun while one is unfinished carries on to the new revision.
+    put(&mut s, 104, "b", "2");
+    put(&mut s, 105, "b", "3");
+    s.begin_compact(104, 105).expect("begin");
+    s.compact_step(1);
+    s.begin_compact(105, 105).expect("begin");
+    for _ in 0..10 {
+        if !s.compact_step(1).pending {
+            break;
+        }
+    }
+    assert!(!s.compaction_pending(), "a budget of 1 makes progress");
+    assert_eq!(s.version_count(), 2);
+    assert_eq!(
+        get(&s, KeyRange::all(), 105, 105),
+        pairs(&[("b", "3"), ("hot", "100")])
     );
 }
