@@ -57,6 +57,13 @@
 //! * compaction to c: O(m log n) for the m versions written between the previous compact
 //!   revision and c — never a scan of the whole store — and in bounded steps if wanted.
 //!
+//! Measured (release, `tests/etcd_scale.rs`, on a shared 2-core machine, two runs: 1 M
+//! versions of 100-byte values over 100 k keys): a put 2.3–3.5 µs; an O(1) clone then a put
+//! 60–100 µs; a range of all 100 k keys 145–220 ms now, 220–300 ms at an old revision; limit
+//! 500 with its count of 100 k 13–17 ms; 10 k events with prev kvs ~22 ms; encode 0.4–1.1 s,
+//! decode with the index rebuild ~3.2 s; compacting away 800 k versions ~1.1 s at once, or
+//! 101 steps of budget 10,000 (about 12 ms each, the slowest 68 ms).
+//!
 //! # Compaction
 //! [`EtcdStore::compact`] (or [`begin_compact`](EtcdStore::begin_compact) then
 //! [`compact_step`](EtcdStore::compact_step)s) at c keeps, per key, the newest version at or
