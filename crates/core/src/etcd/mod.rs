@@ -83,6 +83,8 @@ mod watch;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_history;
 
 use serde::{Deserialize, Serialize};
 

@@ -45,7 +45,35 @@ impl TxnRequest {
     }
 }
 
+impl TxnRequest {
+    /// Whether no op of either branch, nested txns included, writes (etcd's
+    /// `isTxnReadonly`): such a txn can take the read path
+    /// ([`EtcdStore::txn_read_only`](super::EtcdStore::txn_read_only)).
+    pub fn is_read_only(&self) -> bool {
+        self.success.iter().chain(&self.failure).all(|op| match op {
+            RequestOp::Range(_) => true,
+            RequestOp::Put(_) | RequestOp::DeleteRange(_) => false,
+            RequestOp::Txn(t) => t.is_read_only(),
+        })
+    }
+}
+
 impl super::EtcdStore {
+    /// A [read-only](TxnRequest::is_read_only) txn on the read path, at `current` (the store
+    /// revision now): the same checks and answer as [`txn`](Self::txn), on an O(1) clone, so
+    /// `&self`. A txn that could write is answered as if it had run, and nothing is kept:
+    /// callers send those through the log.
+    pub fn txn_read_only(
+        &self,
+        req: &TxnRequest,
+        current: Revision,
+    ) -> Result<TxnResponse, EtcdError> {
+        let mut scratch = self.clone();
+        scratch
+            .txn(req, current.saturating_add(1), &|_| false)
+            .map(|out| out.response)
+    }
+
     /// etcd's `Txn` at `rev`: if every compare holds at `rev - 1` (the store before it), the
     /// success ops run in order, else the failure ops; a nested txn's compares are judged
     /// against the store before the whole txn too, as etcd does. Reads see the txn's earlier
