@@ -14,6 +14,7 @@
 pub mod command;
 pub mod cow;
 pub mod digest;
+pub mod etcd;
 pub mod kv;
 pub mod limits;
 pub mod machine;

@@ -1,0 +1,42 @@
+//! Why the etcd keyspace refused a call: etcd's errors, with etcd's messages (clients match
+//! some of them by text). A refused call changes nothing.
+
+use serde::{Deserialize, Serialize};
+
+use crate::Revision;
+
+#[derive(thiserror::Error, Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum EtcdError {
+    /// A read, watch or compaction below the compact revision.
+    #[error("mvcc: required revision has been compacted")]
+    Compacted { compact_revision: Revision },
+    /// A read or compaction above the current revision.
+    #[error("mvcc: required revision is a future revision")]
+    FutureRevision { current: Revision },
+    #[error("etcdserver: key is not provided")]
+    EmptyKey,
+    /// `ignore_value`/`ignore_lease` on a key that does not exist.
+    #[error("etcdserver: key not found")]
+    KeyNotFound,
+    #[error("etcdserver: value is provided")]
+    ValueProvided,
+    #[error("etcdserver: lease is provided")]
+    LeaseProvided,
+    #[error("etcdserver: requested lease not found")]
+    LeaseNotFound { lease: i64 },
+    /// More than [`super::MAX_TXN_OPS`] compares, success or failure ops in one txn.
+    #[error("etcdserver: too many operations in txn request")]
+    TooManyOps { max: usize },
+    /// Txns nested deeper than [`super::MAX_TXN_DEPTH`] (etcd has no such limit of its own;
+    /// its gRPC decoder has one).
+    #[error("etcdserver: too many operations in txn request (txns nested deeper than {max})")]
+    TxnTooDeep { max: usize },
+    #[error("etcdserver: duplicate key given in txn request")]
+    DuplicateKey,
+    /// Larger than [`super::MAX_REQUEST_BYTES`].
+    #[error("etcdserver: request is too large")]
+    RequestTooLarge { size: usize, max: usize },
+    /// The caller's revisions must grow: a bug of the caller, never of a client.
+    #[error("etcd keyspace: revision {rev} is not above the last write's {last}")]
+    RevisionNotIncreasing { rev: Revision, last: Revision },
+}

@@ -1,0 +1,402 @@
+//! The etcd keyspace's data ([`EtcdStore`]), its encoding, and the writes: put and delete.
+
+use std::ops::Bound;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::{
+    Bytes, DeleteRangeRequest, DeleteRangeResponse, EtcdError, KeyValue, LeaseId, Outcome,
+    PutRequest, PutResponse, Rev, Span, MAX_REQUEST_BYTES, OP_OVERHEAD, VERSION_OVERHEAD,
+};
+use crate::cow::CowMap;
+use crate::Revision;
+
+/// One stored version of a key: a put, or the tombstone a delete writes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Stored {
+    Put {
+        create_revision: Revision,
+        version: i64,
+        value: Bytes,
+        lease: LeaseId,
+    },
+    Tombstone,
+}
+
+/// `(key, main revision, sub)`: a version's place in the history.
+pub(crate) type VersionKey = (Bytes, Revision, u32);
+
+/// The newest version of a live key, without its value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Latest {
+    pub(crate) rev: Rev,
+    pub(crate) create_revision: Revision,
+    pub(crate) version: i64,
+    pub(crate) lease: LeaseId,
+}
+
+/// The etcd keyspace: every key's versions since the compact revision. See the module docs
+/// for the layout. Cloning is O(1) (copy-on-write maps).
+///
+/// Encoded (serde) as the struct `{ versions: map (key, main, sub) → Stored, compact_revision:
+/// u64, last_write: u64, compact_cursor: Option<Rev> }`, `Stored` being the enum `Put {
+/// create_revision, version, value, lease } | Tombstone` and `Rev` `{ main: u64, sub: u32 }`;
+/// the indexes and the byte count are rebuilt on decode.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdStore {
+    pub(super) versions: CowMap<VersionKey, Stored>,
+    /// Live keys only.
+    pub(super) latest: CowMap<Bytes, Latest>,
+    pub(super) by_rev: CowMap<Rev, Bytes>,
+    pub(super) compact_revision: Revision,
+    /// Main revision of the last write, 0 before any.
+    pub(super) last_write: Revision,
+    /// A compaction in progress: every change-feed entry at or below this one has been
+    /// compacted; those above it up to the compact revision remain to walk.
+    pub(super) compact_cursor: Option<Rev>,
+    pub(super) history_bytes: u64,
+}
+
+#[derive(Serialize)]
+#[serde(rename = "EtcdStore")]
+struct WireRef<'a> {
+    versions: &'a CowMap<VersionKey, Stored>,
+    compact_revision: Revision,
+    last_write: Revision,
+    compact_cursor: Option<Rev>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename = "EtcdStore")]
+struct Wire {
+    versions: CowMap<VersionKey, Stored>,
+    compact_revision: Revision,
+    last_write: Revision,
+    compact_cursor: Option<Rev>,
+}
+
+impl Serialize for EtcdStore {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        WireRef {
+            versions: &self.versions,
+            compact_revision: self.compact_revision,
+            last_write: self.last_write,
+            compact_cursor: self.compact_cursor,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for EtcdStore {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let wire = Wire::deserialize(d)?;
+        let mut store = EtcdStore {
+            compact_revision: wire.compact_revision,
+            last_write: wire.last_write,
+            compact_cursor: wire.compact_cursor,
+            ..EtcdStore::default()
+        };
+        for ((key, main, sub), stored) in wire.versions.iter() {
+            let rev = Rev {
+                main: *main,
+                sub: *sub,
+            };
+            store.index(key, rev, stored);
+        }
+        store.versions = wire.versions;
+        Ok(store)
+    }
+}
+
+/// Bytes a stored version counts for.
+pub(crate) fn version_bytes(key: &[u8], stored: &Stored) -> u64 {
+    let value = match stored {
+        Stored::Put { value, .. } => value.len(),
+        Stored::Tombstone => 0,
+    };
+    (key.len() + value) as u64 + VERSION_OVERHEAD
+}
+
+impl EtcdStore {
+    pub fn new() -> EtcdStore {
+        EtcdStore::default()
+    }
+
+    /// Revisions below this one are compacted (0: nothing ever was).
+    pub fn compact_revision(&self) -> Revision {
+        self.compact_revision
+    }
+
+    /// The main revision of the last write (0 before any).
+    pub fn last_write(&self) -> Revision {
+        self.last_write
+    }
+
+    /// Bytes of the stored history (every version's key and value plus
+    /// [`VERSION_OVERHEAD`](super::VERSION_OVERHEAD)), kept as versions come and go: what a
+    /// `--quota-backend-bytes` alarm compares.
+    pub fn history_bytes(&self) -> u64 {
+        self.history_bytes
+    }
+
+    /// Live keys now.
+    pub fn key_count(&self) -> usize {
+        self.latest.len()
+    }
+
+    /// Stored versions (puts and tombstones) since the compact revision.
+    pub fn version_count(&self) -> usize {
+        self.versions.len()
+    }
+
+    /// `latest`, `by_rev` and the byte count for a version being added (in revision order
+    /// per key).
+    fn index(&mut self, key: &Bytes, rev: Rev, stored: &Stored) {
+        self.by_rev.insert(rev, key.clone());
+        self.history_bytes += version_bytes(key, stored);
+        match stored {
+            Stored::Put {
+                create_revision,
+                version,
+                lease,
+                ..
+            } => {
+                self.latest.insert(
+                    key.clone(),
+                    Latest {
+                        rev,
+                        create_revision: *create_revision,
+                        version: *version,
+                        lease: *lease,
+                    },
+                );
+            }
+            Stored::Tombstone => {
+                self.latest.remove(key);
+            }
+        }
+    }
+
+    /// Store a new version (the newest of its key).
+    fn write(&mut self, key: &[u8], rev: Rev, stored: Stored) {
+        let key = key.to_vec();
+        self.index(&key, rev, &stored);
+        self.versions.insert((key, rev.main, rev.sub), stored);
+        self.last_write = rev.main;
+    }
+
+    /// The version of `key` at `rev` as a client sees it (a tombstone: `None`).
+    pub(super) fn kv(&self, key: &[u8], rev: Rev) -> Option<KeyValue> {
+        match self.versions.get(&(key.to_vec(), rev.main, rev.sub))? {
+            Stored::Put {
+                create_revision,
+                version,
+                value,
+                lease,
+            } => Some(KeyValue {
+                key: key.to_vec(),
+                create_revision: *create_revision,
+                mod_revision: rev.main,
+                version: *version,
+                value: value.clone(),
+                lease: *lease,
+            }),
+            Stored::Tombstone => None,
+        }
+    }
+
+    /// The live version of `key` now.
+    pub(super) fn current(&self, key: &[u8]) -> Option<KeyValue> {
+        let latest = self.latest.get(key)?;
+        self.kv(key, latest.rev)
+    }
+
+    /// The newest version of `key` at or below `at` (main revision), with its place.
+    pub(super) fn version_at(&self, key: &[u8], at: Revision) -> Option<(Rev, &Stored)> {
+        let lo = (key.to_vec(), 0, 0);
+        let hi = (key.to_vec(), at, u32::MAX);
+        self.versions
+            .range((Bound::Included(lo), Bound::Included(hi)))
+            .next_back()
+            .map(|((_, main, sub), stored)| {
+                (
+                    Rev {
+                        main: *main,
+                        sub: *sub,
+                    },
+                    stored,
+                )
+            })
+    }
+
+    /// Live keys now in `span`, in key order.
+    pub(super) fn live<'a>(
+        &'a self,
+        span: Span<'a>,
+    ) -> Box<dyn Iterator<Item = (&'a Bytes, &'a Latest)> + 'a> {
+        match span {
+            Span::Single(key) => Box::new(
+                self.latest
+                    .range::<_, [u8]>((Bound::Included(key), Bound::Included(key))),
+            ),
+            Span::From(from) => Box::new(
+                self.latest
+                    .range::<_, [u8]>((Bound::Included(from), Bound::Unbounded)),
+            ),
+            Span::Between(from, end) => Box::new(
+                self.latest
+                    .range::<_, [u8]>((Bound::Included(from), Bound::Excluded(end))),
+            ),
+            Span::Empty => Box::new(std::iter::empty()),
+        }
+    }
+
+    /// Refuses a revision at or below the last write's.
+    pub(super) fn check_rev(&self, rev: Revision) -> Result<(), EtcdError> {
+        if rev <= self.last_write || rev == 0 {
+            return Err(EtcdError::RevisionNotIncreasing {
+                rev,
+                last: self.last_write,
+            });
+        }
+        Ok(())
+    }
+
+    /// `put`: store `req.value` under `req.key` at `rev`. Always writes.
+    /// `lease_exists` says whether a lease id names a live lease (until leases exist: `|_|
+    /// false`).
+    pub fn put(
+        &mut self,
+        req: &PutRequest,
+        rev: Revision,
+        lease_exists: &dyn Fn(LeaseId) -> bool,
+    ) -> Result<Outcome<PutResponse>, EtcdError> {
+        self.check_rev(rev)?;
+        check_put(req)?;
+        check_size(put_size(req))?;
+        self.check_put_state(req, lease_exists)?;
+        let response = self.exec_put(req, Rev { main: rev, sub: 0 });
+        Ok(Outcome {
+            response,
+            wrote: true,
+        })
+    }
+
+    /// `delete_range`: delete every live key of `req.range` at `rev`, one tombstone each, in
+    /// key order. Writes nothing (and `wrote` is false) when no key was live.
+    pub fn delete_range(
+        &mut self,
+        req: &DeleteRangeRequest,
+        rev: Revision,
+    ) -> Result<Outcome<DeleteRangeResponse>, EtcdError> {
+        self.check_rev(rev)?;
+        if req.range.key.is_empty() {
+            return Err(EtcdError::EmptyKey);
+        }
+        check_size(req.range.key.len() + req.range.range_end.len() + OP_OVERHEAD)?;
+        let mut sub = 0;
+        let response = self.exec_delete(req, rev, &mut sub);
+        Ok(Outcome {
+            wrote: response.deleted > 0,
+            response,
+        })
+    }
+
+    /// A put's checks against the state (after its own, [`check_put`]).
+    pub(super) fn check_put_state(
+        &self,
+        req: &PutRequest,
+        lease_exists: &dyn Fn(LeaseId) -> bool,
+    ) -> Result<(), EtcdError> {
+        if (req.ignore_value || req.ignore_lease) && !self.latest.contains_key(&req.key) {
+            return Err(EtcdError::KeyNotFound);
+        }
+        if req.lease != 0 && !lease_exists(req.lease) {
+            return Err(EtcdError::LeaseNotFound { lease: req.lease });
+        }
+        Ok(())
+    }
+
+    /// Write a checked put at `at`.
+    pub(super) fn exec_put(&mut self, req: &PutRequest, at: Rev) -> PutResponse {
+        let prev = self.current(&req.key);
+        let (create_revision, version) = match self.latest.get(&req.key) {
+            Some(l) => (l.create_revision, l.version + 1),
+            None => (at.main, 1),
+        };
+        let value = match (&prev, req.ignore_value) {
+            (Some(p), true) => p.value.clone(),
+            _ => req.value.clone(),
+        };
+        let lease = match (&prev, req.ignore_lease) {
+            (Some(p), true) => p.lease,
+            _ => req.lease,
+        };
+        self.write(
+            &req.key,
+            at,
+            Stored::Put {
+                create_revision,
+                version,
+                value,
+                lease,
+            },
+        );
+        PutResponse {
+            prev_kv: if req.prev_kv { prev } else { None },
+        }
+    }
+
+    /// Delete the live keys of a checked delete at `main`, from sub index `*sub` on.
+    pub(super) fn exec_delete(
+        &mut self,
+        req: &DeleteRangeRequest,
+        main: Revision,
+        sub: &mut u32,
+    ) -> DeleteRangeResponse {
+        let keys: Vec<Bytes> = self
+            .live(req.range.span())
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut response = DeleteRangeResponse {
+            deleted: keys.len() as u64,
+            prev_kvs: Vec::new(),
+        };
+        for key in keys {
+            if req.prev_kv {
+                response.prev_kvs.extend(self.current(&key));
+            }
+            self.write(&key, Rev { main, sub: *sub }, Stored::Tombstone);
+            *sub += 1;
+        }
+        response
+    }
+}
+
+/// A put's own checks (etcd's `checkPutRequest`).
+pub(super) fn check_put(req: &PutRequest) -> Result<(), EtcdError> {
+    if req.key.is_empty() {
+        return Err(EtcdError::EmptyKey);
+    }
+    if req.ignore_value && !req.value.is_empty() {
+        return Err(EtcdError::ValueProvided);
+    }
+    if req.ignore_lease && req.lease != 0 {
+        return Err(EtcdError::LeaseProvided);
+    }
+    Ok(())
+}
+
+pub(super) fn put_size(req: &PutRequest) -> usize {
+    req.key.len() + req.value.len() + OP_OVERHEAD
+}
+
+pub(super) fn check_size(size: usize) -> Result<(), EtcdError> {
+    if size > MAX_REQUEST_BYTES {
+        return Err(EtcdError::RequestTooLarge {
+            size,
+            max: MAX_REQUEST_BYTES,
+        });
+    }
+    Ok(())
+}
