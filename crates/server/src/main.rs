@@ -600,10 +600,6 @@ async fn join_lookup(
         (Ok(None), None) => {
             tracing::warn!("--join: the cluster did not answer; starting from the data dir")
         }
-        (Ok(None), Some(a)) if !a.leader => tracing::warn!(
-            "--join: no leader answered; starting from the data dir (only a leader can say \
-             this member was removed)"
-        ),
         _ => {}
     }
     Ok(decision?)

@@ -305,6 +305,12 @@ pub enum JoinError {
     )]
     Removed { id: NodeId, cluster_id: u64 },
     #[error(
+        "--join: the member that answered does not list member {id} in cluster \
+         {cluster_id:x}, and it is not the leader: its view may be behind, or not loaded yet \
+         after its own restart; try again (a supervisor's restart does)"
+    )]
+    NotKnownYet { id: NodeId, cluster_id: u64 },
+    #[error(
         "--join: cluster {cluster_id:x} knows member {id} at {known}, but --grpc-addr is {addr}"
     )]
     OtherAddr {
@@ -326,10 +332,11 @@ pub enum JoinError {
 /// empty. `Ok(Some(cluster))`: join `cluster` as the learner it was added as;
 /// `Ok(None)`: start from the data dir, as any restart does.
 ///
-/// Only a leader's answer stops a member that has a data dir: a follower's view of the
-/// membership may be behind, or not loaded yet right after its own restart (after a power
-/// loss of every node, the first one up answered with an empty membership and the others,
-/// refused, never started: found by fenced-sim).
+/// Only a leader's answer says that a member with a data dir was removed: a follower's view
+/// of the membership may be behind, or not loaded yet right after its own restart (after a
+/// power loss of every node, the first one up answered with an empty membership: found by
+/// fenced-sim). Such an answer is [`JoinError::NotKnownYet`], to try again; starting from
+/// the data dir instead would refuse a learner that has no Raft state yet.
 pub fn join_decision(
     id: NodeId,
     addr: &str,
@@ -349,7 +356,7 @@ pub fn join_decision(
             addr: addr.to_owned(),
             cluster_id,
         }),
-        None if !a.leader => Ok(None),
+        None if !a.leader => Err(JoinError::NotKnownYet { id, cluster_id }),
         None => Err(JoinError::Removed { id, cluster_id }),
         Some((_, known, _)) if known != addr => Err(JoinError::OtherAddr {
             id,
@@ -399,7 +406,10 @@ mod join_tests {
     fn only_a_leader_says_a_member_with_data_was_removed() {
         // A follower just restarted: its membership not loaded yet (empty), or behind.
         let follower = answer(false, &[]);
-        assert_eq!(join_decision(4, ADDR, false, Some(&follower)), Ok(None));
+        assert!(matches!(
+            join_decision(4, ADDR, false, Some(&follower)),
+            Err(JoinError::NotKnownYet { id: 4, .. })
+        ));
         let leader = answer(true, &[(1, true)]);
         assert!(matches!(
             join_decision(4, ADDR, false, Some(&leader)),
