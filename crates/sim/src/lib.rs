@@ -18,6 +18,7 @@
 pub mod disk;
 pub mod expiry;
 pub mod faults;
+pub mod flicker;
 pub mod history;
 pub mod membership;
 pub mod net;
