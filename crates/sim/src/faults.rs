@@ -24,6 +24,9 @@ pub struct Faults {
     pub pauses: bool,
     pub clocks: bool,
     pub disk: bool,
+    /// A node's power flickers: lost in the middle of its writes, again among its first
+    /// writes after the restart ([`crate::flicker`]). Not in `all` yet.
+    pub flicker: bool,
     /// Membership changes: a member (maybe the leader) replaced by a new one (`membership`).
     pub membership: bool,
     /// A member's data dir wiped and the node restarted unchanged, then replaced
@@ -50,6 +53,7 @@ impl Default for Faults {
             pauses: true,
             clocks: true,
             disk: true,
+            flicker: false,
             membership: false,
             wipes: false,
             restore: false,
@@ -80,6 +84,7 @@ impl Faults {
             pauses: false,
             clocks: false,
             disk: false,
+            flicker: false,
             membership: false,
             wipes: false,
             restore: false,
@@ -96,6 +101,7 @@ enum Kind {
     Pause,
     Clock,
     Disk,
+    Flicker,
     Membership,
     Wipe,
 }
@@ -111,6 +117,7 @@ pub async fn run(cluster: Cluster, faults: Faults, seed: u64, until: tokio::time
         (faults.pauses, Kind::Pause),
         (faults.clocks, Kind::Clock),
         (faults.disk, Kind::Disk),
+        (faults.flicker, Kind::Flicker),
         (faults.membership, Kind::Membership),
         (faults.wipes, Kind::Wipe),
     ] {
@@ -227,6 +234,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
             cluster.pause(id, false);
         }
         Kind::Disk => crate::disk::one(cluster, rng, lasting).await,
+        Kind::Flicker => crate::flicker::one(cluster, rng, lasting).await,
         Kind::Clock => {
             let id = *ids.choose(&mut rng).unwrap_or(&1);
             let Some(clock) = cluster.clock(id) else {

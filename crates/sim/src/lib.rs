@@ -18,6 +18,7 @@
 pub mod disk;
 pub mod expiry;
 pub mod faults;
+pub mod flicker;
 pub mod history;
 pub mod membership;
 pub mod net;
@@ -25,6 +26,7 @@ pub mod resp;
 pub mod resp_ops;
 pub mod throttle;
 pub mod trace;
+pub mod walcheck;
 pub mod workload;
 pub mod world;
 
@@ -281,6 +283,7 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
     // Replicas agree once they applied the same log; no alarm; no start refused.
     verdicts.push(agreement(&cluster).await);
     verdicts.push(refusals(&cluster));
+    verdicts.push(cluster.log_terms().verdict());
 
     let events = history.events();
     let ops = checker::pair(&events);

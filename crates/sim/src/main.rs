@@ -42,7 +42,7 @@ struct Args {
     #[arg(long, default_value_t = 20)]
     duration_s: u64,
     /// Faults to inject: all, none, or a comma list of partitions,noise,crashes,pauses,clocks,
-    /// disk,membership,wipes,restore (`all`: every one).
+    /// disk,flicker,membership,wipes,restore (`all`: every one but flicker).
     #[arg(long, default_value = "all")]
     faults: String,
     /// Nodes a client tries one request on before giving up (1: a refusal is final).
@@ -127,6 +127,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
                     "pauses" => f.pauses = true,
                     "clocks" => f.clocks = true,
                     "disk" => f.disk = true,
+                    "flicker" => f.flicker = true,
                     "membership" => f.membership = true,
                     "wipes" => f.wipes = true,
                     "restore" => f.restore = true,

@@ -149,6 +149,8 @@ struct Inner {
     views: Rc<RefCell<Leadership>>,
     /// Draws the disks' faults.
     disk_seed: u64,
+    /// The logs' terms after every start (`crate::walcheck`).
+    log_terms: crate::walcheck::LogTerms,
 }
 
 impl Inner {
@@ -194,6 +196,7 @@ impl Cluster {
                 slots: RefCell::new(slots),
                 views: Rc::new(RefCell::new(Leadership::default())),
                 disk_seed,
+                log_terms: crate::walcheck::LogTerms::default(),
             }),
         }
     }
@@ -253,6 +256,11 @@ impl Cluster {
     /// Node `id`'s simulated disk.
     pub fn fs(&self, id: u64) -> Option<SimFs> {
         self.inner.slots.borrow().get(&id).map(|s| s.fs.clone())
+    }
+
+    /// The `log-terms` checks of this run.
+    pub fn log_terms(&self) -> &crate::walcheck::LogTerms {
+        &self.inner.log_terms
     }
 
     pub fn spec(&self) -> &ClusterSpec {
@@ -501,6 +509,11 @@ impl Cluster {
         };
         match fenced_server::run::start_with(cfg, seams).await {
             Ok(running) => {
+                if let (Some(fs), Some(dir)) = (self.fs(id), self.dir(id)) {
+                    if let Some(why) = self.inner.log_terms.started(id, &fs, &dir) {
+                        self.inner.trace.line(&format!("n{id}"), why);
+                    }
+                }
                 let node = running.node.clone();
                 self.inner.net.up(
                     id,
@@ -613,6 +626,9 @@ impl Cluster {
     fn apply_power_loss(&self, id: u64, fs: Option<SimFs>, what: &str) {
         if let Some(fs) = fs {
             let lost = fs.power_loss();
+            if let Some(dir) = self.dir(id) {
+                self.inner.log_terms.lost_power(&fs, &dir);
+            }
             self.inner
                 .trace
                 .line(&format!("n{id}"), format!("{what}: {lost:?}"));

@@ -117,6 +117,25 @@ fn seeds_that_found_bugs_pass() {
     seeds_pass(496..497, &o);
 }
 
+/// A flickering power supply (`flicker`: a node's power lost in the middle of its writes and
+/// again among the first syncs after its restarts), with the faults it adds to; `log-terms`
+/// reads every restarted node's log.
+#[test]
+fn seeds_with_flickering_power_pass() {
+    let o = Options {
+        faults: fenced_sim::faults::Faults {
+            partitions: true,
+            noise: true,
+            crashes: true,
+            disk: true,
+            flicker: true,
+            ..fenced_sim::faults::Faults::none()
+        },
+        ..Options::default()
+    };
+    seeds_pass(0..3, &o);
+}
+
 /// Every fault plus the operator's: membership changes, wiped members, a backup and a restore
 /// (docs/simulation.md).
 fn with_operator(o: Options) -> Options {

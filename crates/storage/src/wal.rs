@@ -38,6 +38,11 @@
 //!   newer hard-state copy was damaged and the older one read, and then entries after it
 //!   may have been acknowledged.
 //!
+//! A gap between two segments is a hole unless it holds purged entries only: a snapshot
+//! installed past the log's end purges every entry and the log goes on in a new segment
+//! after the purge point, and a crash between recording the purge and removing the segments
+//! it emptied (durably) leaves them behind. They are kept (the next purge removes them).
+//!
 //! A zero record length ends a segment's records only if nothing but zeros follows it. The
 //! kernel writes a file's dirty pages back in any order, so a crash can lose the page of one
 //! record while a later one reached the disk: the bytes after the zero are such records, and
