@@ -258,6 +258,10 @@ impl Wal {
             }
         }
         crate::create_dir_all_durably(&**fs, &wal.dir)?;
+        // The segments' names may not be durable: a process whose directory fsync failed
+        // left them in the cache only, and this one appends to them (found by fenced-sim:
+        // a learner's first segment vanished in a power loss with 76 acknowledged entries).
+        crate::sync_dir(&**fs, &wal.dir)?;
         Ok(wal)
     }
 }
