@@ -205,6 +205,23 @@ impl RaftLogReader<TypeConfig> for LogStore {
             .read(start..end)
             .map_err(|e| StorageIOError::read_logs(&e).into())
     }
+
+    /// Replication's read: the entries from `start` on, or none at all when `start` is purged
+    /// (openraft then sends a heartbeat and, next, the snapshot). The default, the clamped
+    /// read, gave openraft 0.9's leader entries 251.. for a request from 144 when its log had
+    /// been purged meanwhile, and it sent them after entry 143 (found by fenced-sim, seed
+    /// 1008664).
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        let entries = self.try_get_log_entries(start..end).await?;
+        match entries.first() {
+            Some(e) if e.log_id.index != start => Ok(Vec::new()),
+            _ => Ok(entries),
+        }
+    }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {

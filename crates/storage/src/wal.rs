@@ -197,9 +197,16 @@ impl Wal {
                 Some((prev, _)) => Some(prev.log_id.index),
                 None => self.last.map(|l| l.index),
             };
-            if after.is_some_and(|a| index <= a)
-                || (!batch.is_empty() && after != index.checked_sub(1))
-            {
+            let follows = after.is_some_and(|a| Some(a) == index.checked_sub(1));
+            // The first entry may leave a gap after the last one only over purged entries (a
+            // snapshot installed past the log's end). Anything else is a hole: openraft 0.9's
+            // leader once sent entries 251.. after 143, read from a log purged meanwhile, and a
+            // follower at 208 appended them (found by fenced-sim, seed 1008664).
+            let over_purged = self
+                .purged
+                .is_some_and(|p| index.checked_sub(1).is_none_or(|prev| p >= prev));
+            let may_start = batch.is_empty() && (after.is_none() || over_purged);
+            if after.is_some_and(|a| index <= a) || !(follows || may_start) {
                 return Err(StoreError::LogHole {
                     after: after.unwrap_or(0),
                     next: index,
@@ -435,6 +442,23 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    #[test]
+    fn an_append_leaves_a_gap_only_over_purged_entries() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut wal = small(dir.path(), None, None);
+        wal.append((1..=5).map(|i| blank(1, i))).expect("append");
+        // What a leader reading a log purged meanwhile sent: refused, nothing written.
+        assert!(matches!(
+            wal.append([blank(1, 9)]),
+            Err(StoreError::LogHole { after: 5, next: 9 })
+        ));
+        assert_eq!(wal.last_log_id().map(|l| l.index), Some(5));
+        // After a snapshot past the log's end, the log goes on after it.
+        wal.purge(8).expect("purge");
+        wal.append([blank(1, 9)]).expect("append after the purge");
+        assert_eq!(indexes(&wal.read(0..100).expect("read")), vec![9]);
     }
 
     #[test]
