@@ -134,6 +134,12 @@ pub fn open_with(
     // sled's files: a data dir of an older layout (upgraded by `crate::open`). Every data dir
     // that ever held Raft state has the hard-state file or these.
     let has_raft_files = had_hard_state || crate::has_sled(fs, dir);
+    // Every file of a store made whole (before the log is opened, which makes them): a
+    // learner that has not received anything yet has them, a member that lost its Raft state
+    // does not.
+    let store_made = had_hard_state
+        && fs.exists(&crate::purged::Purged::path_in(dir))
+        && fs.exists(&dir.join(crate::wal::DIR));
     if loaded.is_none() && !has_raft_files {
         // Other files only (a mount point's lost+found, say): as good as empty.
         return bootstrap_empty(dir, plan, events, &env);
@@ -165,6 +171,12 @@ pub fn open_with(
                     Some(cluster) if cluster == id.cluster_id => {
                         tracing::info!("a learner without Raft state yet: joining again")
                     }
+                    // Restarted while `--join`'s lookup had no answer (every member down,
+                    // say): it acknowledged nothing yet, and waits for the leader's log as
+                    // before (found by fenced-sim, seed 1000170).
+                    _ if store_made => tracing::info!(
+                        "a learner without Raft state yet: waiting for the leader's log"
+                    ),
                     _ => return Err(no_state(dir, &id)),
                 }
             }

@@ -236,3 +236,35 @@ async fn a_segment_named_before_a_failed_sync_is_durable_once_the_log_is_opened(
         assert_eq!(found.len(), 3, "seed {seed}: entries lost after {lost:?}");
     }
 }
+
+/// A learner that has received nothing yet, restarted while `--join`'s lookup had no answer
+/// (no cluster id in its plan), waits for the leader's log instead of being refused; with
+/// its store's files gone it is refused, as any member that lost its Raft state. (Found by
+/// fenced-sim, seed 1000170: every node lost power before a new learner got anything.)
+#[test]
+fn a_learner_that_received_nothing_restarts_without_the_clusters_answer() {
+    let disk = fenced_fs::SimFs::new(VIRTUAL, 1);
+    let fs: Arc<dyn Fs> = Arc::new(disk);
+    let dir = Path::new(VIRTUAL).join("node-4");
+    let env = Env::new(fs.clone(), Io::Inline);
+    let plan = |join| datadir::Plan {
+        member_id: 4,
+        cluster_id: 7,
+        may_bootstrap: false,
+        join,
+    };
+    let opened = datadir::open_with(&dir, &plan(Some(7)), no_events(), env.clone()).expect("join");
+    assert!(!opened.bootstrap);
+    drop(opened);
+    datadir::open_with(&dir, &plan(None), no_events(), env.clone())
+        .expect("a learner with nothing yet restarts without the cluster's answer");
+    fs.remove_dir_all(&dir.join("wal")).expect("rm");
+    fs.remove_file(&dir.join("purged")).expect("rm");
+    let refused = datadir::open_with(&dir, &plan(None), no_events(), env)
+        .err()
+        .expect("its store gone: refused");
+    assert!(
+        refused.to_string().contains("holds no Raft state"),
+        "{refused}"
+    );
+}
