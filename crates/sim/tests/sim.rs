@@ -196,6 +196,9 @@ fn operator_seeds_that_found_bugs_pass() {
     seeds_pass(1_001_076..1_001_077, &with_operator(Options::default()));
     // The same leader read: openraft panicked applying entries 207..300 that skipped 209..250.
     seeds_pass(1_008_664..1_008_665, &with_operator(Options::default()));
+    // A new learner that had received nothing, restarted while no member answered `--join`,
+    // was refused as a member that lost its Raft state.
+    seeds_pass(1_000_170..1_000_171, &with_operator(Options::default()));
 }
 
 #[test]
