@@ -215,7 +215,15 @@ async fn remove(cluster: &Cluster, rng: &mut StdRng, id: u64) -> bool {
     )
     .await
     {
-        return false;
+        // No answer is not a no: the change may have been made. The operator looks, as
+        // docs/operations.md says (`fenced member list`).
+        if listed(cluster, id) != Some(false) {
+            return false;
+        }
+        cluster.trace().line(
+            "operator",
+            format!("member list: n{id} is not a member any more"),
+        );
     }
     cluster.crash(id).await;
     cluster.set_gone(id);
@@ -223,6 +231,28 @@ async fn remove(cluster: &Cluster, rng: &mut StdRng, id: u64) -> bool {
         .trace()
         .line("operator", format!("n{id} removed and stopped"));
     true
+}
+
+/// Whether member `id` is in the membership as a member that is up sees it (the leader's
+/// view if one leads; `None` if no member is up).
+fn listed(cluster: &Cluster, id: u64) -> Option<bool> {
+    let nodes: Vec<_> = cluster
+        .ids()
+        .into_iter()
+        .filter(|i| *i != id)
+        .filter_map(|i| cluster.node(i))
+        .filter(|n| n.health().is_ok())
+        .collect();
+    let n = nodes
+        .iter()
+        .find(|n| n.check_leader().is_ok())
+        .or_else(|| nodes.first())?;
+    let m = n.raft().metrics().borrow().clone();
+    Some(
+        fenced_server::membership::members(&m)
+            .iter()
+            .any(|v| v.id == id),
+    )
 }
 
 /// `fenced member add ID ADDR --learner`, `fenced serve --join` on an empty data dir, and
