@@ -305,12 +305,6 @@ pub enum JoinError {
     )]
     Removed { id: NodeId, cluster_id: u64 },
     #[error(
-        "--join: the member that answered does not list member {id} in cluster \
-         {cluster_id:x}, and it is not the leader: its view may be behind, or not loaded yet \
-         after its own restart; try again (a supervisor's restart does)"
-    )]
-    NotKnownYet { id: NodeId, cluster_id: u64 },
-    #[error(
         "--join: cluster {cluster_id:x} knows member {id} at {known}, but --grpc-addr is {addr}"
     )]
     OtherAddr {
@@ -334,9 +328,10 @@ pub enum JoinError {
 ///
 /// Only a leader's answer says that a member with a data dir was removed: a follower's view
 /// of the membership may be behind, or not loaded yet right after its own restart (after a
-/// power loss of every node, the first one up answered with an empty membership: found by
-/// fenced-sim). Such an answer is [`JoinError::NotKnownYet`], to try again; starting from
-/// the data dir instead would refuse a learner that has no Raft state yet.
+/// power loss of every node, the first one up answered with an empty membership), or be a
+/// learner's that installed a snapshot older than this member. The member then starts from
+/// its data dir, as any restart does (found by fenced-sim: refused, or told to try again,
+/// the members that the cluster needed for a majority never started).
 pub fn join_decision(
     id: NodeId,
     addr: &str,
@@ -356,7 +351,7 @@ pub fn join_decision(
             addr: addr.to_owned(),
             cluster_id,
         }),
-        None if !a.leader => Err(JoinError::NotKnownYet { id, cluster_id }),
+        None if !a.leader => Ok(None),
         None => Err(JoinError::Removed { id, cluster_id }),
         Some((_, known, _)) if known != addr => Err(JoinError::OtherAddr {
             id,
@@ -406,10 +401,7 @@ mod join_tests {
     fn only_a_leader_says_a_member_with_data_was_removed() {
         // A follower just restarted: its membership not loaded yet (empty), or behind.
         let follower = answer(false, &[]);
-        assert!(matches!(
-            join_decision(4, ADDR, false, Some(&follower)),
-            Err(JoinError::NotKnownYet { id: 4, .. })
-        ));
+        assert_eq!(join_decision(4, ADDR, false, Some(&follower)), Ok(None));
         let leader = answer(true, &[(1, true)]);
         assert!(matches!(
             join_decision(4, ADDR, false, Some(&leader)),
