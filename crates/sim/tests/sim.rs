@@ -199,6 +199,11 @@ fn operator_seeds_that_found_bugs_pass() {
     // A new learner that had received nothing, restarted while no member answered `--join`,
     // was refused as a member that lost its Raft state.
     seeds_pass(1_000_170..1_000_171, &with_operator(Options::default()));
+    // A removal that took effect although the operator got no answer (1101339); the only
+    // member up, a learner behind, did not list two voters, which then never started
+    // (1102347).
+    seeds_pass(1_101_339..1_101_340, &with_operator(Options::default()));
+    seeds_pass(1_102_347..1_102_348, &with_operator(Options::default()));
 }
 
 #[test]
