@@ -107,28 +107,17 @@ pub fn join_lookup(cluster: &Cluster, id: u64, cfg: &NodeConfig) -> Result<Optio
         .fs(id)
         .and_then(|fs| fs.read_dir(&cfg.data_dir).ok())
         .is_none_or(|d| d.is_empty());
-    let nodes: Vec<_> = cluster
-        .ids()
-        .into_iter()
-        .filter(|i| *i != id)
-        .filter_map(|i| cluster.node(i))
-        .filter(|n| n.health().is_ok())
-        .collect();
-    let answer = nodes
-        .iter()
-        .find(|n| n.check_leader().is_ok())
-        .or_else(|| nodes.first())
-        .map(|n| {
-            let m = n.raft().metrics().borrow().clone();
-            fenced_server::membership::JoinAnswer {
-                leader: n.check_leader().is_ok(),
-                cluster_id: n.gate().identity().cluster_id(),
-                members: fenced_server::membership::members(&m)
-                    .into_iter()
-                    .map(|v| (v.id, v.addr, v.voter))
-                    .collect(),
-            }
-        });
+    let answer = answering(cluster, id).map(|n| {
+        let m = n.raft().metrics().borrow().clone();
+        fenced_server::membership::JoinAnswer {
+            leader: n.check_leader().is_ok(),
+            cluster_id: n.gate().identity().cluster_id(),
+            members: fenced_server::membership::members(&m)
+                .into_iter()
+                .map(|v| (v.id, v.addr, v.voter))
+                .collect(),
+        }
+    });
     fenced_server::membership::join_decision(id, &cfg.grpc_addr, fresh, answer.as_ref())
         .map_err(|e| e.to_string())
 }
@@ -233,21 +222,27 @@ async fn remove(cluster: &Cluster, rng: &mut StdRng, id: u64) -> bool {
     true
 }
 
-/// Whether member `id` is in the membership as a member that is up sees it (the leader's
-/// view if one leads; `None` if no member is up).
-fn listed(cluster: &Cluster, id: u64) -> Option<bool> {
-    let nodes: Vec<_> = cluster
+/// The member an operator's command about member `id` gets its answer from: the leader if
+/// one is up, else the first other member up.
+fn answering(cluster: &Cluster, id: u64) -> Option<fenced_server::node::Node> {
+    let mut nodes: Vec<_> = cluster
         .ids()
         .into_iter()
         .filter(|i| *i != id)
         .filter_map(|i| cluster.node(i))
         .filter(|n| n.health().is_ok())
         .collect();
-    let n = nodes
+    let at = nodes
         .iter()
-        .find(|n| n.check_leader().is_ok())
-        .or_else(|| nodes.first())?;
-    let m = n.raft().metrics().borrow().clone();
+        .position(|n| n.check_leader().is_ok())
+        .unwrap_or(0);
+    (at < nodes.len()).then(|| nodes.swap_remove(at))
+}
+
+/// Whether member `id` is in the membership as a member that is up sees it (the leader's
+/// view if one leads; `None` if no member is up).
+fn listed(cluster: &Cluster, id: u64) -> Option<bool> {
+    let m = answering(cluster, id)?.raft().metrics().borrow().clone();
     Some(
         fenced_server::membership::members(&m)
             .iter()
