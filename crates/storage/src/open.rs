@@ -123,7 +123,7 @@ pub(crate) fn open_checked(
         Some(p) => p,
         // A new data dir (or one whose creation a crash interrupted here): the hard state is
         // written first, then this file, then the log directory.
-        None if hard.value() == &hardstate::HardStateValue::default() && !fs.exists(&wal_dir) => {
+        None if creating && hard.value() == &hardstate::HardStateValue::default() => {
             Purged::create_on(fs, dir, None)?
         }
         None => {

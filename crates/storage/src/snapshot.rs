@@ -118,7 +118,7 @@ impl SnapshotStore {
                     .map_err(|e| StoreError::file(&path, e))?;
             }
         }
-        let mut store = SnapshotStore {
+        let store = SnapshotStore {
             fs: fs.clone(),
             dir,
             replacing: Mutex::new(()),
@@ -127,10 +127,7 @@ impl SnapshotStore {
             received: Mutex::new(Vec::new()),
         };
         if let Some((meta, _)) = store.current()? {
-            store.covered = tokio::sync::watch::Sender::new(Covered {
-                upto: meta.last_log_id,
-                failed: None,
-            });
+            store.covered.send_modify(|c| c.upto = meta.last_log_id);
         }
         Ok(store)
     }
