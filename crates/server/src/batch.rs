@@ -280,6 +280,10 @@ mod tests {
     use std::sync::Mutex;
     use std::time::Duration;
 
+    // The single-threaded tests run in paused time: their sleeps order the steps (a batch
+    // running while more requests queue) whatever the machine's load; in real time a stall of
+    // 15 ms between two steps changed the batches they check.
+
     const LIMITS: Limits = Limits {
         in_flight: 1,
         max_items: 100,
@@ -288,7 +292,7 @@ mod tests {
         max_queued: 1_000,
     };
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn arrivals_during_a_batch_share_the_next_one() {
         let sizes = Arc::new(Mutex::new(Vec::new()));
         let seen = sizes.clone();
@@ -309,7 +313,7 @@ mod tests {
         assert_eq!(*sizes.lock().unwrap(), vec![1, 9]);
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_batch_is_bounded_by_count_and_bytes() {
         let limits = Limits {
             in_flight: 1,
@@ -363,7 +367,7 @@ mod tests {
         (b, batches)
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_group_that_would_cross_the_cap_starts_the_next_batch() {
         let (b, batches) = recording(CAPPED, Duration::from_millis(20));
         let block = b.submit(0, 1).unwrap();
@@ -385,7 +389,7 @@ mod tests {
         assert!(got.iter().all(|batch| batch.iter().sum::<usize>() <= 12));
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_request_over_the_cap_is_refused_alone_and_the_others_go_on() {
         let (b, batches) = recording(CAPPED, Duration::from_millis(1));
         let refused = |why| match why {
@@ -442,7 +446,7 @@ mod tests {
         );
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn missing_outputs_report_gone() {
         let b = Batcher::spawn(LIMITS, |_: Vec<u8>| async { Vec::<u8>::new() });
         assert_eq!(b.call(1, 1, |_| 99).await, 99);
@@ -497,7 +501,7 @@ mod tests {
         }
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_full_queue_refuses_at_once_and_frees_up_as_batches_start() {
         let limits = Limits {
             max_queued: 3,
