@@ -579,13 +579,15 @@ impl Node {
 
     /// While this node leads, propose a `Tick` whenever the earliest deadline of the state
     /// machine has passed on the leader's log clock, so leases, sessions and waits expire
-    /// (and locks pass to their next waiter) without other traffic.
-    /// The leader's expiry driver: proposes a `Tick` when the earliest deadline is due.
+    /// (and locks pass to their next waiter) without other traffic; and finish a voter change
+    /// left joint ([`Node::finish_abandoned_joint`]).
     pub(crate) async fn ticker(self, mut shutdown: watch::Receiver<bool>) {
+        let mut joint_seen = None;
         loop {
             let sleep = match self.leader_term() {
                 Err(_) => TICK_MAX_SLEEP,
                 Ok(term) => {
+                    self.finish_abandoned_joint(&mut joint_seen).await;
                     let (next, applied) =
                         self.inner.state.read(|sm| (sm.next_deadline(), sm.now()));
                     let now = self.inner.clock.peek(term, || applied);
