@@ -23,10 +23,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::{DistLock, Grant, LockError};
 
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-pub mod pb {
-    tonic::include_proto!("etcdserverpb");
-}
+/// etcd's v3 API, generated from the protos vendored in `proto/etcd/` (crate fenced-proto).
+pub use fenced_proto::etcd::{etcdserverpb as pb, mvccpb};
 
 use pb::kv_client::KvClient;
 use pb::lease_client::LeaseClient;
@@ -219,7 +217,7 @@ impl EtcdLock {
             if msg
                 .events
                 .iter()
-                .any(|e| e.r#type == pb::event::EventType::Delete as i32)
+                .any(|e| e.r#type == mvccpb::event::EventType::Delete as i32)
             {
                 drop(tx);
                 return Ok(());

@@ -3,6 +3,9 @@
 //! * [`v1`] — package `fenced.v1`: the client API (`Lock`, `Session`, `Cluster`).
 //! * [`raft`] — package `fenced.raft.v1`: node-to-node services: the `Raft` transport
 //!   (bincode-encoded openraft request/response types) and `Forward` (follower → leader).
+//! * [`etcd`] — etcd's v3 API, vendored unchanged on the wire from etcd v3.5 (`proto/etcd/`):
+//!   `etcdserverpb` (`KV`, `Watch`, `Lease`, `Cluster`, `Maintenance`, `Auth`), `mvccpb`,
+//!   `authpb`, `v3lockpb` (`Lock`) and `v3electionpb` (`Election`).
 //!
 //! Both clients and servers are generated.
 
@@ -28,4 +31,37 @@ pub mod v1 {
 )]
 pub mod raft {
     tonic::include_proto!("fenced.raft.v1");
+}
+
+/// etcd's v3 gRPC API, generated from the protos vendored in `proto/etcd/` (etcd v3.5; see its
+/// README for the source revision and what was stripped). Package names are etcd's, so the
+/// service paths are etcd's (`/etcdserverpb.KV/Range`, `/v3lockpb.Lock/Lock`, …) and
+/// unchanged etcd clients reach a server built from them. The packages are siblings here
+/// because the generated code refers across them as `super::mvccpb`, `super::etcdserverpb`.
+pub mod etcd {
+    /// Package `etcdserverpb`: services `KV`, `Watch`, `Lease`, `Cluster`, `Maintenance`,
+    /// `Auth` and their messages.
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+
+    /// Package `mvccpb`: `KeyValue` and `Event`.
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+
+    /// Package `authpb`: `User`, `Permission`, `Role`.
+    pub mod authpb {
+        tonic::include_proto!("authpb");
+    }
+
+    /// Package `v3lockpb`: service `Lock`.
+    pub mod v3lockpb {
+        tonic::include_proto!("v3lockpb");
+    }
+
+    /// Package `v3electionpb`: service `Election`.
+    pub mod v3electionpb {
+        tonic::include_proto!("v3electionpb");
+    }
 }
