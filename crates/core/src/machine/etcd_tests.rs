@@ -331,3 +331,48 @@ fn snapshot_bodies_round_trip_and_the_digest_covers_the_etcd_keyspace() {
     // The derived indexes come back: reads on the decoded state are the same.
     assert_eq!(get(&back, "k"), get(&a.sm, "k"));
 }
+
+#[test]
+fn restore_marks_the_etcd_history_compacted_at_the_bumped_revision() {
+    let mut log = Log::new();
+    let r1 = log.put("a", "1");
+    log.put("a", "2");
+    log.put("b", "1");
+    log.etcd(EtcdCommand::DeleteRange(DeleteRangeRequest {
+        range: KeyRange::key("b"),
+        prev_kv: false,
+    }));
+    let before = log.sm.revision();
+    let restored = log.sm.prepare_restore(1_000).expect("fits");
+    assert_eq!(restored.etcd_keys, 1);
+    assert_eq!(restored.etcd_compact_revision, before + 1_000);
+    assert_eq!(log.sm.etcd().compact_revision(), before + 1_000);
+    // Live keys stay, history goes: one version left.
+    assert_eq!(log.sm.etcd().version_count(), 1);
+    assert_eq!(get(&log.sm, "a"), Some((b"2".to_vec(), r1 + 1)));
+    // A watch resuming from before the restore must start over.
+    assert!(matches!(
+        log.sm.etcd_events_since(before, &KeyRange::all(), 0, false),
+        Err(EtcdError::Compacted { compact_revision }) if compact_revision == before + 1_000
+    ));
+    let at_old = RangeRequest {
+        revision: before,
+        ..RangeRequest::new(KeyRange::key("a"))
+    };
+    assert!(matches!(
+        log.sm.etcd_range(&at_old),
+        Err(EtcdError::Compacted { .. })
+    ));
+    let page = log
+        .sm
+        .etcd_events_since(before + 1_000, &KeyRange::all(), 0, false)
+        .expect("from the bump on");
+    assert!(page.events.is_empty());
+    // Writes go on above the bump; a state that never had etcd keys stays untouched.
+    log.index = 0;
+    assert_eq!(log.put("c", "1"), before + 1_001);
+    let mut plain = StateMachine::new();
+    plain.prepare_restore(1_000).expect("fits");
+    assert!(plain.etcd().is_untouched());
+    assert_eq!(plain.body_version(), 1);
+}
