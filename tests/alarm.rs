@@ -233,6 +233,9 @@ async fn a_diverged_leader_fences_itself_and_a_healthy_member_takes_over() {
     assert_ne!(c.status_ok(1).await.state, "leader");
 }
 
+/// The newest apply rules (`Semantics::NEWEST`: 3, the etcd keyspace).
+const NEWEST: u32 = 3;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_stamps_deterministic_rules_only_while_every_member_runs_them() {
     enable_test_hooks();
@@ -249,7 +252,10 @@ async fn the_leader_stamps_deterministic_rules_only_while_every_member_runs_them
             }
         }
     };
-    wait_for("the leader stamping rules 2", STEP, || stamped(2)).await;
+    wait_for("the leader stamping the newest rules", STEP, || {
+        stamped(NEWEST)
+    })
+    .await;
     // One member advertises the older rules (as older code would).
     let f = follower_of(leader);
     c.kill(f);
@@ -261,10 +267,13 @@ async fn the_leader_stamps_deterministic_rules_only_while_every_member_runs_them
         let s = c.status_ok(leader).await;
         assert_eq!(s.semantics, 0, "a member runs older rules: {s:?}");
     }
-    // Upgraded: every member runs rules 2 again.
+    // Upgraded: every member runs the newest rules again.
     c.kill(f);
     c.restart(f);
-    wait_for("the leader stamping rules 2 again", STEP, || stamped(2)).await;
+    wait_for("the leader stamping the newest rules again", STEP, || {
+        stamped(NEWEST)
+    })
+    .await;
     writes(&c, leader, "k", 3).await;
 
     // Once switched, a member that is down does not switch a new leader back to the old
@@ -289,10 +298,10 @@ async fn the_leader_stamps_deterministic_rules_only_while_every_member_runs_them
         }
     })
     .await;
-    assert_eq!(s.semantics, 2, "{s:?}");
+    assert_eq!(s.semantics, NEWEST, "{s:?}");
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        assert_eq!(c.status_ok(new).await.semantics, 2);
+        assert_eq!(c.status_ok(new).await.semantics, NEWEST);
     }
     writes(&c, new, "after", 3).await;
 }

@@ -2,6 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::etcd::{
+    CompactStats, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest,
+    TxnResponse,
+};
 use crate::kv::limit::{Decision, LimitMode, Policy};
 use crate::kv::{KvCommand, KvEvent, KvResponse};
 use crate::CoreError;
@@ -61,8 +65,14 @@ impl Semantics {
     /// functions, threads and userdata shows no address, iteration over tables with table
     /// or function keys is refused, a returned function is nil.
     pub const DETERMINISTIC: Semantics = Semantics(2);
+    /// The deterministic rules, and the etcd v3 keyspace: [`Command::Etcd`] exists. Entries
+    /// carrying one are a log format older nodes cannot decode, so the leader proposes them
+    /// only once every member runs these rules ([`crate::gate`]); under older rules an etcd
+    /// command is refused with [`CoreError::NotUpgraded`] (it never is stamped so, but a
+    /// replay must not depend on that).
+    pub const ETCD: Semantics = Semantics(3);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::DETERMINISTIC;
+    pub const NEWEST: Semantics = Semantics::ETCD;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -72,6 +82,19 @@ impl Semantics {
     /// Commands must not show anything replica-dependent ([`Semantics::DETERMINISTIC`]).
     pub fn deterministic(self) -> bool {
         self.0 >= Semantics::DETERMINISTIC.0
+    }
+
+    /// Etcd commands apply ([`Semantics::ETCD`]).
+    pub fn etcd(self) -> bool {
+        self.0 >= Semantics::ETCD.0
+    }
+
+    /// The oldest rules under which `cmd` exists.
+    pub fn needed_by(cmd: &Command) -> Semantics {
+        match cmd {
+            Command::Etcd(_) => Semantics::ETCD,
+            _ => Semantics::REVISIONS,
+        }
     }
 
     /// This build knows how to apply entries stamped `self`.
@@ -188,6 +211,51 @@ pub enum Command {
         quantity: u64,
         mode: LimitMode,
     },
+    /// An etcd v3 call that changes the etcd keyspace ([`crate::etcd`]), at the command's
+    /// revision: [`Response::Etcd`], or [`Response::Rejected`] with [`CoreError::Etcd`]
+    /// (nothing changed in the etcd keyspace; the command took its revision all the same,
+    /// as every refused command does). Only in entries stamped [`Semantics::ETCD`] or newer.
+    /// Reads (`Range`, a read-only `Txn`) take the read path instead
+    /// ([`crate::StateMachine::etcd_range`]). Appended last.
+    Etcd(EtcdCommand),
+}
+
+/// The etcd v3 calls that go through the log (etcd's `KV.Put`, `KV.DeleteRange`, `KV.Txn`,
+/// `KV.Compact`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum EtcdCommand {
+    Put(PutRequest),
+    DeleteRange(DeleteRangeRequest),
+    /// Any txn; a read-only one (which the read path serves) is answered the same way here.
+    Txn(TxnRequest),
+    /// Compact the history below `revision` (etcd's `CompactionRequest`; `physical` is not
+    /// carried: the removal is done in steps by later commands, and reads and watches behave
+    /// as after it from this command on).
+    Compact {
+        revision: Revision,
+    },
+}
+
+impl EtcdCommand {
+    /// Short name, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EtcdCommand::Put(_) => "etcd_put",
+            EtcdCommand::DeleteRange(_) => "etcd_delete_range",
+            EtcdCommand::Txn(_) => "etcd_txn",
+            EtcdCommand::Compact { .. } => "etcd_compact",
+        }
+    }
+}
+
+/// What an [`EtcdCommand`] answered (etcd's responses without their header).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub enum EtcdReply {
+    Put(PutResponse),
+    DeleteRange(DeleteRangeResponse),
+    Txn(TxnResponse),
+    /// What the compaction's first step removed (`pending`: later commands remove the rest).
+    Compact(CompactStats),
 }
 
 impl Command {
@@ -207,6 +275,7 @@ impl Command {
             Command::Kv(_) => "kv",
             Command::FencedPut { .. } => "fenced_put",
             Command::Limit { .. } => "limit",
+            Command::Etcd(cmd) => cmd.kind(),
         }
     }
 }
@@ -285,6 +354,15 @@ pub enum Response {
     },
     /// The answer to [`Command::Limit`]. Appended last.
     Limited(Decision),
+    /// The answer to [`Command::Etcd`]. `revision` is the command's own (the store revision
+    /// after it, etcd's `header.revision`); `wrote` whether the etcd keyspace changed (a
+    /// delete that matched nothing, a txn whose branch only read, a compaction: false).
+    /// Appended last.
+    Etcd {
+        revision: Revision,
+        wrote: bool,
+        reply: EtcdReply,
+    },
 }
 
 /// Why a grant ended.

@@ -22,6 +22,7 @@
 use std::cell::Cell;
 use std::io;
 
+use bincode::Options;
 use serde::Serializer;
 use xxhash_rust::xxh3::Xxh3;
 
@@ -127,8 +128,14 @@ impl StateMachine {
     pub fn digest(&self) -> StateDigest {
         let mut hasher = Xxh3::new();
         let _digesting = Digesting::start();
+        // The snapshot body, etcd keyspace included (version 2) once it was touched.
         // Serializing plain maps and integers into a hasher cannot fail.
-        let _ = bincode::serialize_into(HashWriter(&mut hasher), self);
+        let _ = self.write_body(
+            bincode::DefaultOptions::new()
+                .with_fixint_encoding()
+                .allow_trailing_bytes(),
+            HashWriter(&mut hasher),
+        );
         hasher.digest()
     }
 }

@@ -15,14 +15,16 @@ pub mod command;
 pub mod cow;
 pub mod digest;
 pub mod etcd;
+pub mod gate;
 pub mod kv;
 pub mod limits;
 pub mod machine;
 pub mod small_map;
 
 pub use command::{
-    AcquireSpec, Applied, AppliedBatch, Batch, Command, Event, Index, Millis, Mode, ReleaseReason,
-    Request, RequestId, Response, Revision, Semantics, SessionId, Token,
+    AcquireSpec, Applied, AppliedBatch, Batch, Command, EtcdCommand, EtcdReply, Event, Index,
+    Millis, Mode, ReleaseReason, Request, RequestId, Response, Revision, Semantics, SessionId,
+    Token,
 };
 pub use digest::StateDigest;
 pub use kv::limit::{Decision, LimitError, LimitMode, LogPolicy, Policy};
@@ -80,6 +82,13 @@ pub enum CoreError {
     /// A refused rate-limiter request ([`Command::Limit`]). Appended last.
     #[error("{0}")]
     Limit(LimitError),
+    /// A refused etcd call ([`Command::Etcd`]), with etcd's message. Appended last.
+    #[error("{0}")]
+    Etcd(etcd::EtcdError),
+    /// A command the entry's apply rules (or, at the leader's door, the cluster's) do not
+    /// have yet: some member runs older code ([`gate`]). Appended last.
+    #[error("cluster not upgraded: {detail}")]
+    NotUpgraded { needs: u8, detail: String },
 }
 
 /// Errors decoding a snapshot of the state machine.

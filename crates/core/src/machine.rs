@@ -14,7 +14,9 @@
 //! * `expiry` — the deadline index (`Due`) and the expiry step;
 //! * `views` — read-side views (`lock_info`, `session_info`, counts);
 //! * `invariants` — `check_invariants`, for tests;
-//! * `restore` — preparing a state for a new cluster.
+//! * `restore` — preparing a state for a new cluster;
+//! * `etcd` — the etcd keyspace's commands and reads;
+//! * `body` — the snapshot body encoding and its versions.
 
 use std::collections::BTreeSet;
 
@@ -22,11 +24,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::*;
 use crate::cow::{CowMap, CowSet};
+use crate::etcd::EtcdStore;
 use crate::kv::{FenceError, Keyspace, Stale, MAX_VALUE_LEN};
 use crate::{CoreError, SnapshotError};
 
 mod acquire;
+mod body;
 mod dedup;
+mod etcd;
+#[cfg(test)]
+mod etcd_tests;
 mod expiry;
 mod grants;
 mod invariants;
@@ -36,7 +43,9 @@ mod sessions;
 mod views;
 mod waiters;
 
+pub use body::BODY_VERSION;
 use dedup::ClientRecord;
+pub use etcd::COMPACT_STEP_BUDGET;
 use expiry::Due;
 use locks::Lock;
 pub use locks::LockKind;
@@ -49,7 +58,8 @@ use waiters::Waiter;
 /// same entries always produce the same state, responses and events.
 ///
 /// bincode is positional: the order of these fields is the snapshot's encoding (and the
-/// digest's). Never reorder or insert; append at the end only.
+/// digest's). Never reorder or insert; append at the end only. The etcd keyspace is not a
+/// field of that encoding: it follows it, in a snapshot body of version 2 (see `body`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct StateMachine {
     now: Millis,
@@ -70,6 +80,10 @@ pub struct StateMachine {
     dirty: BTreeSet<String>,
     /// The RESP keyspace.
     kv: Keyspace,
+    /// The etcd v3 keyspace, separate from the RESP one (`FLUSHALL` and Redis expiry never
+    /// touch it). Encoded after the fields above, in body version 2 only (`body`).
+    #[serde(skip)]
+    etcd: EtcdStore,
 }
 
 /// The snapshot layout written before tokens were revisions (format 1): [`StateMachine`]
@@ -112,14 +126,20 @@ impl StateMachine {
         &self.kv
     }
 
-    /// Serialize the whole state (for Raft snapshots).
+    /// Serialize the whole state: the snapshot body of version
+    /// [`body_version`](Self::body_version) (the snapshot file records which).
     pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::new();
         // Serializing plain maps and integers into a Vec cannot fail.
-        bincode::serialize(self).unwrap_or_default()
+        let _ = self.write_body(body::options(), &mut out);
+        out
     }
 
+    /// Decode [`to_bytes`](Self::to_bytes)' output of any body version: version 2 is
+    /// version 1 followed by the etcd keyspace, so bytes left after the first part are it.
+    /// (Snapshot files name their body version: `read_body`.)
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, SnapshotError> {
-        Ok(bincode::deserialize(bytes)?)
+        body::from_bytes(bytes)
     }
 
     /// Decode a snapshot written before tokens were revisions (format 1): the same fields
@@ -138,6 +158,7 @@ impl StateMachine {
             deadlines: old.deadlines,
             dirty: BTreeSet::new(),
             kv: old.kv,
+            etcd: EtcdStore::default(),
         })
     }
 
@@ -197,6 +218,9 @@ impl StateMachine {
             self.dedup_store(rid, response.clone());
         }
         self.hand_over(self.revision, events);
+        if semantics.etcd() {
+            self.etcd_compaction_step();
+        }
         response
     }
 
@@ -320,6 +344,10 @@ impl StateMachine {
                 .limit(revision, self.now, key, policy, *quantity, *mode)
                 .map(Response::Limited)
                 .map_err(CoreError::Limit),
+            Command::Etcd(etcd) => match crate::gate::refused_by_entry(cmd, semantics) {
+                Some(refused) => Err(refused),
+                None => self.apply_etcd(revision, etcd).map_err(CoreError::Etcd),
+            },
         };
         result.unwrap_or_else(Response::Rejected)
     }

@@ -4,16 +4,34 @@
 //! bytes stored in `tests/data/snapshot-format2.bin`, written by the build that introduced
 //! format 2, and those bytes decode to the same state.
 //!
-//! `FENCED_BLESS=1 cargo test -p fenced-core --test snapshot_format` rewrites the file — only
-//! for a deliberate format change, which also needs a new format version.
+//! That state has no etcd keys, so it is still written as snapshot body version 1. The same
+//! state with an etcd keyspace (puts, a txn, deletes, a compaction still in progress) is body
+//! version 2: `tests/data/snapshot-body2.bin`, written by the build that introduced it.
+//!
+//! `FENCED_BLESS=1 cargo test -p fenced-core --test snapshot_format` rewrites the files — only
+//! for a deliberate format change, which also needs a new body version.
 
+use fenced_core::etcd::{
+    Compare, CompareResult, CompareTarget, DeleteRangeRequest, KeyRange, PutRequest, RangeRequest,
+    RequestOp, TxnRequest,
+};
 use fenced_core::kv::KvCommand;
-use fenced_core::{AcquireSpec, Batch, Command, Mode, Request, RequestId, Semantics, StateMachine};
+use fenced_core::{
+    AcquireSpec, Batch, Command, EtcdCommand, Mode, Request, RequestId, Semantics, StateMachine,
+};
 
 const GOLDEN: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/data/snapshot-format2.bin"
 );
+const GOLDEN_BODY2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/snapshot-body2.bin");
+
+fn opts() -> impl bincode::Options + Clone {
+    use bincode::Options;
+    bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+}
 
 fn rich_state() -> StateMachine {
     let mut sm = StateMachine::default();
@@ -156,6 +174,9 @@ fn snapshot_bytes_are_the_format_2_bytes() {
         return;
     }
     let golden = std::fs::read(GOLDEN).expect("tests/data/snapshot-format2.bin");
+    assert_eq!(state.body_version(), 1);
+    let decoded = StateMachine::read_body(1, opts(), golden.as_slice()).expect("body 1 reads");
+    assert_eq!(decoded, state, "read as body version 1");
     let decoded = StateMachine::from_bytes(&golden).expect("golden decodes");
     assert_eq!(
         decoded, state,
@@ -167,4 +188,103 @@ fn snapshot_bytes_are_the_format_2_bytes() {
         golden,
         "decoding and encoding again changes it"
     );
+}
+
+/// [`rich_state`] with an etcd keyspace, applied under [`Semantics::ETCD`].
+fn rich_state_with_etcd() -> StateMachine {
+    let mut sm = rich_state();
+    let mut index = 100;
+    let mut seq = 1_000;
+    let mut apply = |sm: &mut StateMachine, cmds: Vec<EtcdCommand>| {
+        index += 1;
+        let requests = cmds
+            .into_iter()
+            .map(|cmd| {
+                seq += 1;
+                Request {
+                    time_ms: 80_000,
+                    client: Some(RequestId { client_id: 7, seq }),
+                    cmd: Command::Etcd(cmd),
+                }
+            })
+            .collect();
+        sm.apply_batch(
+            index,
+            &Batch {
+                requests,
+                semantics: Semantics::ETCD,
+            },
+        );
+    };
+    let put = |k: &str, v: &str| EtcdCommand::Put(PutRequest::new(k, v));
+    apply(
+        &mut sm,
+        vec![
+            put("/a", "1"),
+            put("/b", "1"),
+            put("/a", "2"),
+            put("/c", "x"),
+        ],
+    );
+    let first = sm.revision() - 3;
+    apply(
+        &mut sm,
+        vec![
+            EtcdCommand::Txn(TxnRequest {
+                compare: vec![Compare {
+                    range: KeyRange::key("/a"),
+                    result: CompareResult::Equal,
+                    target: CompareTarget::Version(2),
+                }],
+                success: vec![
+                    RequestOp::Put(PutRequest::new("/b", "2")),
+                    RequestOp::DeleteRange(DeleteRangeRequest {
+                        range: KeyRange::key("/c"),
+                        prev_kv: true,
+                    }),
+                    RequestOp::Range(RangeRequest::new(KeyRange::prefix("/"))),
+                ],
+                failure: vec![],
+            }),
+            put("/d", &"v".repeat(300)),
+            // Removes /a's first version (the position of a walk still in progress is
+            // covered by the unit tests).
+            EtcdCommand::Compact { revision: first },
+            put("/a", "3"),
+        ],
+    );
+    sm
+}
+
+#[test]
+fn snapshot_bytes_with_etcd_keys_are_the_body_2_bytes() {
+    let state = rich_state_with_etcd();
+    assert_eq!(state.body_version(), 2);
+    assert_eq!(state.etcd().key_count(), 3, "/a /b /d");
+    assert!(state.etcd().compact_revision() > 0);
+    let bytes = state.to_bytes();
+    if std::env::var_os("FENCED_BLESS").is_some() {
+        std::fs::write(GOLDEN_BODY2, &bytes).expect("write golden");
+        return;
+    }
+    let golden = std::fs::read(GOLDEN_BODY2).expect("tests/data/snapshot-body2.bin");
+    let decoded = StateMachine::read_body(2, opts(), golden.as_slice()).expect("body 2 reads");
+    assert_eq!(
+        decoded, state,
+        "the stored snapshot decodes to another state"
+    );
+    assert_eq!(decoded.digest(), state.digest());
+    assert!(bytes == golden, "this build encodes the state differently");
+    assert_eq!(
+        decoded.to_bytes(),
+        golden,
+        "decoding and encoding again changes it"
+    );
+    assert_eq!(
+        StateMachine::from_bytes(&golden).expect("from_bytes reads body 2"),
+        state
+    );
+    // Body 2 is the fields of body 1 followed by the etcd keyspace.
+    let fields = bincode::serialize(&state).expect("encodes");
+    assert!(golden.starts_with(&fields) && golden.len() > fields.len());
 }

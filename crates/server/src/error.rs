@@ -56,9 +56,9 @@ impl From<NodeError> for Status {
                 CoreError::TooManyWaiters { .. }
                 | CoreError::TooManyHolds { .. }
                 | CoreError::LimitReached { .. } => Status::resource_exhausted(msg),
-                CoreError::LockBoundToSession(_) | CoreError::RequestTooOld { .. } => {
-                    Status::failed_precondition(msg)
-                }
+                CoreError::LockBoundToSession(_)
+                | CoreError::RequestTooOld { .. }
+                | CoreError::NotUpgraded { .. } => Status::failed_precondition(msg),
                 _ => Status::invalid_argument(msg),
             },
             NodeError::Fatal(_) => Status::internal(msg),

@@ -90,6 +90,8 @@ async fn force_new_cluster(cfg: &NodeConfig, env: &fenced_storage::Env) -> Resul
             locks_dropped = r.locks_dropped,
             sessions_dropped = r.sessions_dropped,
             keys = r.keys,
+            etcd_keys = r.etcd_keys,
+            etcd_compact_revision = r.etcd_compact_revision,
             "--force-new-cluster: this member is now a new one-node cluster; add members \
              with `fenced member add`, and remove the flag"
         ),

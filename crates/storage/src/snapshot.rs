@@ -6,10 +6,18 @@
 //! leader arrives in such a temporary file too, and is checked before it replaces anything.
 //!
 //! ```text
-//! "FNCDSNP\0" | layout: u32 LE | record format: u8 | meta length: u32 LE | meta (bincode
-//! openraft::SnapshotMeta) | state machine (bincode fenced_core::StateMachine) | crc32 of
-//! everything before it: u32 LE
+//! layout 1: "FNCDSNP\0" | 1: u32 LE | record format: u8 | meta length: u32 LE | meta | body
+//!           | crc32 of everything before it: u32 LE
+//! layout 2: "FNCDSNP\0" | 2: u32 LE | record format: u8 | body version: u32 LE
+//!           | meta length: u32 LE | meta | body | crc32: u32 LE
 //! ```
+//! `meta` is the bincode `openraft::SnapshotMeta`, `body` the state machine's snapshot body
+//! ([`fenced_core::StateMachine::write_body`]). The record-format byte is the one WAL records
+//! and meta values share ([`frame::VERSION`]); the body has a version of its own, which layout
+//! 1 does not name: it is body version 1 (the state before the etcd keyspace). A state whose
+//! etcd keyspace was never touched has body version 1 and is written in layout 1, byte for
+//! byte as before — so a member not yet upgraded can install it; any other is written in
+//! layout 2 with its body version. [`load`] dispatches on both.
 //!
 //! The state is serialized straight into the file (no copy of it in memory), and a file is
 //! read twice: once to check its checksum, then to decode — a damaged length inside can then
@@ -35,12 +43,16 @@ type Meta = SnapshotMeta<NodeId, BasicNode>;
 pub const DIR: &str = "snapshots";
 const CURRENT: &str = "current.snap";
 const MAGIC: &[u8; 8] = b"FNCDSNP\0";
-/// Version of the file layout.
-const LAYOUT: u32 = 1;
+/// Version of the file layout: 2 names the body version, 1 (still written for body version
+/// 1) does not.
+const LAYOUT: u32 = 2;
+/// The layout without a body version.
+const LAYOUT_1: u32 = 1;
+/// The shortest header (layout 1).
 const HEADER: usize = 8 + 4 + 1 + 4;
 
 /// bincode with the options of `bincode::serialize` (fixed-width integers), bounded.
-fn codec(limit: u64) -> impl Options {
+fn codec(limit: u64) -> impl Options + Clone {
     bincode::DefaultOptions::new()
         .with_fixint_encoding()
         .allow_trailing_bytes()
@@ -310,14 +322,20 @@ pub fn write_to(
         what: "snapshot meta",
         source: Box::new(bincode::ErrorKind::SizeLimit),
     })?;
+    let body = machine.body_version();
+    let layout = if body == 1 { LAYOUT_1 } else { LAYOUT };
     w.write_all(MAGIC)
-        .and_then(|()| w.write_all(&LAYOUT.to_le_bytes()))
+        .and_then(|()| w.write_all(&layout.to_le_bytes()))
         .and_then(|()| w.write_all(&[frame::VERSION]))
+        .and_then(|()| match layout {
+            LAYOUT_1 => Ok(()),
+            _ => w.write_all(&body.to_le_bytes()),
+        })
         .and_then(|()| w.write_all(&meta_len.to_le_bytes()))
         .and_then(|()| w.write_all(&meta_bytes))
         .map_err(io_err)?;
-    codec(u64::MAX)
-        .serialize_into(&mut w, machine)
+    machine
+        .write_body(codec(u64::MAX), &mut w)
         .map_err(|source| match *source {
             bincode::ErrorKind::Io(e) => io_err(e),
             _ => StoreError::Encode {
@@ -359,9 +377,15 @@ pub fn write_file(
     result
 }
 
-/// The header and meta of a snapshot file.
-fn read_header(path: &Path, r: &mut impl Read) -> Result<(u8, Meta), StoreError> {
-    let mut head = [0u8; HEADER];
+/// What a snapshot file's header says.
+struct Header {
+    body: u32,
+    meta: Meta,
+}
+
+/// The header and meta of a snapshot file, either layout.
+fn read_header(path: &Path, r: &mut impl Read) -> Result<Header, StoreError> {
+    let mut head = [0u8; 8 + 4 + 1];
     r.read_exact(&mut head)
         .map_err(|_| damaged(path, "shorter than its header"))?;
     if &head[..8] != MAGIC {
@@ -369,26 +393,43 @@ fn read_header(path: &Path, r: &mut impl Read) -> Result<(u8, Meta), StoreError>
     }
     let layout = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
     let format = head[12];
-    if layout != LAYOUT || !(2..=frame::VERSION).contains(&format) {
-        return Err(StoreError::UnknownFormat {
-            what: "snapshot file",
-            found: if layout != LAYOUT {
-                layout
-            } else {
-                u32::from(format)
-            },
-            supported: if layout != LAYOUT {
-                LAYOUT
-            } else {
-                u32::from(frame::VERSION)
-            },
-        });
+    let unknown = |what, found, supported| StoreError::UnknownFormat {
+        what,
+        found,
+        supported,
+    };
+    if !(LAYOUT_1..=LAYOUT).contains(&layout) {
+        return Err(unknown("snapshot file", layout, LAYOUT));
     }
-    let meta_len = u32::from_le_bytes([head[13], head[14], head[15], head[16]]);
+    if !(2..=frame::VERSION).contains(&format) {
+        return Err(unknown(
+            "snapshot file",
+            u32::from(format),
+            u32::from(frame::VERSION),
+        ));
+    }
+    let mut word = [0u8; 4];
+    let mut read_u32 = |r: &mut dyn Read| {
+        r.read_exact(&mut word)
+            .map_err(|_| damaged(path, "shorter than its header"))
+            .map(|()| u32::from_le_bytes(word))
+    };
+    let body = match layout {
+        LAYOUT_1 => 1,
+        _ => read_u32(r)?,
+    };
+    if !(1..=fenced_core::machine::BODY_VERSION).contains(&body) {
+        return Err(unknown(
+            "snapshot body",
+            body,
+            fenced_core::machine::BODY_VERSION,
+        ));
+    }
+    let meta_len = read_u32(r)?;
     let meta = codec(u64::from(meta_len))
         .deserialize_from(r.take(u64::from(meta_len)))
         .map_err(|e| damaged(path, format!("meta: {e}")))?;
-    Ok((format, meta))
+    Ok(Header { body, meta })
 }
 
 /// The meta of the snapshot file at `path` on `fs`.
@@ -397,7 +438,7 @@ pub fn read_meta(fs: &dyn Fs, path: &Path) -> Result<Meta, StoreError> {
         .open(path, Mode::Read)
         .map_err(|e| StoreError::file(path, e))?;
     let mut f = BufReader::new(Cursor::new(&*file));
-    read_header(path, &mut f).map(|(_, meta)| meta)
+    read_header(path, &mut f).map(|h| h.meta)
 }
 
 /// Check the whole file at `path` on `fs` against its checksum, then decode it. Blocking.
@@ -430,10 +471,9 @@ pub fn load(fs: &dyn Fs, path: &Path) -> Result<(Meta, fenced_core::StateMachine
         ));
     }
     let mut r = BufReader::with_capacity(1 << 20, Cursor::new(&*f)).take(len - 4);
-    let (_, meta) = read_header(path, &mut r)?;
-    let machine = codec(len)
-        .deserialize_from(&mut r)
-        .map_err(|e| damaged(path, format!("state machine: {e}")))?;
+    let Header { body, meta } = read_header(path, &mut r)?;
+    let machine = fenced_core::StateMachine::read_body(body, codec(len), &mut r)
+        .map_err(|e| damaged(path, format!("state machine (body version {body}): {e}")))?;
     if r.limit() != 0 {
         return Err(damaged(path, "bytes after the state machine"));
     }
@@ -520,5 +560,89 @@ mod tests {
             .expect("write");
         store.install(&written, &meta(6)).expect("install");
         store.covering(id(6)).await.expect("covered");
+    }
+
+    /// A state with an etcd key (applied under the etcd rules).
+    fn with_etcd() -> fenced_core::StateMachine {
+        use fenced_core::etcd::PutRequest;
+        use fenced_core::{Batch, Command, EtcdCommand, Request};
+        let mut sm = fenced_core::StateMachine::new();
+        sm.apply_batch(
+            1,
+            &Batch::one(Request {
+                time_ms: 1_000,
+                client: None,
+                cmd: Command::Etcd(EtcdCommand::Put(PutRequest::new("k", "v"))),
+            }),
+        );
+        assert_eq!(sm.body_version(), 2);
+        sm
+    }
+
+    fn file_of(machine: &fenced_core::StateMachine) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+        let dir = tempfile::TempDir::new().expect("temp dir");
+        let path = dir.path().join("s.snap");
+        let mut bytes = Vec::new();
+        write_to(&mut bytes, &meta(3), machine).expect("write");
+        std::fs::write(&path, &bytes).expect("write file");
+        (dir, path, bytes)
+    }
+
+    #[test]
+    fn a_state_without_etcd_keys_is_written_in_layout_1_byte_for_byte() {
+        let mut sm = fenced_core::StateMachine::new();
+        sm.apply_batch(
+            1,
+            &fenced_core::Batch::one(fenced_core::Request {
+                time_ms: 5,
+                client: None,
+                cmd: fenced_core::Command::OpenSession { ttl_ms: 1_000 },
+            }),
+        );
+        let (_dir, path, bytes) = file_of(&sm);
+        // The layout every earlier build wrote, built by hand.
+        let meta_bytes = bincode::serialize(&meta(3)).expect("meta");
+        let mut old = MAGIC.to_vec();
+        old.extend_from_slice(&1u32.to_le_bytes());
+        old.push(frame::VERSION);
+        old.extend_from_slice(&(meta_bytes.len() as u32).to_le_bytes());
+        old.extend_from_slice(&meta_bytes);
+        old.extend_from_slice(&bincode::serialize(&sm).expect("state"));
+        old.extend_from_slice(&crc32fast::hash(&old).to_le_bytes());
+        assert!(bytes == old, "layout 1 changed");
+        let (m, back) = load(&fenced_fs::OsFs, &path).expect("load");
+        assert_eq!((m, back), (meta(3), sm));
+    }
+
+    #[test]
+    fn a_state_with_etcd_keys_is_written_in_layout_2_and_loads_back() {
+        let sm = with_etcd();
+        let (_dir, path, bytes) = file_of(&sm);
+        assert_eq!(&bytes[8..12], &2u32.to_le_bytes(), "layout");
+        assert_eq!(bytes[12], frame::VERSION, "record format");
+        assert_eq!(&bytes[13..17], &2u32.to_le_bytes(), "body version");
+        let (m, back) = load(&fenced_fs::OsFs, &path).expect("load");
+        assert_eq!(m, meta(3));
+        assert_eq!(back.digest(), sm.digest());
+        assert_eq!(back, sm);
+        assert_eq!(read_meta(&fenced_fs::OsFs, &path).expect("meta"), meta(3));
+    }
+
+    #[test]
+    fn an_unknown_body_version_is_named() {
+        let (_dir, path, mut bytes) = file_of(&with_etcd());
+        bytes[13..17].copy_from_slice(&3u32.to_le_bytes());
+        let n = bytes.len() - 4;
+        let crc = crc32fast::hash(&bytes[..n]);
+        bytes[n..].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&path, &bytes).expect("write");
+        match load(&fenced_fs::OsFs, &path) {
+            Err(StoreError::UnknownFormat {
+                what: "snapshot body",
+                found: 3,
+                supported: 2,
+            }) => {}
+            other => panic!("{:?}", other.map(|_| ())),
+        }
     }
 }

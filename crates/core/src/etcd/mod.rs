@@ -1,6 +1,7 @@
 //! An etcd v3 keyspace (etcd's `mvcc`): revisioned keys with their history, compaction and a
 //! revision-ordered change feed for watches. Pure data and operations: no I/O, no clock, no
-//! randomness, only ordered maps. Not wired into [`crate::Command`] yet (issue 25).
+//! randomness, only ordered maps. The state machine applies it through [`crate::Command::Etcd`]
+//! (`crate::machine`'s `etcd` module) and serves its reads on a state clone.
 //!
 //! It is separate from the Redis keyspace ([`crate::kv`]): Redis types, `FLUSHALL` and Redis
 //! expiry never touch it.

@@ -122,6 +122,14 @@ impl EtcdStore {
         EtcdStore::default()
     }
 
+    /// Nothing was ever written or compacted: equal to [`EtcdStore::new`].
+    pub fn is_untouched(&self) -> bool {
+        self.versions.is_empty()
+            && self.compact_revision == 0
+            && self.last_write == 0
+            && self.compact_cursor.is_none()
+    }
+
     /// Revisions below this one are compacted (0: nothing ever was).
     pub fn compact_revision(&self) -> Revision {
         self.compact_revision

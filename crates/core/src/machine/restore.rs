@@ -15,7 +15,12 @@
 //!   storage rejects once a new holder has written;
 //! * the request dedup table is dropped (its clients' later requests are unknown too);
 //! * the keyspace stays as it was: values, expiry times (in log time) and every key's fence
-//!   mark (`FENCE.SET`'s highest token).
+//!   mark (`FENCE.SET`'s highest token);
+//! * the etcd keyspace keeps its live keys, and its history is compacted at the bumped
+//!   revision (`etcdutl snapshot restore --mark-compacted`): a watch or a read at an older
+//!   revision gets "required revision has been compacted" and starts over from the current
+//!   state, instead of resuming across revisions the old cluster may have used differently.
+//!   (Done at once, not in steps: a restore is offline.)
 
 use super::StateMachine;
 use crate::Revision;
@@ -30,6 +35,11 @@ pub struct Restored {
     pub waiters_dropped: usize,
     /// Keys kept (live ones, at the state's log time).
     pub keys: usize,
+    /// Live etcd keys kept.
+    pub etcd_keys: usize,
+    /// The etcd keyspace's compact revision after the restore (0: it was never touched, and
+    /// stays so).
+    pub etcd_compact_revision: Revision,
 }
 
 /// Why a state cannot be restored.
@@ -57,7 +67,10 @@ impl StateMachine {
             sessions_dropped: self.sessions.len(),
             waiters_dropped: self.waiters.len(),
             keys: self.kv.len(self.now),
+            etcd_keys: self.etcd.key_count(),
+            etcd_compact_revision: 0,
         };
+        let mut out = out;
         self.revision = revision_after;
         self.last_index = 0;
         self.locks.clear();
@@ -67,6 +80,14 @@ impl StateMachine {
         // Every deadline belongs to a lease, session, wait, lock-delay or dedup record.
         self.deadlines.clear();
         self.dirty.clear();
+        // Mark the etcd history compacted at the new revision. Refused only when the
+        // compact revision is there already (a restore with a bump of 0 of a state restored
+        // before, nothing written since): nothing to do then.
+        if !self.etcd.is_untouched() {
+            let _ = self.etcd.begin_compact(revision_after, revision_after);
+            self.etcd.compact_step(usize::MAX);
+            out.etcd_compact_revision = self.etcd.compact_revision();
+        }
         Ok(out)
     }
 }

@@ -66,6 +66,9 @@ pub struct Alarms {
     advertise: Semantics,
     /// The rules the leader stamps on new entries now.
     stamp: AtomicU8,
+    /// On the leader: every member, with the rules it said it runs in this term (`None`:
+    /// not heard from), as of the last check round. For [`Node::admit`].
+    member_rules: Mutex<Vec<fenced_core::gate::MemberRules>>,
     digests: DigestLog,
     /// On the leader: the members whose alarm is raised, as they answered.
     alarmed_members: Mutex<BTreeSet<NodeId>>,
@@ -96,6 +99,7 @@ impl Alarms {
             raised: Mutex::new(raised),
             advertise,
             stamp: AtomicU8::new(Semantics::REVISIONS.0),
+            member_rules: Mutex::new(Vec::new()),
             digests,
             alarmed_members: Mutex::new(BTreeSet::new()),
         }
@@ -175,6 +179,21 @@ impl Node {
     /// The rules the leader stamps on the next entry (the gate, module docs).
     pub(crate) fn stamp_semantics(&self) -> Semantics {
         Semantics(self.inner.alarms.stamp.load(Ordering::Relaxed))
+    }
+
+    /// On the leader, before proposing `cmd`: `Err(Rejected(NotUpgraded))` — "cluster not
+    /// upgraded: member X runs older apply rules …" — if `cmd` needs newer apply rules than
+    /// the leader stamps now, i.e. some member runs older code ([`fenced_core::gate::admit`]
+    /// decides). An etcd write must pass it on the leader (a follower forwards it first).
+    pub fn admit(&self, cmd: &fenced_core::Command) -> Result<(), NodeError> {
+        let members = self
+            .inner
+            .alarms
+            .member_rules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        fenced_core::gate::admit(cmd, self.stamp_semantics(), &members).map_err(NodeError::Rejected)
     }
 
     /// Stop any campaign of this member once its alarm is raised (at start too).
@@ -276,6 +295,12 @@ impl Node {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .clear();
+                    self.inner
+                        .alarms
+                        .member_rules
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .clear();
                 }
             }
         }
@@ -334,6 +359,15 @@ impl Node {
         let ids: Vec<NodeId> = members.iter().map(|(id, _)| *id).collect();
         let floor = floor(self.inner.alarms.digests.applied_semantics());
         let stamp = gate(&ids, &round.semantics, floor);
+        *self
+            .inner
+            .alarms
+            .member_rules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = ids
+            .iter()
+            .map(|id| (*id, round.semantics.get(id).copied()))
+            .collect();
         if self.inner.alarms.set_stamp(stamp) {
             tracing::info!(
                 semantics = stamp.0,
