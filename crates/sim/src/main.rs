@@ -73,6 +73,9 @@ struct Args {
     /// bytes (at least 17; 17 without a number). See `uniform.rs`.
     #[arg(long, num_args = 0..=1, default_missing_value = "17")]
     uniform_writes: Option<usize>,
+    /// After each seed's line, the numbers of these checkers (a comma list, e.g. log-terms).
+    #[arg(long)]
+    stats: Option<String>,
     /// Print only each run's fingerprint (the reproducibility check compares them).
     #[arg(long)]
     fingerprint: bool,
@@ -218,6 +221,13 @@ fn main() -> anyhow::Result<ExitCode> {
                 report.messages,
                 report.fingerprint,
             );
+        }
+        if let Some(names) = &args.stats {
+            for v in &report.verdicts {
+                if names.split(',').any(|n| n.trim() == v.checker) {
+                    println!("    {}: {}", v.checker, v.stats);
+                }
+            }
         }
         if !report.valid() {
             for f in report.failures() {
