@@ -120,6 +120,10 @@ pub struct NodeConfig {
     /// `--digest-interval`: digest the state every N log indexes for the divergence alarm
     /// (0: off). See `crate::node::alarm`.
     pub digest_interval: u64,
+    /// Most log entries in one replication message (openraft's `max_payload_entries`). Not a
+    /// flag: production keeps openraft's default ([`DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES`]); a
+    /// simulator caps it so a follower catches up in many small appends.
+    pub raft_max_payload_entries: u64,
     /// Hooks for tests only (hidden flags, refused unless `FENCED_UNSAFE_TEST_HOOKS` is set).
     pub test_hooks: TestHooks,
     /// This node's clocks (monotonic and wall): the real ones, with the test-only offset
@@ -127,6 +131,9 @@ pub struct NodeConfig {
     /// simulator puts its own per node ([`crate::clock::SimClock`]).
     pub clock: NodeClock,
 }
+
+/// Default [`NodeConfig::raft_max_payload_entries`]: openraft 0.9's own default.
+pub const DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES: u64 = 300;
 
 /// Default `--digest-interval`: a digest of the state every 1,000 log indexes.
 pub const DEFAULT_DIGEST_INTERVAL: u64 = 1_000;
@@ -176,6 +183,7 @@ impl NodeConfig {
             max_pending_requests: DEFAULT_MAX_PENDING_REQUESTS,
             max_clients: DEFAULT_MAX_CLIENTS,
             digest_interval: DEFAULT_DIGEST_INTERVAL,
+            raft_max_payload_entries: DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES,
             test_hooks: TestHooks::default(),
             metrics_addr: None,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
@@ -241,6 +249,14 @@ pub fn parse_cluster(s: &str) -> Result<BTreeMap<u64, String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn raft_max_payload_entries_defaults_to_openrafts_own() {
+        assert_eq!(
+            DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES,
+            openraft::Config::default().max_payload_entries
+        );
+    }
 
     #[test]
     fn election_timeouts_parse_and_print_alike() {

@@ -220,6 +220,7 @@ pub async fn start_with(cfg: NodeConfig, seams: Seams) -> Result<Running, StartE
         snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: cfg.keep_logs,
         snapshot_max_chunk_size: SNAPSHOT_CHUNK_SIZE,
+        max_payload_entries: cfg.raft_max_payload_entries,
         ..Default::default()
     }
     .validate()

@@ -20,6 +20,7 @@ pub mod expiry;
 pub mod faults;
 pub mod flicker;
 pub mod history;
+pub mod knobs;
 pub mod membership;
 pub mod net;
 pub mod resp;
@@ -195,7 +196,7 @@ async fn simulate(seed: u64, opts: &Options, root: &std::path::Path) -> Report {
         echo: false,
         ..opts.clone()
     };
-    trace.line("sim", format!("seed {seed}, {shown:?}"));
+    trace.line("sim", format!("seed {seed}, {}", knobs::shown(&shown)));
     for id in cluster.ids() {
         cluster.start(id).await;
     }

@@ -66,6 +66,16 @@ struct Args {
     /// Most requests in one forwarded batch (default: production's 1,024).
     #[arg(long)]
     forward_batch: Option<usize>,
+    /// Most log entries in one replication message (default: production's, openraft's 300).
+    #[arg(long)]
+    raft_max_payload: Option<u64>,
+    /// Clients only write registers, every write a SET of one size: values of this many
+    /// bytes (at least 17; 17 without a number). See `uniform.rs`.
+    #[arg(long, num_args = 0..=1, default_missing_value = "17")]
+    uniform_writes: Option<usize>,
+    /// After each seed's line, the numbers of these checkers (a comma list, e.g. log-terms).
+    #[arg(long)]
+    stats: Option<String>,
     /// Print only each run's fingerprint (the reproducibility check compares them).
     #[arg(long)]
     fingerprint: bool,
@@ -100,6 +110,10 @@ fn options(args: &Args) -> anyhow::Result<Options> {
     o.workload.resp.pipeline_max = args.pipeline_max.max(2);
     o.workload.resp.think_ms = args.resp_think_ms;
     o.cluster.forward_max_items = args.forward_batch;
+    o.cluster.raft_max_payload = args.raft_max_payload.map(|n| n.max(1));
+    o.workload.uniform_writes = args
+        .uniform_writes
+        .map(|n| n.max(fenced_sim::workload::uniform::MIN_VALUE_BYTES));
     if args.resp_mix != "all" {
         let mut mix = [0; 5];
         for k in args.resp_mix.split(',') {
@@ -143,7 +157,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
 
 fn replay(args: &Args, seed: u64) -> String {
     format!(
-        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {} --resp-clients {} --pipeline-max {} --resp-think-ms {} --resp-mix {}{}",
+        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {} --resp-clients {} --pipeline-max {} --resp-think-ms {} --resp-mix {}{}{}{}",
         args.nodes,
         args.clients,
         args.duration_s,
@@ -155,7 +169,11 @@ fn replay(args: &Args, seed: u64) -> String {
         args.resp_think_ms,
         args.resp_mix,
         args.forward_batch
-            .map_or(String::new(), |n| format!(" --forward-batch {n}"))
+            .map_or(String::new(), |n| format!(" --forward-batch {n}")),
+        args.raft_max_payload
+            .map_or(String::new(), |n| format!(" --raft-max-payload {n}")),
+        args.uniform_writes
+            .map_or(String::new(), |n| format!(" --uniform-writes {n}"))
     )
 }
 
@@ -203,6 +221,13 @@ fn main() -> anyhow::Result<ExitCode> {
                 report.messages,
                 report.fingerprint,
             );
+        }
+        if let Some(names) = &args.stats {
+            for v in &report.verdicts {
+                if names.split(',').any(|n| n.trim() == v.checker) {
+                    println!("    {}: {}", v.checker, v.stats);
+                }
+            }
         }
         if !report.valid() {
             for f in report.failures() {

@@ -23,6 +23,9 @@ use serde_json::json;
 use crate::history::{History, Pending};
 use crate::world::{Cluster, Gone};
 
+#[path = "uniform.rs"]
+pub mod uniform;
+
 /// What the clients do.
 #[derive(Clone, Debug)]
 pub struct Workload {
@@ -47,6 +50,9 @@ pub struct Workload {
     pub drift_ppm: u64,
     /// Clients that speak RESP to the nodes' front ends (`resp.rs`).
     pub resp: crate::resp::RespSpec,
+    /// Only `SET`s of one size, values of this many bytes (`uniform.rs`, `--uniform-writes`):
+    /// every client entry is as long as every other of the same number of requests.
+    pub uniform_writes: Option<usize>,
 }
 
 impl Default for Workload {
@@ -62,6 +68,7 @@ impl Default for Workload {
             tries: 3,
             drift_ppm: 100,
             resp: crate::resp::RespSpec::default(),
+            uniform_writes: None,
         }
     }
 }
@@ -170,6 +177,12 @@ pub async fn run(shared: Rc<Shared>, rng: StdRng) {
         seen: BTreeMap::new(),
     };
     while !c.shared.stop.get() {
+        if let Some(bytes) = c.shared.spec.uniform_writes {
+            c.uniform_put(bytes).await;
+            let pause = c.rng.gen_range(0..50);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            continue;
+        }
         let dice: f64 = c.rng.gen();
         let spec = &c.shared.spec;
         let (locks, sessions) = (spec.lock_share, spec.lock_share + spec.session_share);

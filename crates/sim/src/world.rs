@@ -50,6 +50,9 @@ pub struct ClusterSpec {
     /// Most requests in one forwarded batch (the `forward_max_items` test hook; `None`:
     /// production's 1,024).
     pub forward_max_items: Option<usize>,
+    /// Most log entries in one replication message (`NodeConfig::raft_max_payload_entries`;
+    /// `None`: production's, openraft's 300). See `walfind.rs`.
+    pub raft_max_payload: Option<u64>,
 }
 
 impl Default for ClusterSpec {
@@ -61,6 +64,7 @@ impl Default for ClusterSpec {
             digest_interval: 100,
             diverge: None,
             forward_max_items: None,
+            raft_max_payload: None,
         }
     }
 }
@@ -460,6 +464,9 @@ impl Cluster {
         cfg.digest_interval = self.inner.spec.digest_interval;
         cfg.clock = slot.clock.node_clock();
         cfg.test_hooks.forward_max_items = self.inner.spec.forward_max_items;
+        if let Some(n) = self.inner.spec.raft_max_payload {
+            cfg.raft_max_payload_entries = n;
+        }
         if let Some((node, index)) = self.inner.spec.diverge {
             if node == id {
                 cfg.test_hooks.diverge_at = Some(index);
