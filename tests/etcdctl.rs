@@ -570,3 +570,98 @@ async fn the_etcd_api_sorts_filters_compares_and_answers_etcds_errors() {
         "{msg}"
     );
 }
+
+const USERS: &str = "\
+user default off
+user app on >apppw ~app/* -@all +get +set +del
+user admin on >adminpw +@all ~*
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_logs_in_as_a_fenced_user_and_keeps_to_its_key_patterns() {
+    require("etcdctl", &["version"]);
+    let c = TestCluster::start_with("etcdctl-auth", |dir, _| {
+        let path = dir.join("users.acl");
+        std::fs::write(&path, USERS).expect("writing the ACL file");
+        (vec!["--acl-file".into(), path.display().to_string()], None)
+    });
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let f = follower_of(leader);
+    let via_follower = c.endpoints_of(&[f]);
+    let app = |args: &[&str]| {
+        let mut all = vec!["--user=app:apppw"];
+        all.extend_from_slice(args);
+        etcdctl(&via_follower, &all, "")
+    };
+    // Writable (as app) once the leader stamps the etcd rules.
+    wait_for("an etcd put as app to succeed", READY, || async {
+        match app(&["put", "app/ready", "1"]) {
+            (true, out, _) if out.trim() == "OK" => Ok(()),
+            (_, out, err) => Err(format!("{err}{out}")),
+        }
+    })
+    .await;
+    assert!(app(&["put", "app/x", "2"]).0);
+    let (ok, out, err) = app(&["get", "app/", "--prefix"]);
+    assert!(ok, "{err}");
+    assert_eq!(out, "app/ready\n1\napp/x\n2\n");
+    // Outside its patterns: refused, naming the key.
+    let (ok, _, err) = app(&["put", "other", "1"]);
+    assert!(
+        !ok && err.contains("no permissions") && err.contains("other"),
+        "{err}"
+    );
+    let (ok, _, err) = app(&["get", "a", "--prefix"]);
+    assert!(!ok && err.contains("no permissions"), "{err}");
+    let (ok, _, err) = app(&["get", "", "--from-key"]);
+    assert!(!ok && err.contains("whole keyspace"), "{err}");
+    let (ok, _, err) = app(&["compaction", "1"]);
+    assert!(!ok && err.contains("administrator"), "{err}");
+    // No user: the default user is off.
+    let (ok, _, err) = etcdctl(&via_follower, &["get", "app/x"], "");
+    assert!(!ok && err.contains("authentication required"), "{err}");
+    let (ok, _, err) = etcdctl(&via_follower, &["--user=app:wrong", "get", "app/x"], "");
+    assert!(!ok && err.contains("invalid username-password"), "{err}");
+    // The administrator sees everything, through every member (each its own token).
+    let all = c.endpoints();
+    for _ in 0..3 {
+        let out = etcdctl_ok(&all, &["--user=admin:adminpw", "get", "", "--from-key"], "");
+        assert_eq!(out, "app/ready\n1\napp/x\n2\n");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_writes_wait_for_every_member_to_run_the_etcd_rules() {
+    require("etcdctl", &["version"]);
+    // The test-only flag that makes a member advertise older apply rules.
+    std::env::set_var("FENCED_UNSAFE_TEST_HOOKS", "1");
+    let c = TestCluster::start("etcdctl-gate", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let all = c.endpoints();
+    wait_writable(&all, "before").await;
+    // A member runs older code (as far as the leader can tell).
+    let f = follower_of(leader);
+    c.kill(f);
+    c.restart_with(f, &["--unsafe-test-advertise-semantics", "0"]);
+    wait_for("the leader back on older rules", READY, || async {
+        let s = c.status(leader).await?;
+        if s.semantics == 0 {
+            Ok(())
+        } else {
+            Err(format!("stamps {}", s.semantics))
+        }
+    })
+    .await;
+    let via_leader = c.endpoints_of(&[leader]);
+    let (ok, _, err) = etcdctl(&via_leader, &["put", "k", "v"], "");
+    assert!(!ok && err.contains("cluster not upgraded"), "{err}");
+    assert!(err.contains(&format!("member {f}")), "{err}");
+    // Reads still work; and once the member runs the newest rules again, so do writes.
+    assert_eq!(
+        etcdctl_ok(&via_leader, &["get", "before"], ""),
+        "before\nready\n"
+    );
+    c.kill(f);
+    c.restart(f);
+    wait_writable(&via_leader, "after").await;
+}
