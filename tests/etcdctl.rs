@@ -169,6 +169,13 @@ async fn etcdctl_works_against_a_three_node_cluster() {
     }
     let table = etcdctl_ok(&all, &["endpoint", "status"], "");
     assert_eq!(table.lines().count(), 3, "{table}");
+    // endpoint health: a linearizable get on each member.
+    let (ok, out, err) = etcdctl(&all, &["endpoint", "health"], "");
+    let healthy = format!("{out}{err}");
+    assert!(
+        ok && healthy.matches("is healthy").count() == 3,
+        "{healthy}"
+    );
 
     // member list: ids and client URLs are fenced's.
     let members = json(&etcdctl_ok(&all, &["member", "list", "-w", "json"], ""));
