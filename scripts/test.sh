@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The test command (README.md): install the outside programs the tests drive when they are
 # missing — redis-server and redis-tools (the Redis/Redlock backends, redis-cli), etcd-server
-# (the etcd comparison backend), python3 with redis-py (its Lock runs unchanged against the RESP
-# front end), iproute2 and iptables (network namespaces and partitions of the fault-injection
-# tests) — then run the whole workspace's tests. A test whose program is still missing fails
-# with the install command; none passes by skipping.
+# (the etcd comparison backend), etcd-client (etcdctl, driving fenced's etcd API), python3
+# with redis-py (its Lock runs unchanged against the RESP front end), iproute2 and iptables
+# (network namespaces and partitions of the fault-injection tests) — then run the whole
+# workspace's tests. A test whose program is still missing fails with the install command;
+# none passes by skipping.
 #
 #   scripts/test.sh                    # everything
 #   scripts/test.sh -p fenced-core     # extra arguments go to cargo test
@@ -15,6 +16,7 @@ missing=()
 command -v redis-server >/dev/null || missing+=(redis-server)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
 command -v etcd >/dev/null || missing+=(etcd-server)
+command -v etcdctl >/dev/null || missing+=(etcd-client)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
 command -v python3 >/dev/null || missing+=(python3)

@@ -17,6 +17,7 @@ pub fn require(bin: &str, probe: &[&str]) {
         ("python3", _) => "apt-get install -y python3-redis (or: python3 -m pip install redis)",
         ("redis-cli", _) => "apt-get install -y redis-tools",
         ("redis-server", _) => "apt-get install -y redis-server",
+        ("etcdctl", _) => "apt-get install -y etcd-client",
         _ => "see scripts/test.sh",
     };
     assert!(

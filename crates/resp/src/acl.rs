@@ -451,6 +451,50 @@ impl User {
         Ok(())
     }
 
+    /// May this user run `command` on **every** key starting with `prefix` (an etcd prefix
+    /// range)? [`User::permit`]'s command check, then: `allkeys`, or a key pattern `P*` with
+    /// `P` free of glob characters and a prefix of `prefix` — the only patterns that surely
+    /// match every such key. Otherwise [`Denied::Key`] naming `prefix*`.
+    pub fn permit_prefix(&self, command: &str, prefix: &[u8]) -> Result<(), Denied> {
+        self.permit(command, &[])?;
+        if self.allkeys {
+            return Ok(());
+        }
+        let covers = |p: &Vec<u8>| match p.split_last() {
+            Some((b'*', literal)) => {
+                !literal
+                    .iter()
+                    .any(|c| matches!(c, b'*' | b'?' | b'[' | b'\\'))
+                    && prefix.starts_with(literal)
+            }
+            _ => false,
+        };
+        if self.keys.iter().any(covers) {
+            return Ok(());
+        }
+        let mut key = String::from_utf8_lossy(prefix).into_owned();
+        key.push('*');
+        Err(Denied::Key {
+            user: self.name.clone(),
+            command: command.to_ascii_lowercase(),
+            key,
+        })
+    }
+
+    /// May this user run `command` on keys no pattern but `~*` surely covers (an etcd range
+    /// that is not one key or a prefix)? The command check, then `allkeys`, else
+    /// [`Denied::Keyspace`].
+    pub fn permit_keyspace(&self, command: &str) -> Result<(), Denied> {
+        self.permit(command, &[])?;
+        if self.allkeys {
+            return Ok(());
+        }
+        Err(Denied::Keyspace {
+            user: self.name.clone(),
+            command: command.to_ascii_lowercase(),
+        })
+    }
+
     /// May this user run `argv` over RESP? [`User::permit`] with the command's declared keys,
     /// then its channels. A command on the whole keyspace (`KEYS`, `SCAN`, `FLUSHALL`, …)
     /// needs `allkeys`.

@@ -398,9 +398,41 @@ impl Node {
 
     /// Propose several commands on this node (the leader) in order, batched with the rest;
     /// one result each.
+    ///
+    /// A command that needs newer apply rules than the leader stamps now (an etcd write
+    /// while a member runs an older release) is refused here, unproposed ([`Node::admit`]):
+    /// every proposal, local or forwarded, passes this door on the leader.
     pub async fn propose_local_all(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
         if let Err(e) = self.leader_term() {
             return vec![Err(e); proposals.len()];
+        }
+        let refusals: Vec<Option<NodeError>> =
+            proposals.iter().map(|p| self.admit(&p.1).err()).collect();
+        if refusals.iter().all(Option::is_none) {
+            return self.batch_proposals(proposals).await;
+        }
+        let admitted: Vec<Proposal> = proposals
+            .into_iter()
+            .zip(&refusals)
+            .filter(|(_, r)| r.is_none())
+            .map(|(p, _)| p)
+            .collect();
+        let mut answers = self.batch_proposals(admitted).await.into_iter();
+        refusals
+            .into_iter()
+            .map(|r| match r {
+                Some(e) => Err(e),
+                None => answers.next().unwrap_or_else(|| {
+                    Err(NodeError::Unknown("no answer from the proposer".into()))
+                }),
+            })
+            .collect()
+    }
+
+    /// Queue proposals into the next entries, one result each.
+    async fn batch_proposals(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
+        if proposals.is_empty() {
+            return Vec::new();
         }
         let sized = proposals.into_iter().map(|p| {
             let size = proposal::size(&p.1);

@@ -349,11 +349,13 @@ async fn listen(
                 .peer_check()
                 .map_err(|e| StartError::Config(format!("TLS: {e}")))?;
         }
+        let tls = cfg.tls.is_some();
         let users = Arc::new(crate::users::Users::new(
             cfg.acl.clone(),
             cfg.auth_token_ttl,
         ));
-        // Counts and times the client API's calls (fenced.v1 only; node-to-node calls pass).
+        // Counts and times the client API's calls (fenced.v1 and etcd's; node-to-node calls
+        // pass).
         let router = builder
             .layer(node.metrics().grpc_layer())
             .add_service(raft_server(raft.clone(), gate.clone(), check.clone()))
@@ -363,7 +365,24 @@ async fn listen(
             .add_service(crate::api::kv_server(node.clone(), users.clone()))
             .add_service(crate::api::limiter_server(node.clone(), users.clone()))
             .add_service(crate::api::cluster_server(node.clone(), users.clone()))
-            .add_service(crate::api::auth_server(node.clone(), users))
+            .add_service(crate::api::auth_server(node.clone(), users.clone()))
+            // etcd's v3 API (service names `etcdserverpb.*`): `etcdctl` and etcd clients.
+            .add_service(crate::api::etcd::kv_server(
+                node.clone(),
+                users.clone(),
+                tls,
+            ))
+            .add_service(crate::api::etcd::maintenance_server(
+                node.clone(),
+                users.clone(),
+                tls,
+            ))
+            .add_service(crate::api::etcd::cluster_server(
+                node.clone(),
+                users.clone(),
+                tls,
+            ))
+            .add_service(crate::api::etcd::auth_server(node.clone(), users, tls))
             .add_service(health_service);
         let mut rx = shutdown_rx.clone();
         // Nagle off on every accepted connection: a reply written as HEADERS, DATA and

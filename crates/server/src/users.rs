@@ -36,6 +36,9 @@ use tonic::{Request, Status};
 /// The metadata header that carries a token: `authorization: Bearer <token>`.
 pub const AUTHORIZATION: &str = "authorization";
 
+/// The metadata key etcd clients send their token in (bare, no `Bearer`).
+pub const ETCD_TOKEN: &str = "token";
+
 /// Default `--auth-token-ttl-ms` (etcd's `--auth-token-ttl` default, 300 s).
 pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(300);
 
@@ -118,7 +121,23 @@ impl Users {
 
     /// The user a call runs as: its token's, or without one the anonymous `default` user
     /// (see the module docs). `UNAUTHENTICATED` otherwise.
+    ///
+    /// etcd clients send their token (from `etcdserverpb.Auth/Authenticate`) as the bare
+    /// `token` metadata ([`ETCD_TOKEN`]); it is looked up the same way, and an unknown or
+    /// expired one is etcd's "invalid auth token".
     pub fn caller<T>(&self, req: &Request<T>) -> Result<Arc<User>, Status> {
+        if req.metadata().get(AUTHORIZATION).is_none() {
+            if let Some(value) = req.metadata().get(ETCD_TOKEN) {
+                let token = value
+                    .to_str()
+                    .map_err(|_| Status::unauthenticated("etcdserver: invalid auth token"))?;
+                // etcd's text, on which etcd clients log in again and retry: a token of
+                // another node (or of this one before a restart) is unknown here.
+                return self
+                    .user_of(token.trim())
+                    .map_err(|_| Status::unauthenticated("etcdserver: invalid auth token"));
+            }
+        }
         let Some(value) = req.metadata().get(AUTHORIZATION) else {
             return self.anonymous.clone().ok_or_else(|| {
                 Status::unauthenticated(
@@ -139,6 +158,16 @@ impl Users {
                     "malformed 'authorization' header: expected 'Bearer <token>'",
                 )
             })?;
+        self.user_of(token)
+    }
+
+    /// Whether a call without a token runs as a `default` user (open, or with limits).
+    pub fn open(&self) -> bool {
+        self.anonymous.is_some()
+    }
+
+    /// The user of a token this node issued, if it has not expired.
+    fn user_of(&self, token: &str) -> Result<Arc<User>, Status> {
         let now = Instant::now();
         let mut tokens = self.tokens();
         let key = digest(token);

@@ -622,3 +622,39 @@ fn administrators_are_users_with_every_admin_command() {
     assert!(user(&Acl::new(None), "default").is_admin());
     assert!(user(&Acl::new(Some("pw")), "default").is_admin());
 }
+
+#[test]
+fn prefix_ranges_need_a_literal_star_pattern_covering_them_and_other_ranges_allkeys() {
+    let acl = parse(
+        "user app on nopass ~app/* ~x?/* ~[ab]* -@all +get +set\n\
+         user all on nopass allkeys -@all +get\n",
+    );
+    let app = user(&acl, "app");
+    assert_eq!(app.permit_prefix("GET", b"app/"), Ok(()));
+    assert_eq!(app.permit_prefix("get", b"app/sub/"), Ok(()));
+    // Wider than the pattern, or patterns that do not match every key of the prefix.
+    for p in [&b"app"[..], b"ap", b"xy/", b"a"] {
+        let e = app.permit_prefix("GET", p).err().map(|d| d.to_string());
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("no permissions to access the key")),
+            "{p:?}: {e:?}"
+        );
+    }
+    // The command comes first.
+    assert!(matches!(
+        app.permit_prefix("DEL", b"app/"),
+        Err(Denied::Command { .. })
+    ));
+    assert!(matches!(
+        app.permit_keyspace("GET"),
+        Err(Denied::Keyspace { .. })
+    ));
+    let all = user(&acl, "all");
+    assert_eq!(all.permit_prefix("GET", b""), Ok(()));
+    assert_eq!(all.permit_keyspace("GET"), Ok(()));
+    assert!(matches!(
+        all.permit_keyspace("SET"),
+        Err(Denied::Command { .. })
+    ));
+}

@@ -3,9 +3,12 @@
 //! calls. Every handler first asks [`Users`] whether its caller may do it:
 //! `self.users.permit(&req, "LOCK.ACQUIRE", &names)` for calls on locks and keys,
 //! `self.users.require_admin(&req, "Cluster.MemberAdd")` for administrative ones.
+//!
+//! [`etcd`] serves etcd's v3 API (`etcdserverpb`) on the same port.
 
 mod auth;
 mod cluster;
+pub mod etcd;
 mod kv;
 mod limiter;
 mod lock;

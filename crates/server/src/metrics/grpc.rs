@@ -2,7 +2,8 @@
 //! layer around the whole gRPC router ([`GrpcMetricsLayer`], added in `run.rs`), not code in
 //! every handler.
 //!
-//! Only `fenced.v1` calls are counted. The node-to-node services (`fenced.raft.v1.Raft`,
+//! Only `fenced.v1` calls and etcd's (`etcdserverpb`, labelled `etcd.KV.Range` and so on) are
+//! counted. The node-to-node services (`fenced.raft.v1.Raft`,
 //! `fenced.raft.v1.Forward`) and `grpc.health.v1.Health` pass through untouched (one prefix
 //! check); the transport has its own series (`fenced_peer_round_trip_seconds`).
 //!
@@ -63,7 +64,108 @@ pub const CLIENT_METHODS: &[(&str, &str)] = &[
     ("/fenced.v1.Limiter/Reset", "Limiter.Reset"),
 ];
 
-/// The `method` label of a path under [`CLIENT_API`] that no method has.
+/// etcd's v3 API (`crates/server/src/api/etcd`): paths under this prefix are counted too.
+const ETCD_API: &str = "/etcdserverpb.";
+
+/// Every method of etcd's `etcdserverpb` services (`proto/etcd/api/etcdserverpb/rpc.proto`),
+/// served or not (an unserved one counts as `Unimplemented`): its path and its label,
+/// `etcd.` + service + method.
+pub const ETCD_METHODS: &[(&str, &str)] = &[
+    ("/etcdserverpb.KV/Range", "etcd.KV.Range"),
+    ("/etcdserverpb.KV/Put", "etcd.KV.Put"),
+    ("/etcdserverpb.KV/DeleteRange", "etcd.KV.DeleteRange"),
+    ("/etcdserverpb.KV/Txn", "etcd.KV.Txn"),
+    ("/etcdserverpb.KV/Compact", "etcd.KV.Compact"),
+    ("/etcdserverpb.Watch/Watch", "etcd.Watch.Watch"),
+    ("/etcdserverpb.Lease/LeaseGrant", "etcd.Lease.LeaseGrant"),
+    ("/etcdserverpb.Lease/LeaseRevoke", "etcd.Lease.LeaseRevoke"),
+    (
+        "/etcdserverpb.Lease/LeaseKeepAlive",
+        "etcd.Lease.LeaseKeepAlive",
+    ),
+    (
+        "/etcdserverpb.Lease/LeaseTimeToLive",
+        "etcd.Lease.LeaseTimeToLive",
+    ),
+    ("/etcdserverpb.Lease/LeaseLeases", "etcd.Lease.LeaseLeases"),
+    ("/etcdserverpb.Cluster/MemberAdd", "etcd.Cluster.MemberAdd"),
+    (
+        "/etcdserverpb.Cluster/MemberRemove",
+        "etcd.Cluster.MemberRemove",
+    ),
+    (
+        "/etcdserverpb.Cluster/MemberUpdate",
+        "etcd.Cluster.MemberUpdate",
+    ),
+    (
+        "/etcdserverpb.Cluster/MemberList",
+        "etcd.Cluster.MemberList",
+    ),
+    (
+        "/etcdserverpb.Cluster/MemberPromote",
+        "etcd.Cluster.MemberPromote",
+    ),
+    ("/etcdserverpb.Maintenance/Alarm", "etcd.Maintenance.Alarm"),
+    (
+        "/etcdserverpb.Maintenance/Status",
+        "etcd.Maintenance.Status",
+    ),
+    (
+        "/etcdserverpb.Maintenance/Defragment",
+        "etcd.Maintenance.Defragment",
+    ),
+    ("/etcdserverpb.Maintenance/Hash", "etcd.Maintenance.Hash"),
+    (
+        "/etcdserverpb.Maintenance/HashKV",
+        "etcd.Maintenance.HashKV",
+    ),
+    (
+        "/etcdserverpb.Maintenance/Snapshot",
+        "etcd.Maintenance.Snapshot",
+    ),
+    (
+        "/etcdserverpb.Maintenance/MoveLeader",
+        "etcd.Maintenance.MoveLeader",
+    ),
+    (
+        "/etcdserverpb.Maintenance/Downgrade",
+        "etcd.Maintenance.Downgrade",
+    ),
+    ("/etcdserverpb.Auth/AuthEnable", "etcd.Auth.AuthEnable"),
+    ("/etcdserverpb.Auth/AuthDisable", "etcd.Auth.AuthDisable"),
+    ("/etcdserverpb.Auth/AuthStatus", "etcd.Auth.AuthStatus"),
+    ("/etcdserverpb.Auth/Authenticate", "etcd.Auth.Authenticate"),
+    ("/etcdserverpb.Auth/UserAdd", "etcd.Auth.UserAdd"),
+    ("/etcdserverpb.Auth/UserGet", "etcd.Auth.UserGet"),
+    ("/etcdserverpb.Auth/UserList", "etcd.Auth.UserList"),
+    ("/etcdserverpb.Auth/UserDelete", "etcd.Auth.UserDelete"),
+    (
+        "/etcdserverpb.Auth/UserChangePassword",
+        "etcd.Auth.UserChangePassword",
+    ),
+    (
+        "/etcdserverpb.Auth/UserGrantRole",
+        "etcd.Auth.UserGrantRole",
+    ),
+    (
+        "/etcdserverpb.Auth/UserRevokeRole",
+        "etcd.Auth.UserRevokeRole",
+    ),
+    ("/etcdserverpb.Auth/RoleAdd", "etcd.Auth.RoleAdd"),
+    ("/etcdserverpb.Auth/RoleGet", "etcd.Auth.RoleGet"),
+    ("/etcdserverpb.Auth/RoleList", "etcd.Auth.RoleList"),
+    ("/etcdserverpb.Auth/RoleDelete", "etcd.Auth.RoleDelete"),
+    (
+        "/etcdserverpb.Auth/RoleGrantPermission",
+        "etcd.Auth.RoleGrantPermission",
+    ),
+    (
+        "/etcdserverpb.Auth/RoleRevokePermission",
+        "etcd.Auth.RoleRevokePermission",
+    ),
+];
+
+/// The `method` label of a path under [`CLIENT_API`] or [`ETCD_API`] that no method has.
 const UNKNOWN: &str = "unknown";
 
 /// gRPC status codes by number, named as Go's `codes.Code.String()` names them (the
@@ -103,7 +205,7 @@ pub struct GrpcStats {
     requests: Family<MethodCode, Counter>,
     durations: DurationFamily<MethodLabel>,
     by_path: HashMap<&'static str, usize>,
-    /// One per [`CLIENT_METHODS`] entry, then `unknown`.
+    /// One per [`CLIENT_METHODS`] entry, then per [`ETCD_METHODS`] entry, then `unknown`.
     slots: Vec<Slot>,
 }
 
@@ -114,13 +216,13 @@ impl GrpcStats {
             duration: OnceLock::new(),
             codes: Default::default(),
         };
-        let mut slots: Vec<Slot> = CLIENT_METHODS.iter().map(|(_, l)| slot(*l)).collect();
+        let methods = || CLIENT_METHODS.iter().chain(ETCD_METHODS);
+        let mut slots: Vec<Slot> = methods().map(|(_, l)| slot(*l)).collect();
         slots.push(slot(UNKNOWN));
         GrpcStats {
             requests: Family::default(),
             durations: Family::new_with_constructor(request_duration_histogram),
-            by_path: CLIENT_METHODS
-                .iter()
+            by_path: methods()
                 .enumerate()
                 .map(|(i, (path, _))| (*path, i))
                 .collect(),
@@ -138,7 +240,7 @@ impl GrpcStats {
 
     /// The slot of a request path, `None` if it is not a client API call.
     fn slot_of(&self, path: &str) -> Option<usize> {
-        if !path.starts_with(CLIENT_API) {
+        if !path.starts_with(CLIENT_API) && !path.starts_with(ETCD_API) {
             return None;
         }
         Some(
@@ -374,12 +476,45 @@ mod tests {
     }
 
     #[test]
+    fn every_etcd_method_of_the_proto_has_a_label() {
+        let proto = include_str!("../../../../proto/etcd/api/etcdserverpb/rpc.proto");
+        let mut service = "";
+        let mut in_proto = Vec::new();
+        for line in proto.lines().map(str::trim) {
+            if let Some(rest) = line.strip_prefix("service ") {
+                service = rest.trim_end_matches('{').trim();
+            } else if let Some(rest) = line.strip_prefix("rpc ") {
+                let method = rest.split('(').next().unwrap_or("").trim();
+                in_proto.push(format!("/etcdserverpb.{service}/{method}"));
+            }
+        }
+        let listed: Vec<String> = ETCD_METHODS.iter().map(|(p, _)| p.to_string()).collect();
+        assert_eq!(in_proto, listed);
+        for (path, label) in ETCD_METHODS {
+            let want = format!(
+                "etcd.{}",
+                path.trim_start_matches(ETCD_API).replace('/', ".")
+            );
+            assert_eq!(want, *label);
+        }
+        let stats = GrpcStats::new();
+        assert_eq!(
+            stats.slot_of("/etcdserverpb.KV/Range"),
+            Some(CLIENT_METHODS.len())
+        );
+        assert_eq!(
+            stats.slot_of("/etcdserverpb.KV/Nope"),
+            Some(CLIENT_METHODS.len() + ETCD_METHODS.len())
+        );
+    }
+
+    #[test]
     fn paths_map_to_slots_and_only_client_api_calls_count() {
         let stats = GrpcStats::new();
         assert_eq!(stats.slot_of("/fenced.v1.Lock/Acquire"), Some(0));
         assert_eq!(
             stats.slot_of("/fenced.v1.Lock/Nope"),
-            Some(CLIENT_METHODS.len())
+            Some(CLIENT_METHODS.len() + ETCD_METHODS.len())
         );
         assert_eq!(stats.slot_of("/fenced.raft.v1.Raft/AppendEntries"), None);
         assert_eq!(stats.slot_of("/grpc.health.v1.Health/Check"), None);

@@ -22,9 +22,10 @@
 //!   commands carry the time: a read whose node has an entry in flight, or applied one
 //!   recently, first waits about as long as a tick takes for them, and rarely needs a tick.
 //! * **An O(1) copy-on-write clone** after either barrier ([`Node::read_clone_timed`],
-//!   [`Node::backup`]), for reads that may scan the whole state (RESP's `KEYS`/`SCAN`, whose
-//!   reads the RESP front end cannot tell from point reads, and snapshot saves): the scan runs
-//!   without holding the state lock that apply needs.
+//!   [`Node::read_clone`], [`Node::backup`]), for reads that may scan the whole state (RESP's
+//!   `KEYS`/`SCAN`, whose reads the RESP front end cannot tell from point reads, etcd's
+//!   `Range` and read-only `Txn`, and snapshot saves): the scan runs without holding the state
+//!   lock that apply needs.
 //!
 //! Every answer of a read is judged at a time the log holds, so it is the same on every node:
 //! a follower gets the tick committed through the leader and waits to apply it.
@@ -196,6 +197,15 @@ impl Node {
         self.commit_time(leader_now).await.map_err(read_error)?;
         let sm = self.inner.state.read(StateMachine::clone);
         Ok(f(&sm, sm.now()))
+    }
+
+    /// [`Node::read`] on an O(1) copy-on-write clone of the state (the read barrier alone, no
+    /// time judged): for reads that may scan a large part of it (etcd's `Range`) without
+    /// holding the state lock apply needs.
+    pub async fn read_clone<T>(&self, f: impl FnOnce(&StateMachine) -> T) -> Result<T, NodeError> {
+        self.read_barrier().await?;
+        let sm = self.inner.state.read(StateMachine::clone);
+        Ok(f(&sm))
     }
 
     /// A consistent copy of the state as of a linearizable read that started with this call
