@@ -209,6 +209,24 @@ impl PeerGate {
         self.admit_bootstrapped(membership)
     }
 
+    /// [`PeerGate::admit_raft`] for a vote request. `settled`: this node has applied its newest
+    /// membership entry (so a quorum committed it). Until then that entry may be cut by the
+    /// next leader, and a quorum may still need the voters of the configuration before it: a
+    /// caller missing from it is admitted too (its address is still checked when it is in it).
+    /// Found by fenced-sim (seed 1507718 with `--faults all`): n2 had appended, uncommitted,
+    /// the entry that removed n4 and refused n4's vote requests, so n2 never learned the terms
+    /// n4 campaigned in; n1 voted for n4 in each of them, n4 could not win without n2, and n2
+    /// always asked n1 for a term n1 had already given n4 — no leader for good.
+    pub fn admit_raft_vote(
+        &self,
+        from: Option<&PeerIdentity>,
+        membership: &Membership<NodeId, BasicNode>,
+        settled: bool,
+    ) -> Result<(), Status> {
+        self.admit_as(from, membership, settled)?;
+        self.admit_bootstrapped(membership)
+    }
+
     /// [`PeerGate::admit_raft`] for entries from a leader (append, snapshot): the caller need
     /// not be in the membership this node knows. A leader added after this node's last
     /// membership entry — a follower that was down while it joined, a learner that installed
@@ -424,6 +442,30 @@ mod tests {
         assert!(follower
             .admit_raft_entries(Some(&moved.envelope(1)), &m)
             .is_err());
+    }
+
+    /// Found by the simulator (seed 1507718): a follower that appended, not yet committed, the
+    /// entry removing a member refused that member's vote requests, never learned the terms
+    /// it campaigned in, and the cluster elected nobody.
+    #[test]
+    fn votes_from_a_member_an_unsettled_entry_removed_are_admitted() {
+        let (d1, d5) = (
+            tempfile::tempdir().expect("tmp"),
+            tempfile::tempdir().expect("tmp"),
+        );
+        let (follower, removed) = (gate(d1.path(), 1), gate(d5.path(), 5));
+        // The follower's newest membership, {1, 2, 3}, no longer lists member 5.
+        let m = membership();
+        follower
+            .admit_raft_vote(Some(&removed.envelope(1)), &m, false)
+            .expect("the entry may yet be cut: 5 may still be a voter a quorum needs");
+        let refusal = follower
+            .admit_raft_vote(Some(&removed.envelope(1)), &m, true)
+            .expect_err("once applied, the removal stands");
+        assert!(
+            refusal.message().contains("not in the membership"),
+            "{refusal:?}"
+        );
     }
 
     #[test]

@@ -49,7 +49,9 @@ impl RaftService {
                 self.gate
                     .admit_raft_entries(req.from.as_ref(), membership)?;
             } else {
-                self.gate.admit_raft(req.from.as_ref(), membership)?;
+                let settled = *metrics.membership_config.log_id() <= metrics.last_applied;
+                self.gate
+                    .admit_raft_vote(req.from.as_ref(), membership, settled)?;
             }
         }
         decode(&req.data)

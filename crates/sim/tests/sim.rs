@@ -225,6 +225,9 @@ fn operator_seeds_that_found_bugs_pass() {
         ..Options::default()
     };
     seeds_pass(1309..1310, &o);
+    // n2 had appended, uncommitted, the entry removing n4 and refused n4's vote requests; it
+    // never learned n4's terms, n1 gave each of them to n4, and nobody was elected.
+    seeds_pass(1_507_718..1_507_719, &with_operator(Options::default()));
 }
 
 #[test]
