@@ -1,24 +1,31 @@
-//! `holdback`: a new leader's blank arrives at one follower only together with the requests
-//! after it, while the power goes in that very append (the WAL zero-length search,
+//! `holdback`: a new leader's blank reaches one follower only in an append of several
+//! entries, and that follower's power goes in that very append (the WAL zero-length search,
 //! docs/simulation.md).
 //!
 //! One episode: the fault arms the network ([`Hold::arm`]), crashes the leader (back within
-//! 1.5 s) and waits for a leader of a term newer than any node's at that moment. Then, in the network ([`Hold::judge`]), that leader's
-//! `AppendEntries` of its term that carry its blank (the first entry of its term) are lost:
+//! 1.5 s) and waits for a leader of a term newer than any node's at that moment. Then, in the
+//! network ([`Hold::judge`]), that leader's `AppendEntries` of its term that carry its blank
+//! (the first entry of its term) are lost:
 //!
-//! * to one follower `F` (drawn then, among the nodes up), while the blank is the last entry
-//!   they carry — so `F` gets it only with the requests that came after it (openraft resends
-//!   from the blank once the lost one times out);
-//! * to every other follower, always — so no one else ever has that blank, and a later leader
-//!   can write its own blank at the same index.
+//! * to one follower `F` (drawn then, among the nodes up), while the blank is all they carry —
+//!   so `F` gets it only in an append of several entries;
+//! * to every other follower, always — so no one else has that blank, and a later leader can
+//!   write its own entry at its index.
 //!
-//! Empty appends (heartbeats) and everything else pass. When the append carrying the blank and
-//! more reaches `F`, `F`'s power goes at its next sync (the one of that append: a later page of
-//! the append may reach its disk, the blank's lost), the leader is cut off from every node for
-//! a while (so that `F`, back within 300 ms, and the others elect a leader of a newer term
-//! without the blank), and `F`'s power flickers after its restart ([`crate::flicker::cycles`]:
-//! lost again among its first syncs, so that its next start reads what the newer leader wrote
-//! over the lost blank). Nothing is lost when no new term starts within the fault's time.
+//! A fenced leader serves nothing before it applied its blank (`Node::leader_term`), so no
+//! request ever follows an uncommitted blank: the other entries of that append come before
+//! the blank — entries `F` lacked, or the same leader's blank of an earlier term (the new
+//! leader crashes 50–600 ms after it took office, back within 300 ms, and often wins again: its
+//! log has the blank, the others' do not). Such an append fires only once `F` takes it whole
+//! (its `prev_log_id` at or before `F`'s last entry; else it passes, to be refused).
+//!
+//! Empty appends (heartbeats) and everything else pass. When the append fires, `F`'s power goes
+//! at its next sync (that append's: a later page may reach the disk, an earlier one not), the
+//! leader is cut off from every node for a while (so that `F`, back within 300 ms, and the
+//! others elect a leader of a newer term without those entries), and `F`'s power flickers after
+//! its restart ([`crate::flicker::cycles`]: lost again among its first syncs, so that its next
+//! start reads what the newer leader wrote over the lost entry). Nothing is lost when no new
+//! term starts within the fault's time.
 //!
 //! Each loss is one the network and the disk faults already have; only their aim is new. Off
 //! unless `--faults …,holdback` (not in `all`); a run without it never decodes a message here.
@@ -49,12 +56,15 @@ pub enum Phase {
         follower: NodeId,
     },
     /// The blank reached `follower` with `more` other entries; `follower`'s power goes at its
-    /// next sync. The blank still reaches no one else.
+    /// next sync. The blank still reaches no one else (`follower` may have it again).
     Fired {
         leader: NodeId,
         term: u64,
         follower: NodeId,
         more: usize,
+        /// The append's `prev_log_id` index, and the follower's last log index as last seen.
+        prev: Option<u64>,
+        last: Option<u64>,
     },
 }
 
@@ -62,6 +72,8 @@ struct Armed {
     rng: StdRng,
     disks: BTreeMap<NodeId, SimFs>,
     phase: Phase,
+    /// Each node's last log index, as the episode last saw it (at most 1 ms ago).
+    last: BTreeMap<NodeId, Option<u64>>,
 }
 
 /// The network's hold on a new leader's first appends (inert until armed).
@@ -79,6 +91,8 @@ pub struct Carried {
     pub blank_then: Option<usize>,
     /// Entries carried.
     pub entries: usize,
+    /// The index of the entry before them (`prev_log_id`).
+    pub prev: Option<u64>,
 }
 
 impl Carried {
@@ -98,6 +112,7 @@ impl Carried {
             term,
             blank_then,
             entries,
+            prev: req.prev_log_id.map(|l| l.index),
         })
     }
 }
@@ -117,8 +132,16 @@ impl Hold {
             rng: StdRng::seed_from_u64(seed),
             disks,
             phase: Phase::Waiting { after },
+            last: BTreeMap::new(),
         });
         true
+    }
+
+    /// Each node's last log index now.
+    pub fn set_last(&self, last: BTreeMap<NodeId, Option<u64>>) {
+        if let Some(a) = self.lock().as_mut() {
+            a.last = last;
+        }
     }
 
     pub fn disarm(&self) {
@@ -139,7 +162,8 @@ impl Hold {
         let Some(c) = Carried::of(data) else {
             return false;
         };
-        match decide(&mut a.phase, &mut a.rng, from, to, c, up) {
+        let last = a.last.get(&to).copied().flatten();
+        match decide(&mut a.phase, &mut a.rng, from, to, c, up, last) {
             Verdict::Pass => false,
             Verdict::Lose => true,
             Verdict::Fire => {
@@ -160,11 +184,14 @@ impl Hold {
 enum Verdict {
     Pass,
     Lose,
-    /// It passes, and it is the blank with requests after it to the chosen follower.
+    /// It passes, and it is the blank with other entries, to the chosen follower.
     Fire,
 }
 
 /// The hold's rule (pure, for the unit tests): what becomes of the append, and the next phase.
+/// `last` is the target's last log index: the append fires only if the target takes it whole
+/// (its `prev_log_id` at or before that), else it passes, to be refused as a conflict (the
+/// leader then sends from further back).
 fn decide(
     phase: &mut Phase,
     rng: &mut StdRng,
@@ -172,6 +199,7 @@ fn decide(
     to: NodeId,
     c: Carried,
     up: &BTreeSet<NodeId>,
+    last: Option<u64>,
 ) -> Verdict {
     // A newer leader than the one held back (or the first after arming): hold it instead.
     let newer = match *phase {
@@ -202,28 +230,35 @@ fn decide(
             }
             match c.blank_then {
                 None => Verdict::Pass,
+                Some(_) if to == follower && c.entries > 1 && c.prev > last => Verdict::Pass,
                 Some(_) if to == follower && c.entries > 1 => {
                     *phase = Phase::Fired {
                         leader,
                         term,
                         follower,
                         more: c.entries - 1,
+                        prev: c.prev,
+                        last,
                     };
                     Verdict::Fire
                 }
                 Some(_) => Verdict::Lose,
             }
         }
-        Phase::Fired { leader, term, .. } => {
-            match from == leader && c.term == term && c.blank_then.is_some() {
-                true => Verdict::Lose,
-                false => Verdict::Pass,
-            }
-        }
+        Phase::Fired {
+            leader,
+            term,
+            follower,
+            ..
+        } => match from == leader && to != follower && c.term == term && c.blank_then.is_some() {
+            true => Verdict::Lose,
+            false => Verdict::Pass,
+        },
     }
 }
 
-/// One episode, over at most `lasting` plus 3 s of waiting for a new term.
+/// One episode: at most `lasting` plus 3 s of waiting for the append that fires, then the
+/// leader's cut and the follower's flickering power.
 pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
     let net = cluster.net().clone();
     let ids = cluster.ids();
@@ -259,17 +294,29 @@ pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
     let until = tokio::time::Instant::now() + lasting + Duration::from_secs(3);
     let mut shown = None;
     let mut crashed_new = false;
-    let (leader, term, follower, more) = loop {
+    let (leader, term, follower, more, prev, last) = loop {
         tokio::time::sleep(Duration::from_millis(1)).await;
+        let last = ids
+            .iter()
+            .map(|id| {
+                let l = cluster
+                    .node(*id)
+                    .and_then(|n| n.raft().metrics().borrow().last_log_index);
+                (*id, l)
+            })
+            .collect();
+        net.hold().set_last(last);
         let phase = net.hold().phase();
         if let Some(Phase::Fired {
             leader,
             term,
             follower,
             more,
+            prev,
+            last,
         }) = phase
         {
-            break (leader, term, follower, more);
+            break (leader, term, follower, more, prev, last);
         }
         if let (Some(p @ Phase::Holding { .. }), true) = (phase, phase != shown) {
             if let Phase::Holding {
@@ -310,7 +357,8 @@ pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
     trace.line(
         "nemesis",
         format!(
-            "n{leader}'s blank of term {term} reaches n{follower} with {more} entries after it: \
+            "n{leader}'s blank of term {term} reaches n{follower} with {more} other entries, \
+             after index {prev:?} (its last {last:?}): \
              n{follower} loses power at its next sync, n{leader} is cut off for {cut_for:?}"
         ),
     );
@@ -320,6 +368,8 @@ pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
         .filter(|id| *id != leader)
         .flat_map(|id| [(leader, id), (id, leader)])
         .collect();
+    // Not before the append is delivered (a hop is at most 60 ms in the noise).
+    tokio::time::sleep(Duration::from_millis(61)).await;
     net.cut(&links);
     let times = rng.gen_range(2..=4);
     let flicker = tokio::task::spawn_local(crate::flicker::cycles(
@@ -347,6 +397,7 @@ mod tests {
             term,
             blank_then,
             entries,
+            prev: None,
         }
     }
 
@@ -354,16 +405,19 @@ mod tests {
     const L: Verdict = Verdict::Lose;
 
     #[test]
-    fn the_blank_reaches_one_follower_only_with_requests_after_it() {
+    fn the_blank_reaches_one_follower_only_with_other_entries() {
         let up: BTreeSet<NodeId> = [1, 2, 3].into();
         let mut rng = StdRng::seed_from_u64(7);
         let mut phase = Phase::Waiting { after: 4 };
         // The old leader's appends pass.
-        assert_eq!(decide(&mut phase, &mut rng, 1, 2, carried(4, None), &up), P);
+        assert_eq!(
+            decide(&mut phase, &mut rng, 1, 2, carried(4, None), &up, None),
+            P
+        );
         assert_eq!(phase, Phase::Waiting { after: 4 });
         // n2 leads term 5: its blank alone is lost to everyone.
         assert_eq!(
-            decide(&mut phase, &mut rng, 2, 1, carried(5, Some(0)), &up),
+            decide(&mut phase, &mut rng, 2, 1, carried(5, Some(0)), &up, None),
             L
         );
         let Phase::Holding {
@@ -376,20 +430,58 @@ mod tests {
         };
         let other = if follower == 1 { 3 } else { 1 };
         assert_eq!(
-            decide(&mut phase, &mut rng, 2, follower, carried(5, Some(0)), &up),
+            decide(
+                &mut phase,
+                &mut rng,
+                2,
+                follower,
+                carried(5, Some(0)),
+                &up,
+                None
+            ),
             L
         );
-        // Heartbeats pass; the blank with requests is lost to the other follower…
+        // Heartbeats pass; the blank with other entries is lost to the other follower…
         assert_eq!(
-            decide(&mut phase, &mut rng, 2, follower, carried(5, None), &up),
+            decide(
+                &mut phase,
+                &mut rng,
+                2,
+                follower,
+                carried(5, None),
+                &up,
+                None
+            ),
             P
         );
         assert_eq!(
-            decide(&mut phase, &mut rng, 2, other, carried(5, Some(2)), &up),
+            decide(
+                &mut phase,
+                &mut rng,
+                2,
+                other,
+                carried(5, Some(2)),
+                &up,
+                None
+            ),
             L
         );
-        // …and reaches the chosen one.
-        let fire = decide(&mut phase, &mut rng, 2, follower, carried(5, Some(2)), &up);
+        // …and reaches the chosen one — once it takes it whole: an append after an entry
+        // it lacks passes, to be refused.
+        let mut ahead = carried(5, Some(2));
+        ahead.prev = Some(10);
+        let p = decide(&mut phase, &mut rng, 2, follower, ahead, &up, Some(8));
+        assert_eq!(p, P);
+        assert!(matches!(phase, Phase::Holding { .. }));
+        let fire = decide(
+            &mut phase,
+            &mut rng,
+            2,
+            follower,
+            carried(5, Some(2)),
+            &up,
+            None,
+        );
         assert_eq!(fire, Verdict::Fire);
         assert_eq!(
             phase,
@@ -397,12 +489,32 @@ mod tests {
                 leader: 2,
                 term: 5,
                 follower,
-                more: 2
+                more: 2,
+                prev: None,
+                last: None,
             }
         );
-        // Afterwards the blank still reaches no one; a newer leader's appends pass.
+        // Afterwards the blank still reaches no one else; a newer leader's appends pass.
+        let p = decide(
+            &mut phase,
+            &mut rng,
+            2,
+            follower,
+            carried(5, Some(3)),
+            &up,
+            None,
+        );
+        assert_eq!(p, P);
         assert_eq!(
-            decide(&mut phase, &mut rng, 2, other, carried(5, Some(3)), &up),
+            decide(
+                &mut phase,
+                &mut rng,
+                2,
+                other,
+                carried(5, Some(3)),
+                &up,
+                None
+            ),
             L
         );
         assert_eq!(
@@ -412,7 +524,8 @@ mod tests {
                 other,
                 follower,
                 carried(6, Some(0)),
-                &up
+                &up,
+                None
             ),
             P
         );
@@ -442,7 +555,10 @@ mod tests {
         req.entries[0].log_id = openraft::LogId::new(openraft::CommittedLeaderId::new(2, 2), 7);
         let data = fenced_network::codec::encode(&req).expect("encode");
         let c = Carried::of(&data).expect("decodes");
-        assert_eq!((c.term, c.blank_then, c.entries), (3, Some(0), 2));
+        assert_eq!(
+            (c.term, c.blank_then, c.entries, c.prev),
+            (3, Some(0), 2, None)
+        );
         assert_eq!(Carried::of(b"junk"), None);
     }
 }
