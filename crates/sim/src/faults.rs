@@ -27,6 +27,9 @@ pub struct Faults {
     /// A node's power flickers: lost in the middle of its writes, again among its first
     /// writes after the restart ([`crate::flicker`]). Not in `all` yet.
     pub flicker: bool,
+    /// A new leader's blank reaches one follower only with the requests after it, the
+    /// power going in that append ([`crate::holdback`]). Not in `all`.
+    pub holdback: bool,
     /// Membership changes: a member (maybe the leader) replaced by a new one (`membership`).
     pub membership: bool,
     /// A member's data dir wiped and the node restarted unchanged, then replaced
@@ -54,6 +57,7 @@ impl Default for Faults {
             clocks: true,
             disk: true,
             flicker: false,
+            holdback: false,
             membership: false,
             wipes: false,
             restore: false,
@@ -85,6 +89,7 @@ impl Faults {
             clocks: false,
             disk: false,
             flicker: false,
+            holdback: false,
             membership: false,
             wipes: false,
             restore: false,
@@ -102,6 +107,7 @@ enum Kind {
     Clock,
     Disk,
     Flicker,
+    Holdback,
     Membership,
     Wipe,
 }
@@ -118,6 +124,7 @@ pub async fn run(cluster: Cluster, faults: Faults, seed: u64, until: tokio::time
         (faults.clocks, Kind::Clock),
         (faults.disk, Kind::Disk),
         (faults.flicker, Kind::Flicker),
+        (faults.holdback, Kind::Holdback),
         (faults.membership, Kind::Membership),
         (faults.wipes, Kind::Wipe),
     ] {
@@ -235,6 +242,7 @@ async fn one(cluster: Cluster, faults: Rc<Faults>, kind: Kind, mut rng: StdRng) 
         }
         Kind::Disk => crate::disk::one(cluster, rng, lasting).await,
         Kind::Flicker => crate::flicker::one(cluster, rng, lasting).await,
+        Kind::Holdback => crate::holdback::one(cluster, rng, lasting).await,
         Kind::Clock => {
             let id = *ids.choose(&mut rng).unwrap_or(&1);
             let Some(clock) = cluster.clock(id) else {

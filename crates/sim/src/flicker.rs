@@ -41,18 +41,36 @@ pub async fn one(cluster: Cluster, mut rng: StdRng, lasting: Duration) {
     cluster
         .trace()
         .line("nemesis", format!("n{id}'s power flickers {times} times"));
+    cycles(cluster, rng, id, times, lasting, false).await;
+}
+
+/// Node `id`'s power goes `times` times, the node restarted after each; with `armed`, the
+/// first loss is already due (`holdback` armed it).
+pub async fn cycles(
+    cluster: Cluster,
+    mut rng: StdRng,
+    id: u64,
+    times: u32,
+    lasting: Duration,
+    armed: bool,
+) {
+    let Some(fs) = cluster.fs(id) else {
+        return;
+    };
     for i in 0..times {
         // The first loss anywhere in the node's next writes; the later ones among the
         // first syncs after its restart.
-        let n = match i {
-            0 => rng.gen_range(1..=30),
-            _ => rng.gen_range(1..=6),
-        };
-        cluster.trace().line(
-            "nemesis",
-            format!("n{id} loses power at its sync #{n} from now"),
-        );
-        fs.lose_power_at_sync(n);
+        if i > 0 || !armed {
+            let n = match i {
+                0 => rng.gen_range(1..=30),
+                _ => rng.gen_range(1..=6),
+            };
+            cluster.trace().line(
+                "nemesis",
+                format!("n{id} loses power at its sync #{n} from now"),
+            );
+            fs.lose_power_at_sync(n);
+        }
         // Until the power went; the machine is back at once or within 300 ms (sooner than
         // the supervisor's restart of a process that exited). If the node stays quiet, the
         // loss stays due, as a disk fault's does.

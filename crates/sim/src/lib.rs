@@ -20,6 +20,7 @@ pub mod expiry;
 pub mod faults;
 pub mod flicker;
 pub mod history;
+pub mod holdback;
 pub mod knobs;
 pub mod membership;
 pub mod net;

@@ -42,7 +42,8 @@ struct Args {
     #[arg(long, default_value_t = 20)]
     duration_s: u64,
     /// Faults to inject: all, none, or a comma list of partitions,noise,crashes,pauses,clocks,
-    /// disk,flicker,membership,wipes,restore (`all`: every one but flicker).
+    /// disk,flicker,holdback,membership,wipes,restore (`all`: every one but flicker and
+    /// holdback).
     #[arg(long, default_value = "all")]
     faults: String,
     /// Nodes a client tries one request on before giving up (1: a refusal is final).
@@ -142,6 +143,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
                     "clocks" => f.clocks = true,
                     "disk" => f.disk = true,
                     "flicker" => f.flicker = true,
+                    "holdback" => f.holdback = true,
                     "membership" => f.membership = true,
                     "wipes" => f.wipes = true,
                     "restore" => f.restore = true,

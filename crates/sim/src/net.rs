@@ -80,6 +80,8 @@ struct State {
 /// The network of one run.
 pub struct Net {
     state: Mutex<State>,
+    /// The `holdback` fault's hold on a new leader's first appends (inert unless armed).
+    hold: crate::holdback::Hold,
 }
 
 impl Net {
@@ -94,6 +96,7 @@ impl Net {
                 dropped: 0,
                 duplicated: 0,
             }),
+            hold: Default::default(),
         })
     }
 
@@ -204,6 +207,33 @@ impl Net {
         let (lo, hi) = s.noise.delay_ms;
         let ms = if hi > lo { s.rng.gen_range(lo..hi) } else { lo };
         Duration::from_micros((ms * 1000.0) as u64)
+    }
+
+    pub fn hold(&self) -> &crate::holdback::Hold {
+        &self.hold
+    }
+
+    /// Whether the `holdback` fault loses this append-entries message.
+    fn held_back(&self, from: NodeId, addr: &str, req: &RaftRequest) -> bool {
+        if self.hold.phase().is_none() {
+            return false;
+        }
+        let (to, up) = {
+            let s = self.lock();
+            let to = s
+                .nodes
+                .iter()
+                .find(|(_, n)| n.addr == addr)
+                .map(|(id, _)| *id);
+            let up = s
+                .nodes
+                .iter()
+                .filter(|(_, n)| n.endpoint.is_some())
+                .map(|(id, _)| *id)
+                .collect();
+            (to, up)
+        };
+        to.is_some_and(|to| self.hold.judge(from, to, &req.data, &up))
     }
 
     fn is_cut(&self, from: NodeId, to: NodeId) -> bool {
@@ -358,6 +388,9 @@ impl Handle {
 #[tonic::async_trait]
 impl RaftRpc for Handle {
     async fn append_entries(&self, r: Request<RaftRequest>) -> Reply<RaftReply> {
+        if self.net.held_back(self.from, &self.addr, r.get_ref()) {
+            return never().await;
+        }
         self.carry(r, |e, r| {
             Box::pin(async move { e.raft.append_entries(r).await })
         })
