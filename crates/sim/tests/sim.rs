@@ -167,6 +167,13 @@ fn seeds_with_held_back_blanks_pass() {
     o.workload.resp.clients = 0;
     o.cluster.raft_max_payload = Some(4);
     seeds_pass(21..22, &o);
+    // With the disk's faults too: a truncation's hard-state sync failed, the next process
+    // read the shorter log from the page cache, cut the WAL durably and skipped the equal
+    // hard state; a power loss brought back the longer one ("entries it acknowledged are
+    // missing").
+    o.faults.disk = true;
+    o.faults.crashes = true;
+    seeds_pass(675..676, &o);
 }
 
 /// Every fault plus the operator's: membership changes, wiped members, a backup and a restore

@@ -143,6 +143,21 @@ impl HardState {
         &self.value
     }
 
+    /// Write the value read into both slots again, each synced: what a store opened from is
+    /// made durable before it acts on it. The value may be in the page cache only: a process
+    /// whose sync of it failed (Linux marks the pages clean although they never reached the
+    /// disk) left it there, and [`HardState::write`] skips an unchanged value. Found by
+    /// fenced-sim (seed 675 with `--faults holdback,flicker,disk,…`): a truncation recorded
+    /// the shorter log and its sync failed; the next process read the shorter log, cut the
+    /// entry from the WAL durably and skipped the equal hard state; a power loss then brought
+    /// back the durable hard state recording the entry the WAL no longer had, and the node
+    /// refused its dir.
+    pub fn rewrite(&mut self) -> Result<(), StoreError> {
+        let value = self.value.clone();
+        self.write_slot(value.clone())?;
+        self.write_slot(value)
+    }
+
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -333,6 +348,34 @@ mod tests {
         damage_slot(dir.path(), newer);
         let hs = HardState::open(dir.path()).expect("open").expect("exists");
         assert_eq!(hs.value().vote, voted.vote, "the vote went back");
+    }
+
+    /// A value whose sync failed is in the page cache only: the next process reads it, and
+    /// must make it durable before acting on it (seed 675 of fenced-sim).
+    #[test]
+    fn a_value_read_from_the_cache_only_is_made_durable_by_rewrite() {
+        for rewrite in [false, true] {
+            let disk = fenced_fs::SimFs::new("/sim", 1);
+            let fs: &dyn Fs = &disk;
+            let dir = Path::new("/sim/d");
+            fs.create_dir_all(dir).expect("mkdir");
+            fs.sync_dir(Path::new("/sim")).expect("sync");
+            let mut hs = HardState::create_on(fs, dir, value(1)).expect("create");
+            disk.change_faults(|f| f.fsync_error = 1.0);
+            assert!(hs.write(value(2)).is_err(), "the sync fails");
+            disk.change_faults(|f| f.fsync_error = 0.0);
+            drop(hs);
+            let mut next = HardState::open_on(fs, dir).expect("open").expect("exists");
+            assert_eq!(next.value(), &value(2), "read from the cache");
+            if rewrite {
+                next.rewrite().expect("rewrite");
+            }
+            drop(next);
+            disk.power_loss();
+            let after = HardState::open_on(fs, dir).expect("open").expect("exists");
+            let want = if rewrite { value(2) } else { value(1) };
+            assert_eq!(after.value(), &want, "rewrite: {rewrite}");
+        }
     }
 
     /// Two bytes of slot `slot`'s payload in `dir`'s file go bad.

@@ -115,7 +115,7 @@ pub(crate) fn open_checked(
         }
         Err(e) => return Err(e),
     };
-    let hard = match hard {
+    let mut hard = match hard {
         Some(h) => h,
         None if !creating => {
             return Err(StoreError::Damaged {
@@ -140,6 +140,8 @@ pub(crate) fn open_checked(
             })
         }
     };
+    // Acted on below (the WAL's tail after `recorded` is cut durably): made durable first.
+    hard.rewrite()?;
     let last_purged = purged_file.value();
     let recorded = hard.value().last_log_id;
     let wal = wal::Wal::open_on(fs, dir, recorded, last_purged.map(|l| l.index))?;
@@ -250,6 +252,7 @@ fn upgrade_from_sled(fs: &Arc<dyn Fs>, dir: &Path) -> Result<Purged, StoreError>
             )?
         }
     };
+    hard.rewrite()?;
     let recorded = hard.value().last_log_id;
     if format.is_none_or(|f| f < LAST_SLED_FORMAT) {
         move_log_out_of_sled(fs, dir, &db, &sled_log, &meta, last_purged, recorded)?;
