@@ -452,19 +452,25 @@ impl<B: Body> Body for MeteredBody<B> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn every_client_api_method_of_the_proto_has_a_label() {
-        let proto = include_str!("../../../../proto/fenced/v1/fenced.proto");
+    /// The gRPC paths of every method of `proto` (package `package`), in order.
+    fn methods_in(proto: &str, package: &str) -> Vec<String> {
         let mut service = "";
-        let mut in_proto = Vec::new();
+        let mut out = Vec::new();
         for line in proto.lines().map(str::trim) {
             if let Some(rest) = line.strip_prefix("service ") {
                 service = rest.trim_end_matches('{').trim();
             } else if let Some(rest) = line.strip_prefix("rpc ") {
                 let method = rest.split('(').next().unwrap_or("").trim();
-                in_proto.push(format!("/fenced.v1.{service}/{method}"));
+                out.push(format!("/{package}.{service}/{method}"));
             }
         }
+        out
+    }
+
+    #[test]
+    fn every_client_api_method_of_the_proto_has_a_label() {
+        let proto = include_str!("../../../../proto/fenced/v1/fenced.proto");
+        let in_proto = methods_in(proto, "fenced.v1");
         let listed: Vec<String> = CLIENT_METHODS.iter().map(|(p, _)| p.to_string()).collect();
         assert_eq!(in_proto, listed);
         for (path, label) in CLIENT_METHODS {
@@ -478,16 +484,7 @@ mod tests {
     #[test]
     fn every_etcd_method_of_the_proto_has_a_label() {
         let proto = include_str!("../../../../proto/etcd/api/etcdserverpb/rpc.proto");
-        let mut service = "";
-        let mut in_proto = Vec::new();
-        for line in proto.lines().map(str::trim) {
-            if let Some(rest) = line.strip_prefix("service ") {
-                service = rest.trim_end_matches('{').trim();
-            } else if let Some(rest) = line.strip_prefix("rpc ") {
-                let method = rest.split('(').next().unwrap_or("").trim();
-                in_proto.push(format!("/etcdserverpb.{service}/{method}"));
-            }
-        }
+        let in_proto = methods_in(proto, "etcdserverpb");
         let listed: Vec<String> = ETCD_METHODS.iter().map(|(p, _)| p.to_string()).collect();
         assert_eq!(in_proto, listed);
         for (path, label) in ETCD_METHODS {
