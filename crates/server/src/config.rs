@@ -107,6 +107,12 @@ pub struct NodeConfig {
     /// `--join`: the cluster id of the running cluster that lists this member as a learner
     /// (looked up by the binary before the node starts).
     pub join: Option<u64>,
+    /// Started with `--join`: this node never bootstraps a cluster, whatever the lookup
+    /// decided (`join` is `None` when the lookup says to start from the data dir). A data dir
+    /// whose creation a full disk cut short is not empty, yet holds no Raft state: started
+    /// from it without this, a joining learner bootstrapped a one-node cluster of its own and
+    /// granted tokens from 1 again (found by fenced-sim, seed 1700938 with `--faults all`).
+    pub joining: bool,
     /// `--force-new-cluster`: make this member's data dir a one-node cluster of its own
     /// before starting (`crate::backup::force_new_cluster`).
     pub force_new_cluster: bool,
@@ -178,6 +184,7 @@ impl NodeConfig {
             keep_logs: 1_000,
             heartbeat_ms: DEFAULT_HEARTBEAT_MS,
             join: None,
+            joining: false,
             force_new_cluster: false,
             bump_revision: crate::backup::DEFAULT_BUMP_REVISION,
             max_pending_requests: DEFAULT_MAX_PENDING_REQUESTS,
@@ -195,6 +202,9 @@ impl NodeConfig {
     /// or, by default, only a cluster of this node alone (a node that names peers may be a
     /// member that lost its disk, which must never bootstrap and vote again).
     pub fn may_bootstrap(&self) -> Result<bool, StartError> {
+        if self.joining {
+            return Ok(false);
+        }
         Ok(match self.initial_cluster_state {
             Some(ClusterState::New) => true,
             Some(ClusterState::Existing) => false,
@@ -249,6 +259,18 @@ pub fn parse_cluster(s: &str) -> Result<BTreeMap<u64, String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node started with `--join` never bootstraps, even alone in its config (seed 1700938).
+    #[test]
+    fn a_joining_node_never_bootstraps() {
+        let mut cfg = NodeConfig::new(5, "d".into(), "10.0.0.5:7380".into(), "r".into());
+        assert!(
+            cfg.may_bootstrap().expect("config"),
+            "alone: a one-node cluster"
+        );
+        cfg.joining = true;
+        assert!(!cfg.may_bootstrap().expect("config"));
+    }
 
     #[test]
     fn raft_max_payload_entries_defaults_to_openrafts_own() {

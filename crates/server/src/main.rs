@@ -500,6 +500,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         cfg.tls = Some(tls);
     }
     if let Some(endpoints) = &a.join {
+        cfg.joining = true;
         cfg.join = join_lookup(&cfg, endpoints, &a.tls, &a.join_tls).await?;
     }
     let running = fenced_server::start(cfg.clone())
@@ -560,7 +561,7 @@ async fn join_lookup(
     tls: &ServeTlsArgs,
     join_tls: &JoinTlsArgs,
 ) -> anyhow::Result<Option<u64>> {
-    let fresh = std::fs::read_dir(&cfg.data_dir).map_or(true, |mut d| d.next().is_none());
+    let fresh = fenced_storage::datadir::holds_nothing_on(&fenced_fs::OsFs, &cfg.data_dir);
     let client_tls = match &tls.tls_ca {
         None => None,
         Some(ca) => {

@@ -105,8 +105,7 @@ pub struct Backup {
 pub fn join_lookup(cluster: &Cluster, id: u64, cfg: &NodeConfig) -> Result<Option<u64>, String> {
     let fresh = cluster
         .fs(id)
-        .and_then(|fs| fs.read_dir(&cfg.data_dir).ok())
-        .is_none_or(|d| d.is_empty());
+        .is_none_or(|fs| fenced_storage::datadir::holds_nothing_on(&fs, &cfg.data_dir));
     let answer = answering(cluster, id).map(|n| {
         let m = n.raft().metrics().borrow().clone();
         fenced_server::membership::JoinAnswer {

@@ -452,6 +452,7 @@ impl Cluster {
     }
 
     fn join_config(&self, id: u64, mut cfg: NodeConfig) -> Result<NodeConfig, String> {
+        cfg.joining = true;
         cfg.join = crate::membership::join_lookup(self, id, &cfg)?;
         Ok(self.tune(id, cfg))
     }

@@ -258,6 +258,10 @@ fn operator_seeds_that_found_bugs_pass() {
     // n2 had appended, uncommitted, the entry removing n4 and refused n4's vote requests; it
     // never learned n4's terms, n1 gave each of them to n4, and nobody was elected.
     seeds_pass(1_507_718..1_507_719, &with_operator(Options::default()));
+    // A learner's first start under `--join` was cut short by a full disk, leaving files but
+    // no identity; the next start, told to use its data dir (the dir was not empty),
+    // bootstrapped a one-node cluster of its own: tokens from 1 again.
+    seeds_pass(1_700_938..1_700_939, &with_operator(Options::default()));
 }
 
 #[test]

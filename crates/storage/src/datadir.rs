@@ -108,6 +108,16 @@ fn is_fresh(fs: &dyn Fs, dir: &Path) -> Result<bool, StoreError> {
     }
 }
 
+/// Whether `dir` on `fs` holds nothing a member acknowledged from: no identity, no hard
+/// state, no sled files of an older layout. `--join`'s lookup asks this, not whether the dir
+/// is empty: a start that a full disk cut short while it created the dir leaves files
+/// behind, yet nothing Raft acknowledged (fenced-sim, seed 1700938).
+pub fn holds_nothing_on(fs: &dyn Fs, dir: &Path) -> bool {
+    !fs.exists(&identity::path_in(dir))
+        && !fs.exists(&hardstate::HardState::path_in(dir))
+        && !crate::open::has_sled(fs, dir)
+}
+
 /// Open `dir` under `plan`'s rules (see the module docs), on the real file system, its
 /// stores doing their blocking work on threads ([`Env::default`]).
 pub fn open(dir: &Path, plan: &Plan, events: EventSink) -> Result<Opened, StoreError> {
@@ -240,8 +250,9 @@ fn bootstrap_empty(
     if !plan.may_bootstrap {
         return Err(StoreError::Refused(format!(
             "data dir {} holds no Raft state, and this node is one of several in \
-             --initial-cluster with --initial-cluster-state existing (the default): it will \
-             not bootstrap. For a new cluster, start every member once with \
+             --initial-cluster with --initial-cluster-state existing (the default), or was \
+             started with --join and the cluster has not listed it as a learner yet: it \
+             will not bootstrap. For a new cluster, start every member once with \
              --initial-cluster-state new. {REPLACE_HINT}.",
             dir.display()
         )));
