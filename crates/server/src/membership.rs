@@ -139,16 +139,18 @@ impl Node {
     /// the same for [`ABANDONED_JOINT`] has no caller driving it. `seen` is the caller's memory
     /// of the joint configuration it saw first and when. Called by the ticker.
     pub(crate) async fn finish_abandoned_joint(&self, seen: &mut Option<(LogId<NodeId>, Instant)>) {
-        let m = metrics(self.raft());
-        let stored = &m.membership_config;
-        let joint = stored.membership().get_joint_config().len() > 1;
-        let committed = stored.log_id().is_some_and(|id| Some(id) <= m.last_applied);
-        let at = match stored.log_id() {
-            Some(id) if joint && committed => *id,
-            _ => {
-                *seen = None;
-                return;
-            }
+        // Borrowed, not cloned: the ticker runs this often.
+        let unsettled = {
+            let m = self.raft().metrics();
+            let m = m.borrow();
+            let stored = &m.membership_config;
+            let joint = stored.membership().get_joint_config().len() > 1;
+            let committed = stored.log_id().is_some_and(|id| Some(id) <= m.last_applied);
+            stored.log_id().filter(|_| joint && committed)
+        };
+        let Some(at) = unsettled else {
+            *seen = None;
+            return;
         };
         match seen {
             Some((id, since)) if *id == at => {
