@@ -205,8 +205,7 @@ impl PeerGate {
         from: Option<&PeerIdentity>,
         membership: &Membership<NodeId, BasicNode>,
     ) -> Result<(), Status> {
-        self.admit(from, membership)?;
-        self.admit_bootstrapped(membership)
+        self.admit_raft_vote(from, membership, true)
     }
 
     /// [`PeerGate::admit_raft`] for a vote request. `settled`: this node has applied its newest
@@ -232,7 +231,8 @@ impl PeerGate {
     /// membership entry — a follower that was down while it joined, a learner that installed
     /// a snapshot taken before it joined — is known only through the entries it sends; to
     /// refuse them would leave this node behind for good. Raft's vote comparison still
-    /// rejects a stale leader (a removed one included); votes keep the membership check.
+    /// rejects a stale leader (a removed one included); votes keep the membership check
+    /// once the membership entry is applied ([`PeerGate::admit_raft_vote`]).
     pub fn admit_raft_entries(
         &self,
         from: Option<&PeerIdentity>,
