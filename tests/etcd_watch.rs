@@ -429,3 +429,56 @@ async fn etcdctl_watch_resumes_through_sigkilled_members_with_every_value_once_i
         "etcdctl watch must print every value once, in order, across the kills"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_require_leader_watch_ends_when_its_member_loses_the_majority() {
+    let c = TestCluster::start("etcd-watch-leader", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let f = follower_of(leader);
+    let all: Vec<u64> = c.ids().collect();
+    put(&c, &all, "ready", "1").await;
+    let open = |require: bool| {
+        let channel = c.raw_channel(f);
+        async move {
+            let (tx, req_rx) = mpsc::channel(4);
+            tx.send(epb::WatchRequest {
+                request_union: Some(epb::watch_request::RequestUnion::CreateRequest(prefix(
+                    "w/",
+                ))),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(req_rx));
+            if require {
+                req.metadata_mut().insert(
+                    "hasleader",
+                    tonic::metadata::MetadataValue::from_static("true"),
+                );
+            }
+            let mut rx = WatchClient::new(channel)
+                .watch(req)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .into_inner();
+            let created = rx.message().await.unwrap_or_else(|e| panic!("{e}"));
+            assert!(created.is_some_and(|r| r.created));
+            (tx, rx)
+        }
+    };
+    let (_keep_a, mut required) = open(true).await;
+    let (_keep_b, mut plain) = open(false).await;
+    // The other two members die: `f` is alone, with no leader.
+    for id in all.iter().copied().filter(|i| *i != f) {
+        c.kill(id);
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(20), required.message())
+        .await
+        .unwrap_or_else(|_| panic!("the require-leader watch went on without a leader"));
+    let status = ended.expect_err("the require-leader watch must end with an error");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("no leader"), "{status:?}");
+    // A watch that did not ask stays open (it would catch up once the member does).
+    if let Ok(r) = tokio::time::timeout(Duration::from_secs(1), plain.message()).await {
+        panic!("the plain watch ended or got something: {r:?}");
+    }
+}
