@@ -155,7 +155,7 @@ const DELETE: i32 = mvccpb::event::EventType::Delete as i32;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_deliver_every_change_in_order_filter_replay_cancel_and_report_compaction() {
-    let c = TestCluster::start("etcd-watch", &[]);
+    let c = TestCluster::start("etcd-watch", &["--metrics-addr", "{ip}:9190"]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let f = follower_of(leader);
     let all: Vec<u64> = c.ids().collect();
@@ -204,6 +204,18 @@ async fn watches_deliver_every_change_in_order_filter_replay_cancel_and_report_c
         ],
         "every change of the prefix, in order, nothing else"
     );
+    // The member's metrics count the open watches and the events sent.
+    let (code, body) = support::http_get(&c.ip(f), 9190, "/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("scrape: {e}"));
+    assert_eq!(code, 200);
+    let sample = |name: &str| -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in the scrape"))
+    };
+    assert_eq!(sample("fenced_etcd_watchers"), 2.0);
+    assert!(sample("fenced_etcd_watch_events_total") >= 4.0);
     // The NOPUT watch saw only the delete, with the value before it.
     let mut deletes: Vec<mvccpb::Event> = others.into_iter().flat_map(|r| r.events).collect();
     if deletes.is_empty() {

@@ -136,6 +136,13 @@ struct Feed {
 /// The client went away: the stream ends.
 struct Gone;
 
+impl Drop for Feed {
+    fn drop(&mut self) {
+        let open = i64::try_from(self.watchers.len()).unwrap_or(i64::MAX);
+        self.api.node.metrics().etcd_watchers(-open);
+    }
+}
+
 impl Feed {
     async fn run(mut self, mut inbound: Streaming<epb::WatchRequest>, require_leader: bool) {
         let mut changes = self.api.node.hub().etcd_changes();
@@ -171,6 +178,15 @@ impl Feed {
         }
     }
 
+    /// Remove a watch: whether it existed.
+    fn remove(&mut self, id: i64) -> bool {
+        let existed = self.watchers.remove(&id).is_some();
+        if existed {
+            self.api.node.metrics().etcd_watchers(-1);
+        }
+        existed
+    }
+
     async fn send(&self, resp: epb::WatchResponse) -> Result<(), Gone> {
         self.tx.send(Ok(resp)).await.map_err(|_| Gone)
     }
@@ -180,7 +196,7 @@ impl Feed {
         match req.request_union {
             Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
             Some(RequestUnion::CancelRequest(c)) => {
-                if self.watchers.remove(&c.watch_id).is_some() {
+                if self.remove(c.watch_id) {
                     let revision = self.api.node.local(|sm| sm.revision());
                     self.send(epb::WatchResponse {
                         header: self.api.header(revision),
@@ -240,6 +256,7 @@ impl Feed {
         };
         let filters = |f: epb::watch_create_request::FilterType| c.filters.contains(&(f as i32));
         let start = rev_in(c.start_revision);
+        self.api.node.metrics().etcd_watchers(1);
         self.watchers.insert(
             id,
             Watcher {
@@ -303,7 +320,7 @@ impl Feed {
             let page = match page {
                 Ok(page) => page,
                 Err(EtcdError::Compacted { compact_revision }) => {
-                    self.watchers.remove(&id);
+                    self.remove(id);
                     return self
                         .send(epb::WatchResponse {
                             header: self.api.header(state_rev),
@@ -317,7 +334,7 @@ impl Feed {
                         .await;
                 }
                 Err(e) => {
-                    self.watchers.remove(&id);
+                    self.remove(id);
                     return self
                         .send(epb::WatchResponse {
                             header: self.api.header(state_rev),
@@ -350,6 +367,7 @@ impl Feed {
             let fragment = w.fragment;
             if !events.is_empty() {
                 w.last_sent = Instant::now();
+                self.api.node.metrics().etcd_watch_events(events.len());
                 let header = self.api.header(state_rev);
                 for resp in responses(id, header, events, fragment) {
                     self.send(resp).await?;
