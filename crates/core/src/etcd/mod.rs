@@ -77,6 +77,7 @@
 
 mod compact;
 mod error;
+mod quota;
 mod range;
 mod store;
 mod txn;
@@ -91,6 +92,7 @@ use serde::{Deserialize, Serialize};
 
 pub use compact::CompactStats;
 pub use error::EtcdError;
+pub use quota::{effective as effective_quota, put_cost, txn_cost, Quota, DEFAULT_QUOTA_BYTES};
 pub use store::EtcdStore;
 
 use crate::Revision;
