@@ -295,7 +295,7 @@ fn snapshot_bytes_with_etcd_keys_are_the_body_2_bytes() {
 #[test]
 fn snapshot_bytes_with_an_etcd_quota_are_the_body_3_bytes() {
     let mut state = rich_state_with_etcd();
-    let mut apply = |sm: &mut StateMachine, index, cmd: EtcdCommand| {
+    let apply = |sm: &mut StateMachine, index, cmd: EtcdCommand| {
         sm.apply_batch(
             index,
             &Batch {
