@@ -75,6 +75,7 @@
 //! `start_revision` s is `after = s - 1`, hence a watch must start above c (etcd lets it start
 //! at c and silently misses deletes at c).
 
+mod auto_compact;
 mod compact;
 mod error;
 mod quota;
@@ -90,6 +91,7 @@ mod tests_history;
 
 use serde::{Deserialize, Serialize};
 
+pub use auto_compact::{AutoCompaction, AutoCompactor};
 pub use compact::CompactStats;
 pub use error::EtcdError;
 pub use quota::{effective as effective_quota, put_cost, txn_cost, Quota, DEFAULT_QUOTA_BYTES};
