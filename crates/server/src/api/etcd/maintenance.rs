@@ -71,7 +71,8 @@ impl Maintenance for EtcdApi {
     /// This node's view: `leader` is the leader's id (0 if none is known), `raftIndex` the
     /// last log index, `raftAppliedIndex` the last applied one; `dbSize` and `dbSizeInUse`
     /// are the bytes of the etcd keyspace's stored history (with a per-version overhead:
-    /// what `Compact` frees), not a file size; `errors` holds the divergence alarm, if raised.
+    /// what `Compact` frees, what `--quota-backend-bytes` bounds), not a file size; `errors`
+    /// holds the divergence alarm, if raised, and `NOSPACE` as etcd writes it.
     async fn status(&self, _req: Request<epb::StatusRequest>) -> Reply<epb::StatusResponse> {
         let m = self.node.raft().metrics().borrow().clone();
         let (db, nospace) = self
