@@ -39,4 +39,8 @@ pub enum EtcdError {
     /// The caller's revisions must grow: a bug of the caller, never of a client.
     #[error("etcd keyspace: revision {rev} is not above the last write's {last}")]
     RevisionNotIncreasing { rev: Revision, last: Revision },
+    /// A write that may put, refused by the space quota: the `NOSPACE` alarm is raised (by
+    /// this write, or before it) until `Maintenance.Alarm` disarms it ([`super::Quota`]).
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
 }

@@ -75,8 +75,10 @@
 //! `start_revision` s is `after = s - 1`, hence a watch must start above c (etcd lets it start
 //! at c and silently misses deletes at c).
 
+mod auto_compact;
 mod compact;
 mod error;
+mod quota;
 mod range;
 mod store;
 mod txn;
@@ -89,8 +91,10 @@ mod tests_history;
 
 use serde::{Deserialize, Serialize};
 
+pub use auto_compact::{AutoCompaction, AutoCompactor};
 pub use compact::CompactStats;
 pub use error::EtcdError;
+pub use quota::{effective as effective_quota, put_cost, txn_cost, Quota, DEFAULT_QUOTA_BYTES};
 pub use store::EtcdStore;
 
 use crate::Revision;
