@@ -113,6 +113,11 @@ pub const MAX_TXN_OPS: usize = 128;
 /// [`OP_OVERHEAD`] per operation and compare — close to, and never far above, its protobuf
 /// size.
 pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// Most bytes of keys and values one read (a `Range`, or the ranges of a read-only `Txn`)
+/// returns: a larger one is refused with [`EtcdError::RangeTooLarge`] — page with `limit`.
+/// Ranges inside a txn that writes are not limited (that txn was validated before it ran
+/// and is all or nothing).
+pub const MAX_RANGE_BYTES: usize = 64 * 1024 * 1024;
 /// Bytes counted per operation or compare on top of its keys and values.
 pub const OP_OVERHEAD: usize = 16;
 /// Deepest nesting of txns in a txn (gRPC's decoder stops at 100 nested messages anyway; a
