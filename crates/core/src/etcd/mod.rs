@@ -70,10 +70,10 @@
 //! [`compact_step`](EtcdStore::compact_step)s) at c keeps, per key, the newest version at or
 //! below c unless it is a tombstone, and every version above c; everything else below c goes. Reads at revisions at
 //! or above c are unchanged; reads below fail with [`EtcdError::Compacted`]. The change feed
-//! is complete only *after* c (a tombstone at c itself is gone), so
-//! [`events_since`](EtcdStore::events_since) needs `after >= c` — etcd's watch
-//! `start_revision` s is `after = s - 1`, hence a watch must start above c (etcd lets it start
-//! at c and silently misses deletes at c).
+//! is complete only *after* c (a tombstone at c itself is gone). A watch may still start at c
+//! (`after = c - 1`), as etcd's may — clients resume at the compact revision they were told
+//! after a compacted cancel — and gets the puts at c but not the deletes at c, as in etcd;
+//! [`events_since`](EtcdStore::events_since) refuses only `after < c - 1`.
 
 mod auto_compact;
 mod compact;

@@ -35,7 +35,7 @@ fn compaction_keeps_what_reads_at_or_above_see() {
         })
     );
     assert_eq!(
-        s.events_since(4, &KeyRange::all(), 0, false),
+        s.events_since(3, &KeyRange::all(), 0, false),
         Err(EtcdError::Compacted {
             compact_revision: 5
         })
@@ -152,7 +152,7 @@ fn compaction_in_bounded_steps() {
         "reads at or above it do not wait for the steps"
     );
     assert_eq!(
-        s.events_since(101, &KeyRange::all(), 0, false),
+        s.events_since(100, &KeyRange::all(), 0, false),
         Err(EtcdError::Compacted {
             compact_revision: 102
         })
@@ -191,5 +191,57 @@ fn compaction_in_bounded_steps() {
     assert_eq!(
         get(&s, KeyRange::all(), 105, 105),
         pairs(&[("b", "3"), ("hot", "100")])
+    );
+}
+
+#[test]
+fn a_watch_may_start_at_the_compact_revision_and_gets_its_puts_but_not_its_deletes() {
+    let mut s = EtcdStore::new();
+    put(&mut s, 1, "a", "1");
+    put(&mut s, 2, "b", "1");
+    // Revision 5 puts a and deletes b.
+    let req = TxnRequest {
+        success: vec![
+            put_op("a", "2"),
+            RequestOp::DeleteRange(DeleteRangeRequest {
+                range: KeyRange::key("b"),
+                prev_kv: false,
+            }),
+        ],
+        ..TxnRequest::default()
+    };
+    txn(&mut s, 5, &req).expect("txn");
+    put(&mut s, 7, "c", "1");
+    let at_5 = |s: &EtcdStore| -> Vec<(EventKind, Revision)> {
+        s.events_since(4, &KeyRange::all(), 0, false)
+            .expect("a watch from the compact revision")
+            .events
+            .iter()
+            .map(|e| (e.kind, e.kv.mod_revision))
+            .collect()
+    };
+    // Before compaction revision 5 has both changes.
+    assert_eq!(
+        at_5(&s),
+        [
+            (EventKind::Put, 5),
+            (EventKind::Delete, 5),
+            (EventKind::Put, 7)
+        ]
+    );
+    // Compacting to 5 in steps: the delete at 5 is left out at once, before the step that
+    // removes its tombstone, and after.
+    s.begin_compact(5, 7).expect("begin");
+    assert_eq!(at_5(&s), [(EventKind::Put, 5), (EventKind::Put, 7)]);
+    while s.compaction_pending() {
+        s.compact_step(1);
+    }
+    assert_eq!(at_5(&s), [(EventKind::Put, 5), (EventKind::Put, 7)]);
+    // Below it: compacted.
+    assert_eq!(
+        s.events_since(3, &KeyRange::all(), 0, false),
+        Err(EtcdError::Compacted {
+            compact_revision: 5
+        })
     );
 }

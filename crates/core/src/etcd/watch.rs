@@ -13,8 +13,12 @@ impl super::EtcdStore {
     /// [`resume_after`](Events::resume_after) for the rest: no gap, no duplicate.
     /// `prev_kv` adds each change's previous live version.
     ///
-    /// `after` below the compact revision: [`EtcdError::Compacted`] (the changes at or below
-    /// it are gone). etcd's watch `start_revision` s is `after = s - 1`.
+    /// etcd's watch `start_revision` s is `after = s - 1`. Starting *at* the compact
+    /// revision c (`after = c - 1`) is allowed, as etcd allows it: the puts at c are there,
+    /// without a previous kv, the deletes at c are not (compaction removes their tombstones and
+    /// the versions before; neither is returned even while a stepwise compaction has not
+    /// reached them yet, so every replica answers alike).
+    /// Starting below c: [`EtcdError::Compacted`].
     pub fn events_since(
         &self,
         after: Revision,
@@ -22,11 +26,13 @@ impl super::EtcdStore {
         limit: usize,
         prev_kv: bool,
     ) -> Result<Events, EtcdError> {
-        if after < self.compact_revision {
+        if after.saturating_add(1) < self.compact_revision {
             return Err(EtcdError::Compacted {
                 compact_revision: self.compact_revision,
             });
         }
+        // The revision whose deletes compaction took (only when starting at it).
+        let gone_deletes = (after < self.compact_revision).then_some(self.compact_revision);
         let mut page = Events {
             events: Vec::new(),
             resume_after: after.max(self.last_write),
@@ -39,7 +45,16 @@ impl super::EtcdStore {
         let mut feed = self.by_rev.range((from, Bound::Unbounded)).peekable();
         while let Some((rev, key)) = feed.next() {
             if range.contains(key) {
-                page.events.push(self.event(key, *rev, prev_kv));
+                let mut event = self.event(key, *rev, prev_kv);
+                // At the compact revision itself its deletes are gone, and so are the versions
+                // before its puts — however far a stepwise compaction got.
+                let at_compact = gone_deletes == Some(rev.main);
+                if at_compact {
+                    event.prev_kv = None;
+                }
+                if !(at_compact && event.kind == EventKind::Delete) {
+                    page.events.push(event);
+                }
             }
             let revision_ends = feed.peek().is_none_or(|(next, _)| next.main != rev.main);
             if limit > 0 && page.events.len() >= limit && revision_ends {
