@@ -115,26 +115,26 @@ pub enum ClientError {
 }
 
 /// Outcome of one op.
-enum Res {
+pub(crate) enum Res {
     Ok(Option<Value>, Option<u64>),
     Fail(String),
     Info(String),
 }
 
-struct Recorder {
-    w: HistoryWriter,
-    clock: RunClock,
-    process: u64,
-    retired: bool,
+pub(crate) struct Recorder {
+    pub(crate) w: HistoryWriter,
+    pub(crate) clock: RunClock,
+    pub(crate) process: u64,
+    pub(crate) retired: bool,
 }
 
 impl Recorder {
-    fn invoke(&mut self, e: Event) -> Result<(), ClientError> {
+    pub(crate) fn invoke(&mut self, e: Event) -> Result<(), ClientError> {
         Ok(self.w.write(&e)?)
     }
 
     /// Record the completion of the op invoked as `inv`.
-    fn complete(&mut self, inv: &Event, r: &Res) -> Result<(), ClientError> {
+    pub(crate) fn complete(&mut self, inv: &Event, r: &Res) -> Result<(), ClientError> {
         self.complete_admitted(inv, r, None)
     }
 
@@ -166,7 +166,7 @@ impl Recorder {
         Ok(self.w.write(&e)?)
     }
 
-    fn ev(&self, f: &str) -> Event {
+    pub(crate) fn ev(&self, f: &str) -> Event {
         Event::new(
             Process::Client(self.process),
             Kind::Invoke,
@@ -396,6 +396,12 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
         return final_read(&mut rec, &mut guard).await;
     }
     let system = system_of(&spec)?;
+    if spec.workload == "watch" {
+        return crate::etcd::watch::run(&spec, &mut rec, &mut rng).await;
+    }
+    // kv workload: a channel to one node's etcd API, and this client's value counter.
+    let mut etcd: Option<tonic::transport::Channel> = None;
+    let mut kv_seq = 0u64;
     let mut lock: Option<Box<dyn DistLock>> = None;
     let mut resp: Option<(usize, redis::aio::ConnectionManager)> = None;
     let mut incarnation = 0u64;
@@ -412,6 +418,7 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
             rec.retired = false;
             lock = None;
             resp = None;
+            etcd = None;
             guard.conn = None;
         }
         match spec.workload.as_str() {
@@ -433,6 +440,17 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
                     } else {
                         register_op(&spec, &mut rec, &mut rng, c, op_timeout).await?;
                     }
+                }
+                let pause = rng.gen_range(5..30);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            "kv" => {
+                if etcd.is_none() {
+                    let node = spec.index as usize + incarnation as usize;
+                    etcd = Some(crate::etcd::channel(&crate::etcd::endpoint(&spec, node)?)?);
+                }
+                if let Some(ch) = &etcd {
+                    crate::etcd::kv::op(&mut rec, &mut rng, ch, &mut kv_seq, op_timeout).await?;
                 }
                 let pause = rng.gen_range(5..30);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -903,6 +921,11 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
             for ep in &spec.lock_endpoints {
                 ping(ep, t).await?;
             }
+        }
+    }
+    if spec.workload == "kv" || spec.workload == "watch" {
+        for ep in &spec.lock_endpoints {
+            crate::etcd::probe(ep, spec.workload == "watch", t).await?;
         }
     }
     if spec.workload == "register" {

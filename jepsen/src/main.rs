@@ -84,7 +84,8 @@ struct TestArgs {
     /// cluster setup.
     #[arg(long)]
     system: String,
-    /// lock | counter | counter-unfenced | register | limiter (fenced, fenced-lua, redis)
+    /// lock | counter | counter-unfenced | register | limiter (fenced, fenced-lua, redis) |
+    /// kv, watch (fenced: etcd's API)
     #[arg(long, default_value = "lock")]
     workload: String,
     /// Comma-separated: partition,kill,pause,clock,restart-empty,restart-delayed,membership
@@ -132,12 +133,20 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
     let Some(system) = System::parse(&a.system) else {
         bail!("unknown system {:?} ({})", a.system, System::names());
     };
-    if !["lock", "counter", "counter-unfenced", "register", "limiter"]
-        .contains(&a.workload.as_str())
-    {
+    const WORKLOADS: [&str; 7] = [
+        "lock",
+        "counter",
+        "counter-unfenced",
+        "register",
+        "limiter",
+        "kv",
+        "watch",
+    ];
+    if !WORKLOADS.contains(&a.workload.as_str()) {
         bail!(
-            "unknown workload {:?} (lock, counter, counter-unfenced, register, limiter)",
-            a.workload
+            "unknown workload {:?} ({})",
+            a.workload,
+            WORKLOADS.join(", ")
         );
     }
     if let Some(why) = system.unsupported(&a.workload) {
@@ -317,7 +326,10 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
     let mut rows = vec![];
     let mut member_rows = vec![];
     let mut limiter_rows = vec![];
+    let mut watch_rows = vec![];
     for f in folders {
+        // Watch workload: the watch checker's figures over the runs.
+        let mut wr = WatchRow::default();
         // Limiter workload: over-admission figures over the runs.
         let mut lim = Limiter::default();
         // Membership nemesis: changes completed, of them with the leader or a dead node
@@ -370,6 +382,7 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
                 }
             }
             lim.add(&r);
+            wr.add(&r);
             meta = r["meta"].clone();
             for c in meta["membership"].as_array().into_iter().flatten() {
                 if c["completed"] == true {
@@ -448,6 +461,25 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
             ));
             continue;
         }
+        if workload == "watch" {
+            watch_rows.push((
+                order(&system),
+                nem.clone(),
+                format!(
+                    "| {system} | {nem} | {runs}{} | {invalid} | {} | {} | {agree} | {} / {} |\n",
+                    if errors > 0 {
+                        format!(" (+{errors} failed)")
+                    } else {
+                        String::new()
+                    },
+                    cell("watch"),
+                    wr.cells(),
+                    pct(ok),
+                    pct(answered),
+                ),
+            ));
+            continue;
+        }
         if meta["membership"].is_array() {
             member_rows.push(format!(
                 "| {system} | {workload} | {nem} | {runs} | {} | {} | {} | {} |\n",
@@ -497,6 +529,19 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
             out.push_str(&r.2);
         }
     }
+    if !watch_rows.is_empty() {
+        watch_rows.sort_by(|a, b| (&a.1, a.0).cmp(&(&b.1, b.0)));
+        out.push_str(
+            "\n| system | nemesis | runs | invalid runs | watch anomalies | of them lost / \
+             duplicate / reorder / other | acknowledged puts watched | revisions delivered | \
+             watch resumes | compacted cancels (explained) | tail undelivered at the end | \
+             replicas agree | puts ok / answered |\n|---|---|---|---|---|---|---|---|---|---|\
+             ---|---|---|\n",
+        );
+        for r in watch_rows {
+            out.push_str(&r.2);
+        }
+    }
     if !member_rows.is_empty() {
         out.push_str(
             "\n| system | workload | nemesis | runs | membership changes | of them removing the \
@@ -507,6 +552,57 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
         }
     }
     Ok(out)
+}
+
+/// The watch workload's figures over a row's runs (from the watch verdicts).
+#[derive(Default)]
+struct WatchRow {
+    /// lost, duplicate, reorder, any other kind.
+    kinds: [u64; 4],
+    acked: u64,
+    delivered: u64,
+    resumes: u64,
+    compacted: (u64, u64),
+    tail: u64,
+}
+
+impl WatchRow {
+    fn add(&mut self, r: &serde_json::Value) {
+        let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+        for c in r["checkers"].as_array().into_iter().flatten() {
+            if c["checker"] != "watch" {
+                continue;
+            }
+            let st = &c["stats"];
+            for (k, v) in st["anomalies_by_kind"].as_object().into_iter().flatten() {
+                let i = ["lost", "duplicate", "reorder"]
+                    .iter()
+                    .position(|x| x == k)
+                    .unwrap_or(3);
+                self.kinds[i] += n(v);
+            }
+            self.acked += n(&st["acknowledged_puts_in_range"]);
+            self.delivered += n(&st["revisions_delivered"]);
+            self.tail += n(&st["tail_undelivered"]);
+            for w in st["watchers"]
+                .as_object()
+                .into_iter()
+                .flat_map(|m| m.values())
+            {
+                self.resumes += n(&w["sessions"]).saturating_sub(1);
+                self.compacted.0 += n(&w["compacted_cancels"]);
+            }
+            self.compacted.1 += n(&st["compacted_cancels_explained"]);
+        }
+    }
+
+    fn cells(&self) -> String {
+        let [l, d, o, x] = self.kinds;
+        format!(
+            "{l} / {d} / {o} / {x} | {} | {} | {} | {} ({}) | {}",
+            self.acked, self.delivered, self.resumes, self.compacted.0, self.compacted.1, self.tail
+        )
+    }
 }
 
 /// The limiter workload's figures over a row's runs (from the over-admission verdicts).

@@ -296,6 +296,15 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
                 why.trim()
             );
         }
+        if (o.workload == "watch" || o.workload == "kv") && why.contains("unknown command") {
+            bail!(
+                "{} workload: {} does not serve etcd's {} at this build ({})",
+                o.workload,
+                o.system,
+                if o.workload == "watch" { "Watch" } else { "KV" },
+                why.trim()
+            );
+        }
         if o.workload == "register" && why.contains("RESP") {
             bail!(
                 "register workload pending: the RESP endpoints of {} do not answer ({})",

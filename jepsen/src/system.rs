@@ -87,6 +87,11 @@ impl System {
     /// `fenced-lua` and `redis` (the Lua script) only.
     pub fn unsupported(self, workload: &str) -> Option<String> {
         match (self, workload) {
+            (System::Fenced, "kv" | "watch") => None,
+            (_, "kv" | "watch") => Some(format!(
+                "the {workload} workload talks etcd's API on fenced's gRPC port: system fenced, \
+                 not {self}"
+            )),
             (System::Fenced | System::FencedLua | System::Redis, "limiter") => None,
             (_, "limiter") => Some(format!(
                 "the limiter workload runs against fenced (CL.THROTTLE), fenced-lua or redis \
@@ -146,6 +151,9 @@ mod tests {
         assert!(System::Redis.unsupported("limiter").is_none());
         assert!(System::Redlock.unsupported("limiter").is_some());
         assert!(System::FencedSetnx.unsupported("counter").is_none());
+        assert!(System::Fenced.unsupported("watch").is_none());
+        assert!(System::FencedResp.unsupported("kv").is_some());
+        assert!(System::Redis.unsupported("watch").is_some());
         assert!(System::Redis.limiter_uses_lua() && !System::Fenced.limiter_uses_lua());
         assert!(issues_tokens("fenced-setnx") && !issues_tokens("redlock"));
         assert!(System::FencedResp.is_fenced_resp() && !System::Fenced.is_fenced_resp());
