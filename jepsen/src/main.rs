@@ -589,7 +589,7 @@ impl WatchRow {
                 .into_iter()
                 .flat_map(|m| m.values())
             {
-                self.resumes += n(&w["sessions"]).saturating_sub(1);
+                self.resumes += n(&w["created"]).saturating_sub(1);
                 self.compacted.0 += n(&w["compacted_cancels"]);
             }
             self.compacted.1 += n(&st["compacted_cancels_explained"]);
