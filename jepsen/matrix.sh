@@ -66,6 +66,8 @@ jobs_list() {
     # "watch").
     for w in kv watch; do
         for n in none partition kill pause clock membership; do echo "fenced $w $n"; done
+        # The same clients against a 3-node etcd (Debian's etcd-server), for comparison.
+        for n in partition kill pause; do echo "etcd $w $n"; done
     done
     # Membership changes (a voter replaced by a new node, again and again; fenced only).
     for w in lock register counter; do echo "fenced $w membership"; done

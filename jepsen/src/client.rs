@@ -287,6 +287,11 @@ fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, Client
                 "fenced-lua runs only the limiter workload".into(),
             ))
         }
+        System::Etcd => {
+            return Err(ClientError::Other(
+                "etcd runs only the kv and watch workloads".into(),
+            ))
+        }
         System::Redlock => Box::new(Redlock::new(
             &spec.lock_endpoints,
             RedlockConfig {
@@ -904,6 +909,8 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
             .map_err(|_| "probe acquire timed out".to_owned())?
             .map_err(|e| format!("probe acquire: {e}"))?;
         }
+        // Checked below, through etcd's API (kv and watch workloads).
+        System::Etcd => {}
         s if s.is_fenced_resp() => {
             // Every node answers PING and takes a lock write (forwarded to the leader), with
             // the run's own client: RESP up, a leader known everywhere.
