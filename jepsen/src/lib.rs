@@ -16,3 +16,4 @@ pub mod replicas;
 pub mod report;
 pub mod run;
 pub mod system;
+pub mod tables;

@@ -11,6 +11,7 @@ use fenced_jepsen::client::ClientSpec;
 use fenced_jepsen::env::{self, NetMode};
 use fenced_jepsen::run::{self, TestOpts};
 use fenced_jepsen::system::System;
+use fenced_jepsen::tables::WatchRow;
 use fenced_jepsen::{history, nemesis, report};
 
 #[derive(Parser)]
@@ -40,7 +41,8 @@ enum Cmd {
         clients: u64,
     },
     /// Print a Markdown table (system × workload × nemesis) over the `--runs` folders under
-    /// DIR (each with run-*/results.json), e.g. the output of jepsen/matrix.sh.
+    /// DIR (each with run-*/results.json, or one run's results.json), e.g. the output of
+    /// jepsen/matrix.sh.
     Table { dir: PathBuf },
     /// Failover time: SIGKILL the leader of a 3-node loopback cluster ROUNDS times and
     /// measure kill → new leader and kill → next grant (writes OUT/failover.json).
@@ -319,7 +321,7 @@ fn summarize(runs: &[run::RunSummary]) -> serde_json::Value {
 fn table(dir: &std::path::Path) -> anyhow::Result<String> {
     let mut folders: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir() && p.join("run-0").exists())
+        .filter(|p| p.is_dir() && (p.join("run-0").exists() || p.join("results.json").exists()))
         .collect();
     folders.sort();
     let order = |s: &str| System::parse(s).map_or(System::ALL.len(), System::order);
@@ -343,9 +345,15 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
         let mut meta = serde_json::Value::Null;
         // replica-agreement: runs where the replicas agreed, disagreed, went unchecked.
         let mut replicas = [0u64; 3];
+        // `--runs N` folders hold run-0, run-1, …; a single run's folder is the run itself.
+        let single = !f.join("run-0").exists();
         for i in 0..100 {
-            let p = f.join(format!("run-{i}"));
-            if !p.exists() {
+            let p = if single {
+                f.clone()
+            } else {
+                f.join(format!("run-{i}"))
+            };
+            if !p.exists() || (single && i > 0) {
                 break;
             }
             let Ok(b) = std::fs::read(p.join("results.json")) else {
@@ -552,57 +560,6 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
         }
     }
     Ok(out)
-}
-
-/// The watch workload's figures over a row's runs (from the watch verdicts).
-#[derive(Default)]
-struct WatchRow {
-    /// lost, duplicate, reorder, any other kind.
-    kinds: [u64; 4],
-    acked: u64,
-    delivered: u64,
-    resumes: u64,
-    compacted: (u64, u64),
-    tail: u64,
-}
-
-impl WatchRow {
-    fn add(&mut self, r: &serde_json::Value) {
-        let n = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
-        for c in r["checkers"].as_array().into_iter().flatten() {
-            if c["checker"] != "watch" {
-                continue;
-            }
-            let st = &c["stats"];
-            for (k, v) in st["anomalies_by_kind"].as_object().into_iter().flatten() {
-                let i = ["lost", "duplicate", "reorder"]
-                    .iter()
-                    .position(|x| x == k)
-                    .unwrap_or(3);
-                self.kinds[i] += n(v);
-            }
-            self.acked += n(&st["acknowledged_puts_in_range"]);
-            self.delivered += n(&st["revisions_delivered"]);
-            self.tail += n(&st["tail_undelivered"]);
-            for w in st["watchers"]
-                .as_object()
-                .into_iter()
-                .flat_map(|m| m.values())
-            {
-                self.resumes += n(&w["created"]).saturating_sub(1);
-                self.compacted.0 += n(&w["compacted_cancels"]);
-            }
-            self.compacted.1 += n(&st["compacted_cancels_explained"]);
-        }
-    }
-
-    fn cells(&self) -> String {
-        let [l, d, o, x] = self.kinds;
-        format!(
-            "{l} / {d} / {o} / {x} | {} | {} | {} | {} ({}) | {}",
-            self.acked, self.delivered, self.resumes, self.compacted.0, self.compacted.1, self.tail
-        )
-    }
 }
 
 /// The limiter workload's figures over a row's runs (from the over-admission verdicts).
