@@ -86,11 +86,14 @@ lane() { # lane number
         i=$((i + 1))
         [ $((i % LANES)) -eq "$1" ] || continue
         local dir="$OUT/$sys-$wl-$nem"
-        [ -f "$dir/summary.json" ] && continue
+        # --runs N writes summary.json; a single run (RUNS=1) its results.json.
+        [ -f "$dir/summary.json" ] || [ -f "$dir/results.json" ] && continue
         "$BIN" test --system "$sys" --workload "$wl" --nemesis "$nem" --time-limit "$TIME" \
             --seed "$SEED" --runs "$RUNS" --prefix "$PREFIX$1" --bin-dir "$OUT/bin" --out "$dir" \
             >"$dir.log" 2>&1 || true
-        echo "done $sys $wl $nem: $(tr -d '\n ' <"$dir/summary.json" 2>/dev/null | head -c 300)"
+        local res=$dir/summary.json
+        [ -f "$res" ] || res=$dir/results.json
+        echo "done $sys $wl $nem: $(tr -d '\n ' <"$res" 2>/dev/null | head -c 300)"
     done
 }
 

@@ -469,6 +469,12 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
             ));
             continue;
         }
+        if meta["membership"].is_array() {
+            member_rows.push(format!(
+                "| {system} | {workload} | {nem} | {runs} | {} | {} | {} | {} |\n",
+                ch[0], ch[1], ch[2], ch[3]
+            ));
+        }
         if workload == "watch" {
             watch_rows.push((
                 order(&system),
@@ -487,12 +493,6 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
                 ),
             ));
             continue;
-        }
-        if meta["membership"].is_array() {
-            member_rows.push(format!(
-                "| {system} | {workload} | {nem} | {runs} | {} | {} | {} | {} |\n",
-                ch[0], ch[1], ch[2], ch[3]
-            ));
         }
         rows.push((
             order(system.split(' ').next().unwrap_or("")),

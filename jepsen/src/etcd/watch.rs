@@ -3,9 +3,9 @@
 //! * **Writers** (the first ⌊clients / 2⌋ clients, at least one) put unique increasing values
 //!   (`<process>.<n>`) to `w/0` … `w/2`, and one put in six to `x/0` … `x/2`, outside the
 //!   watched prefix (no watcher may see those). A put's `ok` records the revision etcd
-//!   acknowledged. Writer 0 also compacts every 4 s, to 400 revisions below the newest
-//!   revision acknowledged to it, so that a watcher resuming from far behind meets the
-//!   compacted error. After an `info` a writer retires its process id and moves to the next
+//!   acknowledged. Writer 0 also compacts every 2 s, to 100 revisions below the newest
+//!   revision acknowledged to it (about 3 s of writes), so that a watcher resuming from a
+//!   few seconds behind (a silent, partitioned node) meets the compacted error. After an `info` a writer retires its process id and moves to the next
 //!   node, like the kv clients.
 //! * **Watchers** (the others) each keep one Watch on the prefix `w/` open, on one node. When
 //!   the stream breaks, ends, is cancelled or stays silent for 4 s (a partitioned or paused
@@ -37,8 +37,8 @@ use crate::history::{Event, Kind, Process};
 pub const PREFIX: &str = "w/";
 const OTHER: &str = "x/";
 /// Writer 0 compacts this far below its newest acknowledged revision, this often.
-const COMPACT_KEEP: i64 = 400;
-const COMPACT_EVERY_NS: u64 = 4_000_000_000;
+const COMPACT_KEEP: i64 = 100;
+const COMPACT_EVERY_NS: u64 = 2_000_000_000;
 /// A watch silent for this long is abandoned for another node.
 const IDLE_NS: u64 = 4_000_000_000;
 /// After the deadline: when the watcher reads the newest revision, and when it gives up.
