@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command (README.md): install the outside programs the tests drive when they are
 # missing — redis-server and redis-tools (the Redis/Redlock backends, redis-cli), etcd-server
-# (the etcd comparison backend), etcd-client (etcdctl, driving fenced's etcd API), python3
-# with redis-py (its Lock runs unchanged against the RESP front end), iproute2 and iptables
+# (the etcd comparison backend), etcd-client (etcdctl, driving fenced's etcd API), Node.js
+# with npm's etcd3 client library (tests/etcd-client, unchanged against fenced's etcd API),
+# python3 with redis-py (its Lock runs unchanged against the RESP front end), iproute2 and iptables
 # (network namespaces and partitions of the fault-injection tests) — then run the whole
 # workspace's tests. A test whose program is still missing fails with the install command;
 # none passes by skipping.
@@ -20,6 +21,8 @@ command -v etcdctl >/dev/null || missing+=(etcd-client)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
 command -v python3 >/dev/null || missing+=(python3)
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
 
 if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
@@ -37,6 +40,11 @@ if command -v python3 >/dev/null && ! python3 -c 'import redis' 2>/dev/null; the
     python3 -m pip install -q redis 2>/dev/null ||
         { [ "$(id -u)" = 0 ] && apt-get install -y -qq --no-install-recommends python3-redis >/dev/null; } ||
         echo "redis-py is missing: python3 -m pip install redis (or apt-get install -y python3-redis)" >&2
+fi
+# npm's etcd3 library at the version package-lock.json pins.
+if command -v npm >/dev/null && [ ! -d tests/etcd-client/node_modules/etcd3 ]; then
+    (cd tests/etcd-client && npm ci --no-audit --no-fund --loglevel=error) ||
+        echo "the etcd3 library did not install: (cd tests/etcd-client && npm ci)" >&2
 fi
 # Package installs may start redis-server on 6379 and etcd on 2379; the tests use their own
 # loopback ports and never these.

@@ -155,7 +155,7 @@ const DELETE: i32 = mvccpb::event::EventType::Delete as i32;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watches_deliver_every_change_in_order_filter_replay_cancel_and_report_compaction() {
-    let c = TestCluster::start("etcd-watch", &[]);
+    let c = TestCluster::start("etcd-watch", &["--metrics-addr", "{ip}:9190"]);
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     let f = follower_of(leader);
     let all: Vec<u64> = c.ids().collect();
@@ -204,6 +204,18 @@ async fn watches_deliver_every_change_in_order_filter_replay_cancel_and_report_c
         ],
         "every change of the prefix, in order, nothing else"
     );
+    // The member's metrics count the open watches and the events sent.
+    let (code, body) = support::http_get(&c.ip(f), 9190, "/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("scrape: {e}"));
+    assert_eq!(code, 200);
+    let sample = |name: &str| -> f64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in the scrape"))
+    };
+    assert_eq!(sample("fenced_etcd_watchers"), 2.0);
+    assert!(sample("fenced_etcd_watch_events_total") >= 4.0);
     // The NOPUT watch saw only the delete, with the value before it.
     let mut deletes: Vec<mvccpb::Event> = others.into_iter().flat_map(|r| r.events).collect();
     if deletes.is_empty() {
@@ -428,4 +440,57 @@ async fn etcdctl_watch_resumes_through_sigkilled_members_with_every_value_once_i
         seen, want,
         "etcdctl watch must print every value once, in order, across the kills"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_require_leader_watch_ends_when_its_member_loses_the_majority() {
+    let c = TestCluster::start("etcd-watch-leader", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let f = follower_of(leader);
+    let all: Vec<u64> = c.ids().collect();
+    put(&c, &all, "ready", "1").await;
+    let open = |require: bool| {
+        let channel = c.raw_channel(f);
+        async move {
+            let (tx, req_rx) = mpsc::channel(4);
+            tx.send(epb::WatchRequest {
+                request_union: Some(epb::watch_request::RequestUnion::CreateRequest(prefix(
+                    "w/",
+                ))),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+            let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(req_rx));
+            if require {
+                req.metadata_mut().insert(
+                    "hasleader",
+                    tonic::metadata::MetadataValue::from_static("true"),
+                );
+            }
+            let mut rx = WatchClient::new(channel)
+                .watch(req)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .into_inner();
+            let created = rx.message().await.unwrap_or_else(|e| panic!("{e}"));
+            assert!(created.is_some_and(|r| r.created));
+            (tx, rx)
+        }
+    };
+    let (_keep_a, mut required) = open(true).await;
+    let (_keep_b, mut plain) = open(false).await;
+    // The other two members die: `f` is alone, with no leader.
+    for id in all.iter().copied().filter(|i| *i != f) {
+        c.kill(id);
+    }
+    let ended = tokio::time::timeout(Duration::from_secs(20), required.message())
+        .await
+        .unwrap_or_else(|_| panic!("the require-leader watch went on without a leader"));
+    let status = ended.expect_err("the require-leader watch must end with an error");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("no leader"), "{status:?}");
+    // A watch that did not ask stays open (it would catch up once the member does).
+    if let Ok(r) = tokio::time::timeout(Duration::from_secs(1), plain.message()).await {
+        panic!("the plain watch ended or got something: {r:?}");
+    }
 }

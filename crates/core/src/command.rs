@@ -3,8 +3,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::etcd::{
-    CompactStats, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, TxnRequest,
-    TxnResponse,
+    CompactStats, DeleteRangeRequest, DeleteRangeResponse, PutRequest, PutResponse, Quota,
+    TxnRequest, TxnResponse,
 };
 use crate::kv::limit::{Decision, LimitMode, Policy};
 use crate::kv::{KvCommand, KvEvent, KvResponse};
@@ -71,8 +71,14 @@ impl Semantics {
     /// command is refused with [`CoreError::NotUpgraded`] (it never is stamped so, but a
     /// replay must not depend on that).
     pub const ETCD: Semantics = Semantics(3);
+    /// The etcd rules, and etcd's space quota with its `NOSPACE` alarm ([`crate::etcd::Quota`]):
+    /// [`EtcdCommand::Quota`] and [`EtcdCommand::Alarm`] exist (a log format older nodes cannot
+    /// decode), and an etcd write that would take the stored history above the quota is
+    /// refused and raises the alarm — which changes what a `Put` or `Txn` computes, so only
+    /// entries stamped with these rules are judged so (an older entry replays as it applied).
+    pub const QUOTA: Semantics = Semantics(4);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::ETCD;
+    pub const NEWEST: Semantics = Semantics::QUOTA;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -89,9 +95,17 @@ impl Semantics {
         self.0 >= Semantics::ETCD.0
     }
 
+    /// etcd's space quota is enforced, and its commands exist ([`Semantics::QUOTA`]).
+    pub fn quota(self) -> bool {
+        self.0 >= Semantics::QUOTA.0
+    }
+
     /// The oldest rules under which `cmd` exists.
     pub fn needed_by(cmd: &Command) -> Semantics {
         match cmd {
+            Command::Etcd(EtcdCommand::Quota { .. } | EtcdCommand::Alarm { .. }) => {
+                Semantics::QUOTA
+            }
             Command::Etcd(_) => Semantics::ETCD,
             _ => Semantics::REVISIONS,
         }
@@ -234,6 +248,18 @@ pub enum EtcdCommand {
     Compact {
         revision: Revision,
     },
+    /// Set the space quota of the stored history to `bytes` (0: etcd's default,
+    /// [`crate::etcd::DEFAULT_QUOTA_BYTES`]): proposed by the leader when its
+    /// `--quota-backend-bytes` differs from the replicated one, so every replica judges
+    /// writes by the same quota. Appended last; needs [`Semantics::QUOTA`].
+    Quota {
+        bytes: u64,
+    },
+    /// Raise (`activate`) or clear etcd's `NOSPACE` alarm (`Maintenance.Alarm` ACTIVATE or
+    /// DEACTIVATE, `etcdctl alarm disarm`). Appended last; needs [`Semantics::QUOTA`].
+    Alarm {
+        activate: bool,
+    },
 }
 
 impl EtcdCommand {
@@ -244,6 +270,8 @@ impl EtcdCommand {
             EtcdCommand::DeleteRange(_) => "etcd_delete_range",
             EtcdCommand::Txn(_) => "etcd_txn",
             EtcdCommand::Compact { .. } => "etcd_compact",
+            EtcdCommand::Quota { .. } => "etcd_quota",
+            EtcdCommand::Alarm { .. } => "etcd_alarm",
         }
     }
 }
@@ -256,6 +284,12 @@ pub enum EtcdReply {
     Txn(TxnResponse),
     /// What the compaction's first step removed (`pending`: later commands remove the rest).
     Compact(CompactStats),
+    /// The quota and alarm before and after an [`EtcdCommand::Quota`] or
+    /// [`EtcdCommand::Alarm`]. Appended last.
+    Quota {
+        before: Quota,
+        after: Quota,
+    },
 }
 
 impl Command {

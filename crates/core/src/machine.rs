@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::command::*;
 use crate::cow::{CowMap, CowSet};
-use crate::etcd::EtcdStore;
+use crate::etcd::{EtcdStore, Quota};
 use crate::kv::{FenceError, Keyspace, Stale, MAX_VALUE_LEN};
 use crate::{CoreError, SnapshotError};
 
@@ -38,6 +38,8 @@ mod expiry;
 mod grants;
 mod invariants;
 mod locks;
+#[cfg(test)]
+mod quota_tests;
 mod restore;
 mod sessions;
 mod views;
@@ -58,8 +60,9 @@ use waiters::Waiter;
 /// same entries always produce the same state, responses and events.
 ///
 /// bincode is positional: the order of these fields is the snapshot's encoding (and the
-/// digest's). Never reorder or insert; append at the end only. The etcd keyspace is not a
-/// field of that encoding: it follows it, in a snapshot body of version 2 (see `body`).
+/// digest's). Never reorder or insert; append at the end only. The etcd keyspace and its
+/// quota are not fields of that encoding: they follow it, in snapshot bodies of version 2
+/// and 3 (see `body`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 pub struct StateMachine {
     now: Millis,
@@ -84,6 +87,10 @@ pub struct StateMachine {
     /// touch it). Encoded after the fields above, in body version 2 only (`body`).
     #[serde(skip)]
     etcd: EtcdStore,
+    /// The etcd keyspace's space quota and `NOSPACE` alarm. Encoded after the etcd keyspace,
+    /// in body version 3 only, and only once it differs from the default (`body`).
+    #[serde(skip)]
+    etcd_quota: Quota,
 }
 
 /// The snapshot layout written before tokens were revisions (format 1): [`StateMachine`]
@@ -159,6 +166,7 @@ impl StateMachine {
             dirty: BTreeSet::new(),
             kv: old.kv,
             etcd: EtcdStore::default(),
+            etcd_quota: Quota::default(),
         })
     }
 
@@ -347,7 +355,7 @@ impl StateMachine {
             Command::Etcd(etcd) => match crate::gate::refused_by_entry(cmd, semantics) {
                 Some(refused) => Err(refused),
                 None => self
-                    .apply_etcd(revision, etcd, events)
+                    .apply_etcd(revision, etcd, semantics, events)
                     .map_err(CoreError::Etcd),
             },
         };

@@ -6,7 +6,9 @@
 //!
 //! That state has no etcd keys, so it is still written as snapshot body version 1. The same
 //! state with an etcd keyspace (puts, a txn, deletes, a compaction still in progress) is body
-//! version 2: `tests/data/snapshot-body2.bin`, written by the build that introduced it.
+//! version 2: `tests/data/snapshot-body2.bin`, written by the build that introduced it. With
+//! an etcd space quota set and its `NOSPACE` alarm raised, body version 3:
+//! `tests/data/snapshot-body3.bin`.
 //!
 //! `FENCED_BLESS=1 cargo test -p fenced-core --test snapshot_format` rewrites the files — only
 //! for a deliberate format change, which also needs a new body version.
@@ -25,6 +27,7 @@ const GOLDEN: &str = concat!(
     "/tests/data/snapshot-format2.bin"
 );
 const GOLDEN_BODY2: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/snapshot-body2.bin");
+const GOLDEN_BODY3: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/snapshot-body3.bin");
 
 fn opts() -> impl bincode::Options + Clone {
     use bincode::Options;
@@ -287,4 +290,56 @@ fn snapshot_bytes_with_etcd_keys_are_the_body_2_bytes() {
     // Body 2 is the fields of body 1 followed by the etcd keyspace.
     let fields = bincode::serialize(&state).expect("encodes");
     assert!(golden.starts_with(&fields) && golden.len() > fields.len());
+}
+
+#[test]
+fn snapshot_bytes_with_an_etcd_quota_are_the_body_3_bytes() {
+    let mut state = rich_state_with_etcd();
+    let apply = |sm: &mut StateMachine, index, cmd: EtcdCommand| {
+        sm.apply_batch(
+            index,
+            &Batch {
+                requests: vec![Request {
+                    time_ms: 90_000,
+                    client: None,
+                    cmd: Command::Etcd(cmd),
+                }],
+                semantics: Semantics::QUOTA,
+            },
+        );
+    };
+    apply(&mut state, 201, EtcdCommand::Quota { bytes: 1_000 });
+    // Over the quota: refused, and the alarm raised.
+    apply(
+        &mut state,
+        202,
+        EtcdCommand::Put(PutRequest::new("/e", "x".repeat(1_000))),
+    );
+    assert_eq!(state.body_version(), 3);
+    assert_eq!(state.etcd_quota().limit(), 1_000);
+    assert!(state.etcd_quota().nospace);
+    let bytes = state.to_bytes();
+    if std::env::var_os("FENCED_BLESS").is_some() {
+        std::fs::write(GOLDEN_BODY3, &bytes).expect("write golden");
+        return;
+    }
+    let golden = std::fs::read(GOLDEN_BODY3).expect("tests/data/snapshot-body3.bin");
+    let decoded = StateMachine::read_body(3, opts(), golden.as_slice()).expect("body 3 reads");
+    assert_eq!(
+        decoded, state,
+        "the stored snapshot decodes to another state"
+    );
+    assert_eq!(decoded.digest(), state.digest());
+    assert!(bytes == golden, "this build encodes the state differently");
+    assert_eq!(
+        StateMachine::from_bytes(&golden).expect("from_bytes reads body 3"),
+        state
+    );
+    // Body 3 is body 2 followed by the quota: `{ bytes: u64, nospace: bool }`.
+    let mut body2 = bincode::serialize(&state).expect("encodes");
+    body2.extend(bincode::serialize(state.etcd()).expect("encodes"));
+    assert_eq!(&golden[..body2.len()], body2.as_slice());
+    let mut tail = 1_000u64.to_le_bytes().to_vec();
+    tail.push(1);
+    assert_eq!(&golden[body2.len()..], tail.as_slice());
 }

@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use fenced_core::etcd::AutoCompaction;
+
 use crate::clock::NodeClock;
 use crate::StartError;
 
@@ -136,6 +138,12 @@ pub struct NodeConfig {
     /// file of [`TEST_CLOCK_OFFSET_ENV`] if that is set when the config is made; a
     /// simulator puts its own per node ([`crate::clock::SimClock`]).
     pub clock: NodeClock,
+    /// `--quota-backend-bytes`: the etcd keyspace's space quota this node proposes while it
+    /// leads (0: etcd's default, 2 GiB). See `crate::node::etcd_upkeep`.
+    pub quota_backend_bytes: u64,
+    /// `--auto-compaction-mode` and `--auto-compaction-retention`: `None` = off (etcd's
+    /// default).
+    pub auto_compaction: Option<AutoCompaction>,
 }
 
 /// Default [`NodeConfig::raft_max_payload_entries`]: openraft 0.9's own default.
@@ -195,6 +203,8 @@ impl NodeConfig {
             metrics_addr: None,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
             clock: NodeClock::real(std::env::var_os(TEST_CLOCK_OFFSET_ENV).map(PathBuf::from)),
+            quota_backend_bytes: 0,
+            auto_compaction: None,
         }
     }
 
@@ -256,6 +266,73 @@ pub fn parse_cluster(s: &str) -> Result<BTreeMap<u64, String>, String> {
     Ok(out)
 }
 
+/// etcd's `--auto-compaction-mode` (`periodic` or `revision`) with its
+/// `--auto-compaction-retention`, parsed as etcd parses them: `0` is off; in periodic mode a
+/// bare integer is hours, anything else a Go duration (`30m`, `1h30m`, `1.5h`, `90s`); in
+/// revision mode an integer, the revisions kept.
+pub fn parse_auto_compaction(
+    mode: &str,
+    retention: &str,
+) -> Result<Option<AutoCompaction>, String> {
+    let retention = retention.trim();
+    match mode {
+        "periodic" => {
+            let ms = match retention.parse::<u64>() {
+                Ok(hours) => hours.checked_mul(3_600_000).ok_or("retention too long")?,
+                Err(_) => go_duration_ms(retention)?,
+            };
+            Ok((ms > 0).then_some(AutoCompaction::Periodic { retention_ms: ms }))
+        }
+        "revision" => {
+            let n = retention.parse::<u64>().map_err(|_| {
+                format!("--auto-compaction-retention {retention:?}: revision mode keeps a number of revisions")
+            })?;
+            Ok((n > 0).then_some(AutoCompaction::Revision { revisions: n }))
+        }
+        other => Err(format!(
+            "--auto-compaction-mode {other:?}: expected periodic or revision"
+        )),
+    }
+}
+
+/// A Go duration (`time.ParseDuration`: `300ms`, `1.5h`, `2h45m`; units ns, us, µs, ms, s,
+/// m, h) in whole milliseconds.
+fn go_duration_ms(s: &str) -> Result<u64, String> {
+    let bad = || {
+        format!("--auto-compaction-retention {s:?}: expected hours or a duration like 30m, 1h30m")
+    };
+    if s.is_empty() {
+        return Err(bad());
+    }
+    let mut rest = s;
+    let mut total_ms = 0f64;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        let value: f64 = rest[..num_len].parse().map_err(|_| bad())?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let ms_per = match &rest[..unit_len] {
+            "ns" => 1e-6,
+            "us" | "µs" | "μs" => 1e-3,
+            "ms" => 1.0,
+            "s" => 1e3,
+            "m" => 60e3,
+            "h" => 3_600e3,
+            _ => return Err(bad()),
+        };
+        rest = &rest[unit_len..];
+        total_ms += value * ms_per;
+    }
+    if !total_ms.is_finite() || total_ms >= u64::MAX as f64 {
+        return Err(bad());
+    }
+    Ok(total_ms as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -290,6 +367,36 @@ mod tests {
         );
         for bad in ["", "300", "300..150", "0..10", "a..b", "10..10"] {
             assert!(bad.parse::<ElectionTimeout>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn auto_compaction_flags_parse_as_etcd_parses_them() {
+        let p = |m, r| parse_auto_compaction(m, r);
+        let periodic = |ms| Ok(Some(AutoCompaction::Periodic { retention_ms: ms }));
+        assert_eq!(p("periodic", "0"), Ok(None));
+        assert_eq!(p("periodic", "1"), periodic(3_600_000));
+        assert_eq!(p("periodic", "72"), periodic(72 * 3_600_000));
+        assert_eq!(p("periodic", "30m"), periodic(1_800_000));
+        assert_eq!(p("periodic", "1h30m"), periodic(5_400_000));
+        assert_eq!(p("periodic", "1.5h"), periodic(5_400_000));
+        assert_eq!(p("periodic", "90s"), periodic(90_000));
+        assert_eq!(p("periodic", "0s"), Ok(None));
+        assert_eq!(
+            p("revision", "1000"),
+            Ok(Some(AutoCompaction::Revision { revisions: 1000 }))
+        );
+        assert_eq!(p("revision", "0"), Ok(None));
+        for (m, r) in [
+            ("periodic", "1x"),
+            ("periodic", "h"),
+            ("periodic", "-1"),
+            ("periodic", ""),
+            ("revision", "1h"),
+            ("revision", "-5"),
+            ("hourly", "1"),
+        ] {
+            assert!(p(m, r).is_err(), "{m} {r}");
         }
     }
 

@@ -18,6 +18,7 @@ use fenced_server::NodeConfig;
 mod cli;
 
 use cli::debug::{debug, DebugArgs};
+use cli::etcd::EtcdServeArgs;
 use cli::snapshot::{snapshot, SnapshotArgs};
 
 /// Exit status of `fenced lock` when the lock was not acquired in time (EX_TEMPFAIL).
@@ -158,6 +159,8 @@ struct ServeArgs {
     /// "Divergence alarm"). 0 turns it off.
     #[arg(long, default_value_t = fenced_server::config::DEFAULT_DIGEST_INTERVAL)]
     digest_interval: u64,
+    #[command(flatten)]
+    etcd: EtcdServeArgs,
     /// TEST ONLY (needs FENCED_UNSAFE_TEST_HOOKS=1): make this member's state diverge at
     /// this log index.
     #[arg(long, hide = true)]
@@ -459,6 +462,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.max_clients = a.max_clients;
     cfg.bump_revision = a.bump_revision;
     cfg.digest_interval = a.digest_interval;
+    a.etcd.apply(&mut cfg)?;
     let hooks = fenced_server::config::TestHooks {
         diverge_at: a.unsafe_test_diverge_at_index,
         advertise_semantics: a.unsafe_test_advertise_semantics,

@@ -75,6 +75,9 @@ pub struct Metrics {
     locks_held: Gauge,
     waiters: Gauge,
     sessions: Gauge,
+    /// etcd watches open on this node's streams, and the events they were sent.
+    etcd_watchers: Gauge,
+    etcd_watch_events: Counter,
     /// Client API calls by method and code, and their latency ([`grpc`]).
     grpc: Arc<grpc::GrpcStats>,
     /// RESP commands by name and result, and their latency.
@@ -204,6 +207,8 @@ impl Metrics {
             locks_held: Gauge::default(),
             waiters: Gauge::default(),
             sessions: Gauge::default(),
+            etcd_watchers: Gauge::default(),
+            etcd_watch_events: Counter::default(),
             grpc: Arc::new(grpc::GrpcStats::new()),
             resp: RespStats::new(),
             wal_fsync: disk_histogram(),
@@ -323,6 +328,16 @@ impl Metrics {
         );
         r.register("sessions", "Open sessions", m.sessions.clone());
         r.register(
+            "etcd_watchers",
+            "etcd watches open on this node's Watch streams",
+            m.etcd_watchers.clone(),
+        );
+        r.register(
+            "etcd_watch_events",
+            "Events this node sent to etcd watches",
+            m.etcd_watch_events.clone(),
+        );
+        r.register(
             "grpc_requests",
             "Calls of the client gRPC API (fenced.v1) answered by this node, by method \
              (Lock.Acquire, ...) and gRPC status code (OK, Unavailable, ...)",
@@ -391,6 +406,16 @@ impl Metrics {
     }
 
     /// Count what the state machine reports (every node applies every entry).
+    /// The etcd watch gauge: `delta` watches opened (positive) or closed (negative).
+    pub fn etcd_watchers(&self, delta: i64) {
+        self.etcd_watchers.inc_by(delta);
+    }
+
+    /// `n` events sent to etcd watches.
+    pub fn etcd_watch_events(&self, n: usize) {
+        self.etcd_watch_events.inc_by(n as u64);
+    }
+
     pub fn observe_events(&self, events: &[Event]) {
         for e in events {
             match e {

@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 use crate::proposal::{self, stopped, Outcome, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
 
 pub mod alarm;
+mod etcd_upkeep;
 mod handoff;
 mod read;
 pub use alarm::Alarms;

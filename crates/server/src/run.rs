@@ -1,6 +1,6 @@
 //! Assembly of a node: open the data dir, start Raft, serve gRPC (Raft transport, forwarding,
 //! the client API) and RESP, bootstrap, and run the background tasks (expiry ticker,
-//! compactor). Everything here wires the layers together; the behaviour lives in
+//! compactor, the etcd keyspace's upkeep). Everything here wires the layers together; the behaviour lives in
 //! [`crate::node`] (propose, read, leader clock), [`crate::api`] (the public gRPC services),
 //! [`crate::forward`] (the leader's side of forwarding) and [`crate::resp`].
 
@@ -298,6 +298,11 @@ pub async fn start_with(cfg: NodeConfig, seams: Seams) -> Result<Running, StartE
         shutdown_rx.clone(),
     )));
     tasks.push(tokio::spawn(node.clone().checker(shutdown_rx.clone())));
+    tasks.push(tokio::spawn(node.clone().etcd_upkeep(
+        cfg.quota_backend_bytes,
+        cfg.auto_compaction,
+        shutdown_rx.clone(),
+    )));
     tasks.push(tokio::spawn(node.clone().ticker(shutdown_rx)));
     Ok(Running {
         node,

@@ -36,7 +36,15 @@ pub enum EtcdError {
     /// Larger than [`super::MAX_REQUEST_BYTES`].
     #[error("etcdserver: request is too large")]
     RequestTooLarge { size: usize, max: usize },
+    /// A read whose keys and values come to more than [`super::MAX_RANGE_BYTES`]: ask with a
+    /// `limit` and page (fenced's own limit; etcd's is its clients' receive limit).
+    #[error("etcdserver: range response is too large (over {max} bytes of keys and values): ask with a limit and page")]
+    RangeTooLarge { max: usize },
     /// The caller's revisions must grow: a bug of the caller, never of a client.
     #[error("etcd keyspace: revision {rev} is not above the last write's {last}")]
     RevisionNotIncreasing { rev: Revision, last: Revision },
+    /// A write that may put, refused by the space quota: the `NOSPACE` alarm is raised (by
+    /// this write, or before it) until `Maintenance.Alarm` disarms it ([`super::Quota`]).
+    #[error("etcdserver: mvcc: database space exceeded")]
+    NoSpace,
 }

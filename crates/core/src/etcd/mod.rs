@@ -75,8 +75,10 @@
 //! `start_revision` s is `after = s - 1`, hence a watch must start above c (etcd lets it start
 //! at c and silently misses deletes at c).
 
+mod auto_compact;
 mod compact;
 mod error;
+mod quota;
 mod range;
 mod store;
 mod txn;
@@ -89,8 +91,10 @@ mod tests_history;
 
 use serde::{Deserialize, Serialize};
 
+pub use auto_compact::{AutoCompaction, AutoCompactor};
 pub use compact::CompactStats;
 pub use error::EtcdError;
+pub use quota::{effective as effective_quota, put_cost, txn_cost, Quota, DEFAULT_QUOTA_BYTES};
 pub use store::EtcdStore;
 
 use crate::Revision;
@@ -109,6 +113,11 @@ pub const MAX_TXN_OPS: usize = 128;
 /// [`OP_OVERHEAD`] per operation and compare — close to, and never far above, its protobuf
 /// size.
 pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// Most bytes of keys and values one read (a `Range`, or the ranges of a read-only `Txn`)
+/// returns: a larger one is refused with [`EtcdError::RangeTooLarge`] — page with `limit`.
+/// Ranges inside a txn that writes are not limited (that txn was validated before it ran
+/// and is all or nothing).
+pub const MAX_RANGE_BYTES: usize = 64 * 1024 * 1024;
 /// Bytes counted per operation or compare on top of its keys and values.
 pub const OP_OVERHEAD: usize = 16;
 /// Deepest nesting of txns in a txn (gRPC's decoder stops at 100 nested messages anyway; a

@@ -7,7 +7,7 @@ use std::ops::Bound;
 use super::store::{Stored, VersionKey};
 use super::{
     Bytes, EtcdError, KeyValue, LeaseId, RangeRequest, RangeResponse, Rev, SortOrder, SortTarget,
-    Span,
+    Span, MAX_RANGE_BYTES,
 };
 use crate::Revision;
 
@@ -59,7 +59,7 @@ impl super::EtcdStore {
             return Err(EtcdError::EmptyKey);
         }
         let at = self.read_revision(req.revision, current)?;
-        Ok(self.range_at(req, at))
+        self.range_at(req, at, MAX_RANGE_BYTES)
     }
 
     /// The live keys of `span` at revision `at`, in key order.
@@ -128,13 +128,19 @@ impl super::EtcdStore {
         }
     }
 
-    /// A checked range at `at` (`compact_revision <= at <= current`).
-    pub(super) fn range_at(&self, req: &RangeRequest, at: Revision) -> RangeResponse {
+    /// A checked range at `at` (`compact_revision <= at <= current`), refused when the keys
+    /// and values it fetches come to more than `max_bytes`.
+    pub(super) fn range_at(
+        &self,
+        req: &RangeRequest,
+        at: Revision,
+        max_bytes: usize,
+    ) -> Result<RangeResponse, EtcdError> {
         let mut response = RangeResponse::default();
         let hits = self.hits(req.range.span(), at);
         if req.count_only {
             response.count = hits.count() as u64;
-            return response;
+            return Ok(response);
         }
         let filtered = req.min_mod_revision != 0
             || req.max_mod_revision != 0
@@ -147,6 +153,7 @@ impl super::EtcdStore {
             req.limit.saturating_add(1)
         };
         let need_value = !req.keys_only || req.sort_target == SortTarget::Value;
+        let mut bytes = 0usize;
         for hit in hits {
             response.count += 1;
             if (response.kvs.len() as u64) < fetch {
@@ -155,6 +162,10 @@ impl super::EtcdStore {
                 } else {
                     Vec::new()
                 };
+                bytes = bytes.saturating_add(hit.key.len() + value.len());
+                if bytes > max_bytes {
+                    return Err(EtcdError::RangeTooLarge { max: max_bytes });
+                }
                 response.kvs.push(hit.kv(value));
             }
         }
@@ -196,6 +207,6 @@ impl super::EtcdStore {
                 kv.value = Vec::new();
             }
         }
-        response
+        Ok(response)
     }
 }

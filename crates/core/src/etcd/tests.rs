@@ -660,3 +660,51 @@ fn nested_compares_see_the_store_before_the_txn() {
     assert!(matches!(&out.response.responses[1], ResponseOp::Txn(t) if t.succeeded));
     assert!(one(&s, "yes", 3).is_some() && one(&s, "no", 3).is_none());
 }
+
+#[test]
+fn a_read_over_the_byte_maximum_is_refused_but_pages_and_writing_txns_are_not() {
+    let mut s = EtcdStore::new();
+    let mib = vec![b'v'; 1024 * 1024];
+    let n = MAX_RANGE_BYTES / mib.len() + 1;
+    for i in 0..n {
+        let req = PutRequest::new(format!("big/{i:03}"), mib.clone());
+        s.put(&req, 10 + i as Revision, &no_lease).expect("put");
+    }
+    let now = 10 + n as Revision;
+    let all = RangeRequest::new(KeyRange::prefix("big/"));
+    assert_eq!(
+        s.range(&all, now),
+        Err(EtcdError::RangeTooLarge {
+            max: MAX_RANGE_BYTES
+        })
+    );
+    // A page, the keys alone and the count are served.
+    let mut page = all.clone();
+    page.limit = 10;
+    let got = s.range(&page, now).expect("a page");
+    assert_eq!((got.kvs.len(), got.more, got.count), (10, true, n as u64));
+    let mut keys = all.clone();
+    keys.keys_only = true;
+    assert_eq!(s.range(&keys, now).expect("keys only").kvs.len(), n);
+    let mut count = all.clone();
+    count.count_only = true;
+    assert_eq!(s.range(&count, now).expect("count").count, n as u64);
+    // A read-only txn with the same range is refused; a txn that writes runs it whole.
+    let read = TxnRequest {
+        success: vec![RequestOp::Range(all.clone())],
+        ..TxnRequest::default()
+    };
+    assert!(matches!(
+        s.txn_read_only(&read, now),
+        Err(EtcdError::RangeTooLarge { .. })
+    ));
+    let write = TxnRequest {
+        success: vec![RequestOp::Range(all), put_op("after", "1")],
+        ..TxnRequest::default()
+    };
+    let out = txn(&mut s, now + 1, &write).expect("a writing txn is all or nothing");
+    match &out.response.responses[0] {
+        ResponseOp::Range(r) => assert_eq!(r.kvs.len(), n),
+        other => panic!("{other:?}"),
+    }
+}

@@ -8,7 +8,8 @@ use std::ops::Bound;
 use super::store::{check_put, check_size, put_size};
 use super::{
     Bytes, Compare, CompareResult, CompareTarget, EtcdError, KeyRange, LeaseId, Outcome, RequestOp,
-    ResponseOp, Rev, Span, TxnRequest, TxnResponse, MAX_TXN_DEPTH, MAX_TXN_OPS, OP_OVERHEAD,
+    ResponseOp, Rev, Span, TxnRequest, TxnResponse, MAX_RANGE_BYTES, MAX_TXN_DEPTH, MAX_TXN_OPS,
+    OP_OVERHEAD,
 };
 use crate::Revision;
 
@@ -69,9 +70,15 @@ impl super::EtcdStore {
         current: Revision,
     ) -> Result<TxnResponse, EtcdError> {
         let mut scratch = self.clone();
-        scratch
-            .txn(req, current.saturating_add(1), &|_| false)
-            .map(|out| out.response)
+        let response = scratch
+            .txn(req, current.saturating_add(1), &|_| false)?
+            .response;
+        if read_bytes(&response) > MAX_RANGE_BYTES {
+            return Err(EtcdError::RangeTooLarge {
+                max: MAX_RANGE_BYTES,
+            });
+        }
+        Ok(response)
     }
 
     /// etcd's `Txn` at `rev`: if every compare holds at `rev - 1` (the store before it), the
@@ -205,7 +212,9 @@ impl super::EtcdStore {
                     // The txn's own revision once it wrote, the store's before.
                     let current = if *sub > 0 { rev } else { rev - 1 };
                     let read_at = if r.revision == 0 { current } else { r.revision };
-                    ResponseOp::Range(self.range_at(r, read_at))
+                    // Not limited: this txn was validated and runs all or nothing (a
+                    // read-only txn is limited afterwards, `txn_read_only`).
+                    ResponseOp::Range(self.range_at(r, read_at, usize::MAX).unwrap_or_default())
                 }
                 RequestOp::Put(p) => {
                     let response = self.exec_put(
@@ -227,6 +236,18 @@ impl super::EtcdStore {
             responses,
         }
     }
+}
+
+/// Bytes of keys and values the ranges of a txn's answer return.
+fn read_bytes(t: &TxnResponse) -> usize {
+    t.responses
+        .iter()
+        .map(|op| match op {
+            ResponseOp::Range(r) => r.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum(),
+            ResponseOp::Txn(t) => read_bytes(t),
+            ResponseOp::Put(_) | ResponseOp::DeleteRange(_) => 0,
+        })
+        .fold(0usize, usize::saturating_add)
 }
 
 /// etcd's `checkTxnRequest`: op counts per level, empty keys, put flags; plus the depth.

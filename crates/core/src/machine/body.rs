@@ -5,6 +5,10 @@
 //! * **Version 1**: the bincode encoding (fixed-width integers) of the struct's fields in
 //!   their order — every snapshot written before the etcd keyspace.
 //! * **Version 2**: version 1 followed by the etcd keyspace ([`EtcdStore`]'s encoding).
+//! * **Version 3**: version 2 followed by the etcd keyspace's quota and alarm ([`Quota`]'s
+//!   encoding), written only while they differ from the default (a quota was set, or the
+//!   alarm raised: only by entries stamped [`Semantics::QUOTA`](crate::Semantics::QUOTA),
+//!   i.e. once every member reads version 3).
 //!
 //! A state whose etcd keyspace was never touched is written as version 1, byte for byte what
 //! earlier builds wrote: a member that has not been upgraded yet can still install a
@@ -19,11 +23,11 @@ use std::io::{Read, Write};
 use bincode::Options;
 
 use super::StateMachine;
-use crate::etcd::EtcdStore;
+use crate::etcd::{EtcdStore, Quota};
 use crate::SnapshotError;
 
 /// The newest snapshot body version this build reads and writes.
-pub const BODY_VERSION: u32 = 2;
+pub const BODY_VERSION: u32 = 3;
 
 /// bincode as `bincode::serialize` and `bincode::deserialize` use it.
 pub(super) fn options() -> impl Options + Clone {
@@ -38,14 +42,20 @@ pub(super) fn from_bytes(bytes: &[u8]) -> Result<StateMachine, SnapshotError> {
     if !r.is_empty() {
         sm.etcd = options().deserialize_from(&mut r)?;
     }
+    if !r.is_empty() {
+        sm.etcd_quota = options().deserialize_from(&mut r)?;
+    }
     Ok(sm)
 }
 
 impl StateMachine {
-    /// The body version [`write_body`](Self::write_body) writes for this state: 1 while the
-    /// etcd keyspace is untouched, else 2 (module docs).
+    /// The body version [`write_body`](Self::write_body) writes for this state: 3 once the
+    /// etcd quota or alarm differs from the default, else 1 while the etcd keyspace is
+    /// untouched, else 2 (module docs).
     pub fn body_version(&self) -> u32 {
-        if self.etcd.is_untouched() {
+        if !self.etcd_quota.is_default() {
+            3
+        } else if self.etcd.is_untouched() {
             1
         } else {
             2
@@ -60,8 +70,12 @@ impl StateMachine {
         mut w: impl Write,
     ) -> bincode::Result<()> {
         opts.clone().serialize_into(&mut w, self)?;
-        if self.body_version() >= 2 {
-            opts.serialize_into(&mut w, &self.etcd)?;
+        let version = self.body_version();
+        if version >= 2 {
+            opts.clone().serialize_into(&mut w, &self.etcd)?;
+        }
+        if version >= 3 {
+            opts.serialize_into(&mut w, &self.etcd_quota)?;
         }
         Ok(())
     }
@@ -79,6 +93,12 @@ impl StateMachine {
             2 => {
                 let mut sm: StateMachine = opts.clone().deserialize_from(&mut r)?;
                 sm.etcd = opts.deserialize_from::<_, EtcdStore>(&mut r)?;
+                Ok(sm)
+            }
+            3 => {
+                let mut sm: StateMachine = opts.clone().deserialize_from(&mut r)?;
+                sm.etcd = opts.clone().deserialize_from::<_, EtcdStore>(&mut r)?;
+                sm.etcd_quota = opts.deserialize_from::<_, Quota>(&mut r)?;
                 Ok(sm)
             }
             found => Err(SnapshotError::Decode(Box::new(bincode::ErrorKind::Custom(

@@ -17,12 +17,19 @@
 //! every later command applied under [`Semantics::ETCD`] removes another step while some
 //! remains — at the same points on every replica, so apply never stalls on a large
 //! compaction (~1 s per 800,000 versions at once).
+//!
+//! # Quota
+//! Under [`Semantics::QUOTA`], a `Put` or a `Txn` that may put is judged against the
+//! replicated quota before it runs ([`crate::etcd::Quota`]'s docs): refused with `NoSpace`,
+//! raising the alarm, when its cost would take the stored history above the quota, and
+//! refused while the alarm is raised. The quota itself is set, and the alarm raised or
+//! cleared, by logged commands ([`EtcdCommand::Quota`], [`EtcdCommand::Alarm`]).
 
 use super::StateMachine;
 use crate::command::*;
 use crate::etcd::{
-    EtcdError, EtcdStore, Events, KeyRange, LeaseId, RangeRequest, RangeResponse, TxnRequest,
-    TxnResponse,
+    put_cost, txn_cost, EtcdError, EtcdStore, Events, KeyRange, LeaseId, Quota, RangeRequest,
+    RangeResponse, TxnRequest, TxnResponse,
 };
 
 /// Work units of compaction done per command while a compaction is pending
@@ -40,16 +47,26 @@ impl StateMachine {
         &self.etcd
     }
 
-    /// Run an etcd command at `revision` (the command's own). A write or a compaction adds
-    /// [`Event::EtcdChanged`] to `events`, the watches' wake-up.
+    /// The etcd keyspace's space quota and `NOSPACE` alarm.
+    pub fn etcd_quota(&self) -> Quota {
+        self.etcd_quota
+    }
+
+    /// Run an etcd command at `revision` (the command's own), by the rules of `semantics`
+    /// (the entry's). A write or a compaction adds [`Event::EtcdChanged`] to `events`, the
+    /// watches' wake-up.
     pub(super) fn apply_etcd(
         &mut self,
         revision: Revision,
         cmd: &EtcdCommand,
+        semantics: Semantics,
         events: &mut Vec<Event>,
     ) -> Result<Response, EtcdError> {
         let (wrote, reply) = match cmd {
             EtcdCommand::Put(req) => {
+                if semantics.quota() {
+                    self.check_space(put_cost(req))?;
+                }
                 let out = self.etcd.put(req, revision, &no_lease)?;
                 (out.wrote, EtcdReply::Put(out.response))
             }
@@ -58,6 +75,9 @@ impl StateMachine {
                 (out.wrote, EtcdReply::DeleteRange(out.response))
             }
             EtcdCommand::Txn(req) => {
+                if semantics.quota() {
+                    self.check_space(txn_cost(req))?;
+                }
                 let out = self.etcd.txn(req, revision, &no_lease)?;
                 (out.wrote, EtcdReply::Txn(out.response))
             }
@@ -66,6 +86,28 @@ impl StateMachine {
                 self.etcd.begin_compact(*at, revision - 1)?;
                 let stats = self.etcd.compact_step(COMPACT_STEP_BUDGET);
                 (false, EtcdReply::Compact(stats))
+            }
+            EtcdCommand::Quota { bytes } => {
+                let before = self.etcd_quota;
+                self.etcd_quota.set(*bytes);
+                (
+                    false,
+                    EtcdReply::Quota {
+                        before,
+                        after: self.etcd_quota,
+                    },
+                )
+            }
+            EtcdCommand::Alarm { activate } => {
+                let before = self.etcd_quota;
+                self.etcd_quota.nospace = *activate;
+                (
+                    false,
+                    EtcdReply::Quota {
+                        before,
+                        after: self.etcd_quota,
+                    },
+                )
             }
         };
         if wrote || matches!(cmd, EtcdCommand::Compact { .. }) {
@@ -76,6 +118,23 @@ impl StateMachine {
             wrote,
             reply,
         })
+    }
+
+    /// May a write that adds up to `cost` bytes to the stored history run? Not while the
+    /// alarm is raised; not if it would take the history above the quota, which raises the
+    /// alarm (a state change of this refused command, on every replica alike). A write that
+    /// cannot put (`cost` 0: a txn of ranges and deletes) always may.
+    fn check_space(&mut self, cost: u64) -> Result<(), EtcdError> {
+        if cost == 0 {
+            return Ok(());
+        }
+        if !self.etcd_quota.nospace
+            && self.etcd.history_bytes().saturating_add(cost) <= self.etcd_quota.limit()
+        {
+            return Ok(());
+        }
+        self.etcd_quota.nospace = true;
+        Err(EtcdError::NoSpace)
     }
 
     /// One step of a pending compaction (after each command of an [`Semantics::ETCD`]

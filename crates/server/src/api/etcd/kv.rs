@@ -153,7 +153,7 @@ impl EtcdApi {
 
     /// Propose an etcd command (through the leader, without a request id: module docs):
     /// its revision and reply, or etcd's error.
-    async fn write(&self, cmd: EtcdCommand) -> Result<(u64, EtcdReply), Status> {
+    pub(super) async fn write(&self, cmd: EtcdCommand) -> Result<(u64, EtcdReply), Status> {
         match self
             .node
             .propose(None, Command::Etcd(cmd))

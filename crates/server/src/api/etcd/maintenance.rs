@@ -1,6 +1,8 @@
 //! `etcdserverpb.Maintenance`: `Status` (what `etcdctl endpoint status` shows) and `Alarm`
-//! (fenced's divergence alarm as etcd's `CORRUPT`); the rest answer `UNIMPLEMENTED` saying
-//! what to use instead. Both served calls are open to every caller, like `fenced.v1.Cluster/Status`.
+//! (the etcd keyspace's space quota alarm `NOSPACE`, and fenced's divergence alarm as etcd's
+//! `CORRUPT`); the rest answer `UNIMPLEMENTED` saying what to use instead. `Status` and an
+//! alarm `GET` are open to every caller, like `fenced.v1.Cluster/Status`; changing an alarm
+//! needs an administrator.
 
 use std::pin::Pin;
 
@@ -11,6 +13,8 @@ use tonic::{Request, Status};
 
 use epb::maintenance_server::Maintenance;
 
+use fenced_core::{EtcdCommand, EtcdReply};
+
 use super::{unimplemented, EtcdApi, Reply, VERSION};
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<epb::SnapshotResponse, Status>> + Send>>;
@@ -19,48 +23,67 @@ type SnapshotStream = Pin<Box<dyn Stream<Item = Result<epb::SnapshotResponse, St
 impl Maintenance for EtcdApi {
     type SnapshotStream = SnapshotStream;
 
-    /// `GET` lists the members whose divergence alarm is raised, as this node knows them
-    /// (the leader knows every member's), as `CORRUPT`. fenced raises and clears that alarm
-    /// itself (docs/operations.md, "Divergence alarm"); it has no `NOSPACE` quota alarm yet.
+    /// fenced's alarms in etcd's terms, one place for both:
+    /// * `NOSPACE`: the etcd keyspace's space quota alarm (`--quota-backend-bytes`), part of
+    ///   the replicated state, listed under this node's member id (every replica holds it
+    ///   alike). `ACTIVATE` and `DEACTIVATE` (`etcdctl alarm disarm`) go through the log and
+    ///   need an administrator; `DEACTIVATE` with alarm `NONE` means it too.
+    /// * `CORRUPT`: the members whose divergence alarm is raised, as this node knows them
+    ///   (the leader knows every member's). fenced raises and clears that alarm itself
+    ///   (docs/operations.md, "Divergence alarm"): activating or deactivating it is refused.
+    ///
+    /// `GET` (open to every caller, like `fenced.v1.Cluster/Status`) lists `NOSPACE` first,
+    /// so that `etcdctl alarm disarm`, which disarms what the list shows in order, clears it
+    /// even when a `CORRUPT` alarm it may not clear follows.
     async fn alarm(&self, req: Request<epb::AlarmRequest>) -> Reply<epb::AlarmResponse> {
         use epb::alarm_request::AlarmAction;
-        let r = req.into_inner();
-        match AlarmAction::try_from(r.action) {
-            Ok(AlarmAction::Get) => {}
-            _ => {
-                return Err(Status::unimplemented(
-                    "fenced raises and clears its alarms itself: the divergence alarm \
-                     (CORRUPT) clears when the member's data is replaced (docs/operations.md, \
-                     \"Divergence alarm\"); there is no NOSPACE alarm",
-                ))
-            }
+        let action = AlarmAction::try_from(req.get_ref().action);
+        if !matches!(action, Ok(AlarmAction::Get)) {
+            self.users.require_admin(&req, "Maintenance.Alarm")?;
         }
+        let r = req.into_inner();
         let want = epb::AlarmType::try_from(r.alarm).unwrap_or(epb::AlarmType::None);
-        let alarms = self
-            .node
-            .alarmed_members()
-            .into_iter()
-            .filter(|id| r.member_id == 0 || *id == r.member_id)
-            .filter(|_| matches!(want, epb::AlarmType::None | epb::AlarmType::Corrupt))
-            .map(|id| epb::AlarmMember {
-                member_id: id,
-                alarm: epb::AlarmType::Corrupt as i32,
-            })
-            .collect();
+        let activate = match action {
+            Ok(AlarmAction::Get) => return self.alarm_list(r.member_id, want),
+            Ok(AlarmAction::Activate) => true,
+            Ok(AlarmAction::Deactivate) => false,
+            Err(_) => return Err(Status::invalid_argument("unknown alarm action")),
+        };
+        if want == epb::AlarmType::Corrupt || (activate && want != epb::AlarmType::Nospace) {
+            return Err(Status::unimplemented(
+                "fenced raises and clears the divergence alarm (CORRUPT) itself: it clears \
+                 when the member's data is replaced (docs/operations.md, \"Divergence alarm\"); \
+                 only NOSPACE can be activated or deactivated",
+            ));
+        }
+        let (_, reply) = self.write(EtcdCommand::Alarm { activate }).await?;
+        let EtcdReply::Quota { before, after } = reply else {
+            return Err(Status::internal(format!("unexpected etcd reply {reply:?}")));
+        };
+        // etcd answers the alarms the call changed.
+        let changed = before.nospace != after.nospace;
         Ok(tonic::Response::new(epb::AlarmResponse {
             header: self.header_now(),
-            alarms,
+            alarms: changed.then(|| self.nospace_member()).into_iter().collect(),
         }))
     }
 
     /// This node's view: `leader` is the leader's id (0 if none is known), `raftIndex` the
     /// last log index, `raftAppliedIndex` the last applied one; `dbSize` and `dbSizeInUse`
     /// are the bytes of the etcd keyspace's stored history (with a per-version overhead:
-    /// what `Compact` frees), not a file size; `errors` holds the divergence alarm, if raised.
+    /// what `Compact` frees, what `--quota-backend-bytes` bounds), not a file size; `errors`
+    /// holds the divergence alarm, if raised, and `NOSPACE` as etcd writes it.
     async fn status(&self, _req: Request<epb::StatusRequest>) -> Reply<epb::StatusResponse> {
         let m = self.node.raft().metrics().borrow().clone();
-        let db = self.node.local(|sm| sm.etcd().history_bytes());
+        let (db, nospace) = self
+            .node
+            .local(|sm| (sm.etcd().history_bytes(), sm.etcd_quota().nospace));
         let db = i64::try_from(db).unwrap_or(i64::MAX);
+        let mut errors: Vec<String> = self.node.alarm().into_iter().collect();
+        if nospace {
+            // etcd lists its alarms as `memberID:<id> alarm:NOSPACE `.
+            errors.push(format!("memberID:{} alarm:NOSPACE ", self.node.id()));
+        }
         Ok(tonic::Response::new(epb::StatusResponse {
             header: self.header_now(),
             version: VERSION.into(),
@@ -69,7 +92,7 @@ impl Maintenance for EtcdApi {
             raft_index: m.last_log_index.unwrap_or(0),
             raft_term: m.current_term,
             raft_applied_index: m.last_applied.map_or(0, |l| l.index),
-            errors: self.node.alarm().into_iter().collect(),
+            errors,
             db_size_in_use: db,
             is_learner: m.state == ServerState::Learner,
         }))
@@ -127,5 +150,43 @@ impl Maintenance for EtcdApi {
             "fenced members agree on their apply rules by themselves (docs/operations.md, \
              \"Divergence alarm\", upgrades)",
         ))
+    }
+}
+
+impl EtcdApi {
+    /// `Maintenance.Alarm` GET: `NOSPACE` (if raised), then the members with a raised
+    /// divergence alarm as `CORRUPT`; `member_id` 0 and alarm `NONE` filter nothing.
+    fn alarm_list(&self, member_id: u64, want: epb::AlarmType) -> Reply<epb::AlarmResponse> {
+        let wanted = |kind: epb::AlarmType| want == epb::AlarmType::None || want == kind;
+        let member = |id: u64| member_id == 0 || member_id == id;
+        let mut alarms = Vec::new();
+        let nospace = self.node.local(|sm| sm.etcd_quota().nospace);
+        if nospace && wanted(epb::AlarmType::Nospace) && member(self.node.id()) {
+            alarms.push(self.nospace_member());
+        }
+        if wanted(epb::AlarmType::Corrupt) {
+            alarms.extend(
+                self.node
+                    .alarmed_members()
+                    .into_iter()
+                    .filter(|id| member(*id))
+                    .map(|id| epb::AlarmMember {
+                        member_id: id,
+                        alarm: epb::AlarmType::Corrupt as i32,
+                    }),
+            );
+        }
+        Ok(tonic::Response::new(epb::AlarmResponse {
+            header: self.header_now(),
+            alarms,
+        }))
+    }
+
+    /// The `NOSPACE` alarm as listed: under this node's member id.
+    fn nospace_member(&self) -> epb::AlarmMember {
+        epb::AlarmMember {
+            member_id: self.node.id(),
+            alarm: epb::AlarmType::Nospace as i32,
+        }
     }
 }

@@ -155,7 +155,10 @@ pub fn etcd_status(e: &EtcdError) -> Status {
         | EtcdError::TxnTooDeep { .. }
         | EtcdError::DuplicateKey
         | EtcdError::RequestTooLarge { .. } => (Code::InvalidArgument, e.to_string()),
+        EtcdError::RangeTooLarge { .. } => (Code::ResourceExhausted, e.to_string()),
         EtcdError::RevisionNotIncreasing { .. } => (Code::Internal, e.to_string()),
+        // etcd's ErrGRPCNoSpace.
+        EtcdError::NoSpace => (Code::ResourceExhausted, e.to_string()),
     };
     Status::new(code, msg)
 }

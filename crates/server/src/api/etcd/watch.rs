@@ -30,6 +30,11 @@
 //!   unused on the stream; a cancel of an unknown id is ignored.
 //! * **Permissions**: a watch needs `GET` on its range ([`permit_range`]); refused, it is
 //!   answered created-and-cancelled with etcd's reason, like a duplicate id.
+//! * **Require leader.** A stream opened with etcd's `hasleader: true` metadata (clientv3's
+//!   `WithRequireLeader`) ends with etcd's `Unavailable` "etcdserver: no leader" once this
+//!   node has known no leader at [`LEADER_CHECKS`] checks in a row, [`LEADER_CHECK`] apart —
+//!   so a client does not wait on a member cut off from the majority and reconnects
+//!   elsewhere. Without it the watch stays open and catches up when the member does.
 //! * A node fenced out by its divergence alarm ends the stream with its error.
 
 use std::collections::BTreeMap;
@@ -65,6 +70,11 @@ const QUEUE: usize = 16;
 /// far behind may scan many changes to other keys).
 const INLINE_GAP: u64 = 4_096;
 
+/// How often a require-leader stream checks that this node knows a leader, and how many
+/// checks without one end it (etcd waits about three election timeouts).
+pub const LEADER_CHECK: Duration = Duration::from_millis(500);
+pub const LEADER_CHECKS: u32 = 3;
+
 /// etcd's reason for a watch id already in use on the stream.
 const DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
 /// etcd's id for "no watch" (a refused create, a progress answer).
@@ -79,6 +89,13 @@ impl Watch for EtcdApi {
     async fn watch(&self, req: Request<Streaming<epb::WatchRequest>>) -> Reply<Self::WatchStream> {
         let user = self.users.caller(&req)?;
         self.node.serving().map_err(status_of)?;
+        let require_leader = req
+            .metadata()
+            .get("hasleader")
+            .is_some_and(|v| v.as_bytes() == b"true");
+        if require_leader && !self.has_leader() {
+            return Err(no_leader());
+        }
         let (tx, rx) = mpsc::channel(QUEUE);
         let stream = Feed {
             api: self.clone(),
@@ -87,7 +104,7 @@ impl Watch for EtcdApi {
             watchers: BTreeMap::new(),
             next_id: 0,
         };
-        tokio::spawn(stream.run(req.into_inner()));
+        tokio::spawn(stream.run(req.into_inner(), require_leader));
         let out: WatchStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
         Ok(tonic::Response::new(out))
     }
@@ -119,11 +136,20 @@ struct Feed {
 /// The client went away: the stream ends.
 struct Gone;
 
+impl Drop for Feed {
+    fn drop(&mut self) {
+        let open = i64::try_from(self.watchers.len()).unwrap_or(i64::MAX);
+        self.api.node.metrics().etcd_watchers(-open);
+    }
+}
+
 impl Feed {
-    async fn run(mut self, mut inbound: Streaming<epb::WatchRequest>) {
+    async fn run(mut self, mut inbound: Streaming<epb::WatchRequest>, require_leader: bool) {
         let mut changes = self.api.node.hub().etcd_changes();
         let mut progress = tokio::time::interval(PROGRESS_NOTIFY / 10);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut leader_check = tokio::time::interval(LEADER_CHECK);
+        let mut leaderless = 0u32;
         loop {
             let step = tokio::select! {
                 msg = inbound.message() => match msg {
@@ -136,12 +162,29 @@ impl Feed {
                     Err(_) => return,
                 },
                 _ = progress.tick() => self.notify_progress().await,
+                _ = leader_check.tick(), if require_leader => {
+                    leaderless = if self.api.has_leader() { 0 } else { leaderless + 1 };
+                    if leaderless >= LEADER_CHECKS {
+                        let _ = self.tx.send(Err(no_leader())).await;
+                        return;
+                    }
+                    Ok(())
+                }
                 () = self.tx.closed() => return,
             };
             if step.is_err() {
                 return;
             }
         }
+    }
+
+    /// Remove a watch: whether it existed.
+    fn remove(&mut self, id: i64) -> bool {
+        let existed = self.watchers.remove(&id).is_some();
+        if existed {
+            self.api.node.metrics().etcd_watchers(-1);
+        }
+        existed
     }
 
     async fn send(&self, resp: epb::WatchResponse) -> Result<(), Gone> {
@@ -153,7 +196,7 @@ impl Feed {
         match req.request_union {
             Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
             Some(RequestUnion::CancelRequest(c)) => {
-                if self.watchers.remove(&c.watch_id).is_some() {
+                if self.remove(c.watch_id) {
                     let revision = self.api.node.local(|sm| sm.revision());
                     self.send(epb::WatchResponse {
                         header: self.api.header(revision),
@@ -213,6 +256,7 @@ impl Feed {
         };
         let filters = |f: epb::watch_create_request::FilterType| c.filters.contains(&(f as i32));
         let start = rev_in(c.start_revision);
+        self.api.node.metrics().etcd_watchers(1);
         self.watchers.insert(
             id,
             Watcher {
@@ -276,7 +320,7 @@ impl Feed {
             let page = match page {
                 Ok(page) => page,
                 Err(EtcdError::Compacted { compact_revision }) => {
-                    self.watchers.remove(&id);
+                    self.remove(id);
                     return self
                         .send(epb::WatchResponse {
                             header: self.api.header(state_rev),
@@ -290,7 +334,7 @@ impl Feed {
                         .await;
                 }
                 Err(e) => {
-                    self.watchers.remove(&id);
+                    self.remove(id);
                     return self
                         .send(epb::WatchResponse {
                             header: self.api.header(state_rev),
@@ -323,6 +367,7 @@ impl Feed {
             let fragment = w.fragment;
             if !events.is_empty() {
                 w.last_sent = Instant::now();
+                self.api.node.metrics().etcd_watch_events(events.len());
                 let header = self.api.header(state_rev);
                 for resp in responses(id, header, events, fragment) {
                     self.send(resp).await?;
@@ -361,6 +406,17 @@ impl Feed {
         }
         Ok(())
     }
+}
+
+impl EtcdApi {
+    fn has_leader(&self) -> bool {
+        self.node.raft().metrics().borrow().current_leader.is_some()
+    }
+}
+
+/// etcd's answer when a require-leader stream's member knows no leader.
+fn no_leader() -> Status {
+    Status::unavailable("etcdserver: no leader")
 }
 
 fn event(e: core::Event) -> mvccpb::Event {
