@@ -2,8 +2,10 @@
 # The long runs behind docs/jepsen.md: every system × nemesis, 5 runs each (seeds 1..5),
 # the counter workload (mutual exclusion, fencing, stale writes, lost updates, availability),
 # the lock workload for fenced's three clients (gRPC, RESP LOCK.*, RESP SET NX), the
-# register workload (linearizability), and the limiter workload (over-admission: fenced's
-# CL.THROTTLE vs the token-bucket Lua script with the client's clock, on fenced and on Redis).
+# register workload (linearizability), the kv and watch workloads through fenced's etcd API
+# (linearizability; every revision delivered once, in order, across reconnects), and the
+# limiter workload (over-admission: fenced's CL.THROTTLE vs the token-bucket Lua script with
+# the client's clock, on fenced and on Redis).
 # About 30 s per run; LANES runs in parallel (each in its own namespaces).
 # Results: $OUT/<system>-<workload>-<nemesis>/summary.json.
 #   OUT=/tmp/fj-matrix LANES=3 bash jepsen/matrix.sh
@@ -60,6 +62,13 @@ jobs_list() {
         for n in none partition kill pause clock restart-empty restart-delayed; do echo "$s counter $n"; done
     done
     for n in partition kill pause clock; do echo "fenced register $n"; done
+    # etcd's API on fenced: KV linearizability and Watch delivery (see docs/jepsen.md, "kv",
+    # "watch").
+    for w in kv watch; do
+        for n in none partition kill pause clock membership; do echo "fenced $w $n"; done
+        # The same clients against a 3-node etcd (Debian's etcd-server), for comparison.
+        for n in partition kill pause; do echo "etcd $w $n"; done
+    done
     # Membership changes (a voter replaced by a new node, again and again; fenced only).
     for w in lock register counter; do echo "fenced $w membership"; done
     for s in fenced-resp fenced-setnx; do echo "$s lock membership"; done
@@ -77,11 +86,14 @@ lane() { # lane number
         i=$((i + 1))
         [ $((i % LANES)) -eq "$1" ] || continue
         local dir="$OUT/$sys-$wl-$nem"
-        [ -f "$dir/summary.json" ] && continue
+        # --runs N writes summary.json; a single run (RUNS=1) its results.json.
+        [ -f "$dir/summary.json" ] || [ -f "$dir/results.json" ] && continue
         "$BIN" test --system "$sys" --workload "$wl" --nemesis "$nem" --time-limit "$TIME" \
             --seed "$SEED" --runs "$RUNS" --prefix "$PREFIX$1" --bin-dir "$OUT/bin" --out "$dir" \
             >"$dir.log" 2>&1 || true
-        echo "done $sys $wl $nem: $(tr -d '\n ' <"$dir/summary.json" 2>/dev/null | head -c 300)"
+        local res=$dir/summary.json
+        [ -f "$res" ] || res=$dir/results.json
+        echo "done $sys $wl $nem: $(tr -d '\n ' <"$res" 2>/dev/null | head -c 300)"
     done
 }
 

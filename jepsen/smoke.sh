@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Fault-injection smoke run for CI (about 80 s plus the build): the pause nemesis (SIGSTOP/SIGCONT of nodes
+# Fault-injection smoke run for CI (about 95 s plus the build): the pause nemesis (SIGSTOP/SIGCONT of nodes
 # and clients) on the counter workload, against fenced (gRPC client), fenced through its RESP
-# front end (LOCK.ACQUIRE/RELEASE, client pinned to one node, failing over) and Redlock.
-#  - both fenced runs must come out valid (exit 0): an anomaly there is a real bug.
+# front end (LOCK.ACQUIRE/RELEASE, client pinned to one node, failing over) and Redlock; and
+# one short kv run (etcd Range/Put/Txn through fenced's etcd API, checked for
+# linearizability) under the same nemesis.
+#  - the fenced runs must come out valid (exit 0): an anomaly there is a real bug.
 #  - Redlock may show anomalies (exit 1: that is the point of the comparison); only a
 #    harness error (exit 2) fails the smoke.
 # Everything runs in network namespaces named fjci<pid>-* (root) or on 127.0.x.x (not root);
@@ -42,6 +44,8 @@ run() { # system seed
 
 run fenced 2
 run fenced-resp 2
+"$BIN" test --system fenced --workload kv --nemesis pause --time-limit 12 \
+    --seed 2 --clients 4 --net "$NET" --prefix "$PREFIX" --out "$OUT/fenced-kv"
 set +e
 run redlock 2
 rc=$?
@@ -50,4 +54,4 @@ if [ "$rc" -gt 1 ]; then
     echo "jepsen smoke: the Redlock run failed to run (rc $rc)" >&2
     exit "$rc"
 fi
-echo "jepsen smoke: fenced and fenced-resp valid under pause; Redlock run completed (exit $rc: 1 = anomalies found)"
+echo "jepsen smoke: fenced, fenced-resp and fenced kv valid under pause; Redlock run completed (exit $rc: 1 = anomalies found)"

@@ -25,6 +25,13 @@ use tokio::net::TcpStream;
 use crate::history::{Event, HistoryError, HistoryWriter, Kind, Process, RunClock};
 use crate::system::System;
 
+mod limiter;
+mod probe;
+
+use limiter::{limiter_op, wall_ms};
+pub use limiter::{LIMIT_COUNT, LIMIT_KEY, LIMIT_MAX_BURST, LIMIT_PERIOD_S, TOKEN_BUCKET_LUA};
+pub use probe::probe;
+
 /// The lock every lock/counter client contends for, and the storage key of the counter.
 pub const LOCK: &str = "L";
 pub const COUNTER: &str = "counter";
@@ -115,26 +122,26 @@ pub enum ClientError {
 }
 
 /// Outcome of one op.
-enum Res {
+pub(crate) enum Res {
     Ok(Option<Value>, Option<u64>),
     Fail(String),
     Info(String),
 }
 
-struct Recorder {
-    w: HistoryWriter,
-    clock: RunClock,
-    process: u64,
-    retired: bool,
+pub(crate) struct Recorder {
+    pub(crate) w: HistoryWriter,
+    pub(crate) clock: RunClock,
+    pub(crate) process: u64,
+    pub(crate) retired: bool,
 }
 
 impl Recorder {
-    fn invoke(&mut self, e: Event) -> Result<(), ClientError> {
+    pub(crate) fn invoke(&mut self, e: Event) -> Result<(), ClientError> {
         Ok(self.w.write(&e)?)
     }
 
     /// Record the completion of the op invoked as `inv`.
-    fn complete(&mut self, inv: &Event, r: &Res) -> Result<(), ClientError> {
+    pub(crate) fn complete(&mut self, inv: &Event, r: &Res) -> Result<(), ClientError> {
         self.complete_admitted(inv, r, None)
     }
 
@@ -166,7 +173,7 @@ impl Recorder {
         Ok(self.w.write(&e)?)
     }
 
-    fn ev(&self, f: &str) -> Event {
+    pub(crate) fn ev(&self, f: &str) -> Event {
         Event::new(
             Process::Client(self.process),
             Kind::Invoke,
@@ -287,6 +294,11 @@ fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, Client
                 "fenced-lua runs only the limiter workload".into(),
             ))
         }
+        System::Etcd => {
+            return Err(ClientError::Other(
+                "etcd runs only the kv and watch workloads".into(),
+            ))
+        }
         System::Redlock => Box::new(Redlock::new(
             &spec.lock_endpoints,
             RedlockConfig {
@@ -396,6 +408,12 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
         return final_read(&mut rec, &mut guard).await;
     }
     let system = system_of(&spec)?;
+    if spec.workload == "watch" {
+        return crate::etcd::watch::run(&spec, &mut rec, &mut rng).await;
+    }
+    // kv workload: a channel to one node's etcd API, and this client's value counter.
+    let mut etcd: Option<tonic::transport::Channel> = None;
+    let mut kv_seq = 0u64;
     let mut lock: Option<Box<dyn DistLock>> = None;
     let mut resp: Option<(usize, redis::aio::ConnectionManager)> = None;
     let mut incarnation = 0u64;
@@ -412,6 +430,7 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
             rec.retired = false;
             lock = None;
             resp = None;
+            etcd = None;
             guard.conn = None;
         }
         match spec.workload.as_str() {
@@ -433,6 +452,17 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
                     } else {
                         register_op(&spec, &mut rec, &mut rng, c, op_timeout).await?;
                     }
+                }
+                let pause = rng.gen_range(5..30);
+                tokio::time::sleep(Duration::from_millis(pause)).await;
+            }
+            "kv" => {
+                if etcd.is_none() {
+                    let node = spec.index as usize + incarnation as usize;
+                    etcd = Some(crate::etcd::channel(&crate::etcd::endpoint(&spec, node)?)?);
+                }
+                if let Some(ch) = &etcd {
+                    crate::etcd::kv::op(&mut rec, &mut rng, ch, &mut kv_seq, op_timeout).await?;
                 }
                 let pause = rng.gen_range(5..30);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -657,140 +687,6 @@ async fn register_op(
     rec.complete(&inv, &res)
 }
 
-/// The limiter workload's policy, in redis-cell's terms: `max_burst` 5, 20 per 2 s (one every
-/// 100 ms, bursts of up to 6). The Lua token bucket gets the same policy: capacity
-/// `max_burst + 1`, refilled at `count / period`.
-pub const LIMIT_KEY: &str = "rl";
-pub const LIMIT_MAX_BURST: u64 = 5;
-pub const LIMIT_COUNT: u64 = 20;
-pub const LIMIT_PERIOD_S: u64 = 2;
-
-/// The unchanged Spring Cloud Gateway token-bucket script (tests/resp/token_bucket.lua).
-pub const TOKEN_BUCKET_LUA: &str = include_str!("../../tests/resp/token_bucket.lua");
-
-/// This client's clock offset (ms) from its clock file (0 without one).
-fn clock_offset_ms(spec: &ClientSpec) -> i64 {
-    spec.clock_file
-        .as_ref()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .and_then(|t| t.trim().parse().ok())
-        .unwrap_or(0)
-}
-
-/// Wall-clock milliseconds since the Unix epoch (what a deployed client passes as "now").
-fn wall_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-/// How a limiter call ended. For fenced every transport error is `info` (the node forwards
-/// and retries inside the cluster), as are `-TIMEOUT`/`-TRYAGAIN`; for Redis a refused
-/// connection is a `fail` (the command never left). Other error replies (`ERR unknown
-/// command`, `WRONGTYPE`, a script error) are definite: `fail`.
-fn limiter_res<T>(
-    system: System,
-    r: Result<Result<T, redis::RedisError>, tokio::time::error::Elapsed>,
-) -> Result<T, Res> {
-    match r {
-        Ok(Err(e))
-            if system.is_fenced_cluster()
-                && (e.is_connection_refusal()
-                    || e.is_io_error()
-                    || e.is_connection_dropped()
-                    || e.is_timeout()) =>
-        {
-            Err(Res::Info(e.to_string()))
-        }
-        r => redis_res(r),
-    }
-}
-
-/// One `throttle`: `CL.THROTTLE rl 5 20 2 1` (fenced), or the token-bucket script with
-/// `now` = this client's wall clock + its nemesis offset, in ms (Lua systems). The script
-/// takes "now" in whatever unit `rate` is per: ms here, rate = count / period per ms,
-/// capacity = max_burst + 1. (Spring passes whole seconds; a bucket that refills in
-/// one-second steps lets `rate` tokens through at each second boundary on top of the
-/// capacity, an over-admission of its own that would drown what the faults do.)
-async fn limiter_op(
-    spec: &ClientSpec,
-    system: System,
-    rec: &mut Recorder,
-    c: &mut redis::aio::ConnectionManager,
-    op_timeout: Duration,
-) -> Result<(), ClientError> {
-    let mut policy = json!({
-        "max_burst": LIMIT_MAX_BURST,
-        "count": LIMIT_COUNT,
-        "period_s": LIMIT_PERIOD_S,
-        "quantity": 1,
-    });
-    let res = if system.limiter_uses_lua() {
-        let offset = clock_offset_ms(spec);
-        // Stamp the invoke first: the client's "now" is read inside the op's interval.
-        let mut inv = rec.ev("throttle").key(LIMIT_KEY);
-        let now = wall_ms().saturating_add(offset);
-        let rate = LIMIT_COUNT as f64 / (LIMIT_PERIOD_S * 1000) as f64;
-        policy["now_ms"] = json!(now);
-        policy["clock_offset_ms"] = json!(offset);
-        inv.value = Some(policy);
-        rec.invoke(inv.clone())?;
-        let script = redis::Script::new(TOKEN_BUCKET_LUA);
-        let r = tokio::time::timeout(
-            op_timeout,
-            script
-                .key(format!("{LIMIT_KEY}.tokens"))
-                .key(format!("{LIMIT_KEY}.ts"))
-                .arg(rate.to_string())
-                .arg(LIMIT_MAX_BURST + 1)
-                .arg(now)
-                .arg(1)
-                .invoke_async::<Vec<i64>>(c),
-        )
-        .await;
-        let res = match limiter_res(system, r) {
-            Ok(v) if v.len() == 2 => Res::Ok(Some(json!(v)), None),
-            Ok(v) => Res::Info(format!("unexpected reply {v:?}")),
-            Err(r) => r,
-        };
-        (inv, res)
-    } else {
-        let inv = rec.ev("throttle").key(LIMIT_KEY).value(policy);
-        rec.invoke(inv.clone())?;
-        let r = tokio::time::timeout(
-            op_timeout,
-            redis::cmd("CL.THROTTLE")
-                .arg(LIMIT_KEY)
-                .arg(LIMIT_MAX_BURST)
-                .arg(LIMIT_COUNT)
-                .arg(LIMIT_PERIOD_S)
-                .arg(1)
-                .query_async::<Vec<i64>>(c),
-        )
-        .await;
-        let res = match limiter_res(system, r) {
-            Ok(v) if v.len() == 5 => Res::Ok(Some(json!(v)), None),
-            Ok(v) => Res::Info(format!("unexpected reply {v:?}")),
-            Err(r) => r,
-        };
-        (inv, res)
-    };
-    let (inv, res) = res;
-    // Admitted: CL.THROTTLE's `limited` is 0; the script's `allowed_num` is 1.
-    let admitted = match &res {
-        Res::Ok(Some(Value::Array(v)), _) => {
-            let first = v.first().and_then(Value::as_i64);
-            Some(if system.limiter_uses_lua() {
-                first == Some(1)
-            } else {
-                first == Some(0)
-            })
-        }
-        _ => None,
-    };
-    rec.complete_admitted(&inv, &res, admitted)
-}
-
 /// After the run: read the counter once (retrying a bounded number of times).
 async fn final_read(rec: &mut Recorder, guard: &mut Guard) -> Result<(), ClientError> {
     for _ in 0..10 {
@@ -806,152 +702,6 @@ async fn final_read(rec: &mut Recorder, guard: &mut Guard) -> Result<(), ClientE
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Err(ClientError::Other("final read failed 10 times".into()))
-}
-
-/// Wait (bounded by `spec.deadline`, run time from `spec.run_start`) until the system, the
-/// guard and (for `register`) the RESP endpoints answer. `Err` says what never came up.
-pub async fn probe(spec: ClientSpec) -> Result<(), ClientError> {
-    let clock = RunClock {
-        start: spec.run_start,
-    };
-    let t = Duration::from_millis(spec.op_timeout_ms);
-    let mut last = String::from("nothing checked yet");
-    for _ in 0..100_000u32 {
-        if clock.now() >= spec.deadline {
-            return Err(ClientError::Other(format!("not ready: {last}")));
-        }
-        match probe_once(&spec, t).await {
-            Ok(()) => return Ok(()),
-            // No point waiting for a command this build does not have.
-            Err(e) if e.contains("unknown command") => {
-                return Err(ClientError::Other(format!("not ready: {e}")))
-            }
-            Err(e) => last = e,
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    Err(ClientError::Other(format!("not ready: {last}")))
-}
-
-async fn ping(addr: &str, t: Duration) -> Result<(), String> {
-    let mut c = fenced_backends::redis::connect(addr, Some(t), t).map_err(|e| e.to_string())?;
-    tokio::time::timeout(t, redis::cmd("PING").query_async::<String>(&mut c))
-        .await
-        .map_err(|_| format!("{addr}: PING timed out"))?
-        .map_err(|e| format!("{addr}: {e}"))
-        .map(|_| ())
-}
-
-async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
-    if !spec.guard.is_empty() {
-        let mut g = Guard {
-            addr: spec.guard.clone(),
-            conn: None,
-            timeout: t,
-        };
-        match g.request("PING").await {
-            Ok(r) if r == "PONG" => {}
-            Ok(r) => return Err(format!("guard answered {r:?}")),
-            Err(e) => return Err(format!("guard: {e}")),
-        }
-    }
-    let system = system_of(spec).map_err(|e| e.to_string())?;
-    match system {
-        System::Fenced => {
-            // Every node up and agreeing on a leader.
-            for ep in &spec.lock_endpoints {
-                let c = fenced_client::Client::connect([ep]).map_err(|e| e.to_string())?;
-                let s = tokio::time::timeout(t, c.status())
-                    .await
-                    .map_err(|_| format!("{ep}: status timed out"))?
-                    .map_err(|e| format!("{ep}: {e}"))?;
-                if s.leader == 0 {
-                    return Err(format!("{ep}: no leader yet"));
-                }
-            }
-            // And a write going through.
-            let c =
-                fenced_client::Client::connect(&spec.lock_endpoints).map_err(|e| e.to_string())?;
-            tokio::time::timeout(
-                t,
-                c.acquire(
-                    "probe",
-                    "probe",
-                    Duration::from_millis(1),
-                    Duration::ZERO,
-                    0,
-                ),
-            )
-            .await
-            .map_err(|_| "probe acquire timed out".to_owned())?
-            .map_err(|e| format!("probe acquire: {e}"))?;
-        }
-        s if s.is_fenced_resp() => {
-            // Every node answers PING and takes a lock write (forwarded to the leader), with
-            // the run's own client: RESP up, a leader known everywhere.
-            for (i, ep) in spec.lock_endpoints.iter().enumerate() {
-                ping(ep, t).await?;
-                let l = make_lock(spec, i).map_err(|e| e.to_string())?;
-                let key = format!("probe-{i}");
-                tokio::time::timeout(t, l.acquire(&key, Duration::from_secs(1), Duration::ZERO))
-                    .await
-                    .map_err(|_| format!("{ep}: probe lock timed out"))?
-                    .map_err(|e| format!("{ep}: probe lock: {e}"))?;
-            }
-        }
-        _ => {
-            for ep in &spec.lock_endpoints {
-                ping(ep, t).await?;
-            }
-        }
-    }
-    if spec.workload == "register" {
-        for ep in &spec.resp_endpoints {
-            ping(ep, t).await.map_err(|e| format!("RESP {e}"))?;
-        }
-    }
-    if spec.workload == "limiter" {
-        // Every node takes a limiter call (a write, forwarded to the leader) on a key of its
-        // own: CL.THROTTLE exists, or the script runs.
-        for (i, ep) in spec.resp_endpoints.iter().enumerate() {
-            let mut c =
-                fenced_backends::redis::connect(ep, Some(t), t).map_err(|e| e.to_string())?;
-            let key = format!("probe-{LIMIT_KEY}-{i}");
-            let r = if system.limiter_uses_lua() {
-                tokio::time::timeout(
-                    t,
-                    redis::Script::new(TOKEN_BUCKET_LUA)
-                        .key(format!("{key}.tokens"))
-                        .key(format!("{key}.ts"))
-                        .arg(1)
-                        .arg(1)
-                        .arg(wall_ms())
-                        .arg(1)
-                        .invoke_async::<Vec<i64>>(&mut c),
-                )
-                .await
-            } else {
-                tokio::time::timeout(
-                    t,
-                    redis::cmd("CL.THROTTLE")
-                        .arg(&key)
-                        .arg(LIMIT_MAX_BURST)
-                        .arg(LIMIT_COUNT)
-                        .arg(LIMIT_PERIOD_S)
-                        .arg(1)
-                        .query_async::<Vec<i64>>(&mut c),
-                )
-                .await
-            };
-            match r {
-                Err(_) => return Err(format!("{ep}: limiter probe timed out")),
-                Ok(Err(e)) => return Err(format!("{ep}: limiter probe: {e}")),
-                Ok(Ok(v)) if v.len() == 5 || (v.len() == 2 && system.limiter_uses_lua()) => {}
-                Ok(Ok(v)) => return Err(format!("{ep}: limiter probe: unexpected reply {v:?}")),
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 pub mod checker;
 pub mod client;
 pub mod env;
+pub mod etcd;
 pub mod failover;
 pub mod history;
 pub mod membership;
@@ -15,3 +16,4 @@ pub mod replicas;
 pub mod report;
 pub mod run;
 pub mod system;
+pub mod tables;

@@ -11,6 +11,7 @@ use fenced_jepsen::client::ClientSpec;
 use fenced_jepsen::env::{self, NetMode};
 use fenced_jepsen::run::{self, TestOpts};
 use fenced_jepsen::system::System;
+use fenced_jepsen::tables::WatchRow;
 use fenced_jepsen::{history, nemesis, report};
 
 #[derive(Parser)]
@@ -40,7 +41,8 @@ enum Cmd {
         clients: u64,
     },
     /// Print a Markdown table (system × workload × nemesis) over the `--runs` folders under
-    /// DIR (each with run-*/results.json), e.g. the output of jepsen/matrix.sh.
+    /// DIR (each with run-*/results.json, or one run's results.json), e.g. the output of
+    /// jepsen/matrix.sh.
     Table { dir: PathBuf },
     /// Failover time: SIGKILL the leader of a 3-node loopback cluster ROUNDS times and
     /// measure kill → new leader and kill → next grant (writes OUT/failover.json).
@@ -84,7 +86,8 @@ struct TestArgs {
     /// cluster setup.
     #[arg(long)]
     system: String,
-    /// lock | counter | counter-unfenced | register | limiter (fenced, fenced-lua, redis)
+    /// lock | counter | counter-unfenced | register | limiter (fenced, fenced-lua, redis) |
+    /// kv, watch (fenced: etcd's API)
     #[arg(long, default_value = "lock")]
     workload: String,
     /// Comma-separated: partition,kill,pause,clock,restart-empty,restart-delayed,membership
@@ -132,12 +135,20 @@ fn test(a: TestArgs) -> anyhow::Result<bool> {
     let Some(system) = System::parse(&a.system) else {
         bail!("unknown system {:?} ({})", a.system, System::names());
     };
-    if !["lock", "counter", "counter-unfenced", "register", "limiter"]
-        .contains(&a.workload.as_str())
-    {
+    const WORKLOADS: [&str; 7] = [
+        "lock",
+        "counter",
+        "counter-unfenced",
+        "register",
+        "limiter",
+        "kv",
+        "watch",
+    ];
+    if !WORKLOADS.contains(&a.workload.as_str()) {
         bail!(
-            "unknown workload {:?} (lock, counter, counter-unfenced, register, limiter)",
-            a.workload
+            "unknown workload {:?} ({})",
+            a.workload,
+            WORKLOADS.join(", ")
         );
     }
     if let Some(why) = system.unsupported(&a.workload) {
@@ -310,14 +321,17 @@ fn summarize(runs: &[run::RunSummary]) -> serde_json::Value {
 fn table(dir: &std::path::Path) -> anyhow::Result<String> {
     let mut folders: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir() && p.join("run-0").exists())
+        .filter(|p| p.is_dir() && (p.join("run-0").exists() || p.join("results.json").exists()))
         .collect();
     folders.sort();
     let order = |s: &str| System::parse(s).map_or(System::ALL.len(), System::order);
     let mut rows = vec![];
     let mut member_rows = vec![];
     let mut limiter_rows = vec![];
+    let mut watch_rows = vec![];
     for f in folders {
+        // Watch workload: the watch checker's figures over the runs.
+        let mut wr = WatchRow::default();
         // Limiter workload: over-admission figures over the runs.
         let mut lim = Limiter::default();
         // Membership nemesis: changes completed, of them with the leader or a dead node
@@ -331,9 +345,15 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
         let mut meta = serde_json::Value::Null;
         // replica-agreement: runs where the replicas agreed, disagreed, went unchecked.
         let mut replicas = [0u64; 3];
+        // `--runs N` folders hold run-0, run-1, …; a single run's folder is the run itself.
+        let single = !f.join("run-0").exists();
         for i in 0..100 {
-            let p = f.join(format!("run-{i}"));
-            if !p.exists() {
+            let p = if single {
+                f.clone()
+            } else {
+                f.join(format!("run-{i}"))
+            };
+            if !p.exists() || (single && i > 0) {
                 break;
             }
             let Ok(b) = std::fs::read(p.join("results.json")) else {
@@ -370,6 +390,7 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
                 }
             }
             lim.add(&r);
+            wr.add(&r);
             meta = r["meta"].clone();
             for c in meta["membership"].as_array().into_iter().flatten() {
                 if c["completed"] == true {
@@ -454,6 +475,25 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
                 ch[0], ch[1], ch[2], ch[3]
             ));
         }
+        if workload == "watch" {
+            watch_rows.push((
+                order(&system),
+                nem.clone(),
+                format!(
+                    "| {system} | {nem} | {runs}{} | {invalid} | {} | {} | {agree} | {} / {} |\n",
+                    if errors > 0 {
+                        format!(" (+{errors} failed)")
+                    } else {
+                        String::new()
+                    },
+                    cell("watch"),
+                    wr.cells(),
+                    pct(ok),
+                    pct(answered),
+                ),
+            ));
+            continue;
+        }
         rows.push((
             order(system.split(' ').next().unwrap_or("")),
             workload.clone(),
@@ -494,6 +534,19 @@ fn table(dir: &std::path::Path) -> anyhow::Result<String> {
              ---|---|\n",
         );
         for r in limiter_rows {
+            out.push_str(&r.2);
+        }
+    }
+    if !watch_rows.is_empty() {
+        watch_rows.sort_by(|a, b| (&a.1, a.0).cmp(&(&b.1, b.0)));
+        out.push_str(
+            "\n| system | nemesis | runs | invalid runs | watch anomalies | of them lost / \
+             duplicate / reorder / other | acknowledged puts watched | revisions delivered | \
+             watch resumes | compacted cancels (explained) | tail undelivered at the end | \
+             replicas agree | puts ok / answered |\n|---|---|---|---|---|---|---|---|---|---|\
+             ---|---|---|\n",
+        );
+        for r in watch_rows {
             out.push_str(&r.2);
         }
     }

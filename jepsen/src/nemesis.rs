@@ -139,8 +139,12 @@ pub struct Topology {
 pub enum NemesisError {
     #[error("unknown nemesis {0:?} (known: {known})", known = KINDS.join(", "))]
     Unknown(String),
-    #[error("the {nemesis} nemesis needs a fenced cluster (fenced, fenced-resp, fenced-setnx), not {system}")]
-    NotApplicable { nemesis: String, system: System },
+    #[error("the {nemesis} nemesis does not apply to {system}: {why}")]
+    NotApplicable {
+        nemesis: String,
+        system: System,
+        why: &'static str,
+    },
 }
 
 /// Parse `--nemesis a,b,c` (`none` or empty: no faults). Every nemesis but `membership`
@@ -155,10 +159,11 @@ pub fn parse(list: &str, system: System) -> Result<Vec<String>, NemesisError> {
         if !KINDS.contains(&k) {
             return Err(NemesisError::Unknown(k.to_owned()));
         }
-        if k == "membership" && !system.is_fenced_cluster() {
+        if let Some(why) = system.unsupported_nemesis(k) {
             return Err(NemesisError::NotApplicable {
                 nemesis: k.to_owned(),
                 system,
+                why,
             });
         }
         if !out.iter().any(|o| o == k) {
@@ -198,7 +203,7 @@ fn cut(components: &[Vec<String>]) -> BTreeMap<String, Vec<String>> {
 
 fn partition(rng: &mut StdRng, t: &Topology) -> Fault {
     let n = t.nodes.len();
-    if t.system.is_fenced_cluster() && !t.client_partitions {
+    if t.system.has_peers() && !t.client_partitions {
         let mut variants = vec!["isolate", "majority-minority", "bridge"];
         if n >= 5 {
             variants.push("ring");
@@ -527,7 +532,9 @@ mod tests {
             );
         }
         assert!(parse("kill,meteor", System::Fenced).is_err());
-        for s in System::ALL {
+        assert!(parse("partition,kill,pause", System::Etcd).is_ok());
+        assert!(parse("clock", System::Etcd).is_err());
+        for s in System::ALL.into_iter().filter(|s| *s != System::Etcd) {
             // A wiped fenced node retires itself (the harness then leaves it down).
             assert!(parse("restart-empty,restart-delayed", s).is_ok(), "{s}");
             assert!(parse("partition,kill,pause,clock", s).is_ok(), "{s}");

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::checker::{
-    self, agreement, availability, counter, fencing, limiter, linear, mutex, Op, Verdict,
+    self, agreement, availability, counter, fencing, limiter, linear, mutex, watch, Op, Verdict,
 };
 use crate::history::{Event, Kind};
 
@@ -26,6 +26,14 @@ pub fn check(events: &[Event], system: &str, workload: &str) -> (Vec<Op>, Vec<Ve
     let tokens = crate::system::issues_tokens(system);
     let mut v = Vec::new();
     match workload {
+        "kv" => {
+            v.push(linear::check(&ops, linear::DEFAULT_BUDGET));
+            v.push(availability::check(&ops, &windows, &[]));
+        }
+        "watch" => {
+            v.push(watch::check(events, &ops));
+            v.push(availability::check(&ops, &windows, &["put"]));
+        }
         "register" => {
             v.push(linear::check(&ops, linear::DEFAULT_BUDGET));
             v.push(availability::check(&ops, &windows, &[]));

@@ -74,6 +74,8 @@ pub const GRPC_PORT: u16 = 7380;
 const RESP_PORT: u16 = 7379;
 const REDIS_PORT: u16 = 6379;
 const GUARD_PORT: u16 = 7390;
+const ETCD_PORT: u16 = 2379;
+const ETCD_PEER_PORT: u16 = 2380;
 
 pub(crate) struct Layout {
     /// Every server node with a host: the initial members, then (membership nemesis) every
@@ -135,7 +137,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
         let _ = std::fs::remove_file(entry?.path());
     }
     // fenced nodes take clock faults through their test hook; Redis needs the shim.
-    let shim = if o.system.is_fenced_cluster() {
+    let shim = if o.system.has_peers() {
         None
     } else {
         clock_shim(out)
@@ -164,7 +166,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     let o = &o;
     let subnet = 100 + (std::process::id() % 100) as u8;
     let n_nodes = match o.system {
-        s if s.is_fenced_cluster() => o.nodes,
+        s if s.has_peers() => o.nodes,
         System::Redis => 1,
         _ => 5,
     };
@@ -211,6 +213,7 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     // servers.
     let port = match o.system {
         System::Fenced => GRPC_PORT,
+        System::Etcd => ETCD_PORT,
         s if s.is_fenced_resp() || s == System::FencedLua => RESP_PORT,
         _ => REDIS_PORT,
     };
@@ -293,6 +296,15 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
                 "limiter workload: {} does not implement CL.THROTTLE at this build (it answered \
                  \"ERR unknown command\"); the fenced limiter rows cannot run ({})",
                 o.system,
+                why.trim()
+            );
+        }
+        if (o.workload == "watch" || o.workload == "kv") && why.contains("unknown command") {
+            bail!(
+                "{} workload: {} does not serve etcd's {} at this build ({})",
+                o.workload,
+                o.system,
+                if o.workload == "watch" { "Watch" } else { "KV" },
                 why.trim()
             );
         }

@@ -18,6 +18,10 @@
 //! client's clock) for `redis` and for `fenced-lua` — the same script against fenced's RESP
 //! port, on the same cluster and schedules as the other fenced systems. `fenced-lua` runs
 //! only that workload.
+//!
+//! `etcd` is a 3-node etcd cluster (the `etcd` binary on PATH; Debian's `etcd-server`) for the
+//! `kv` and `watch` workloads only: the same clients through etcd's own API, for comparison.
+//! It takes the partition, kill and pause nemeses (node↔node partitions as for fenced).
 
 use std::fmt;
 
@@ -29,17 +33,19 @@ pub enum System {
     FencedLua,
     Redis,
     Redlock,
+    Etcd,
 }
 
 impl System {
     /// Every system, in the order results tables list them.
-    pub const ALL: [System; 6] = [
+    pub const ALL: [System; 7] = [
         System::Fenced,
         System::FencedResp,
         System::FencedSetnx,
         System::FencedLua,
         System::Redis,
         System::Redlock,
+        System::Etcd,
     ];
 
     pub fn parse(name: &str) -> Option<System> {
@@ -54,6 +60,7 @@ impl System {
             System::FencedLua => "fenced-lua",
             System::Redis => "redis",
             System::Redlock => "redlock",
+            System::Etcd => "etcd",
         }
     }
 
@@ -72,6 +79,24 @@ impl System {
         )
     }
 
+    /// Server nodes replicate among themselves (fenced clusters, etcd): partitions cut nodes
+    /// from each other rather than clients from servers.
+    pub fn has_peers(self) -> bool {
+        self.is_fenced_cluster() || self == System::Etcd
+    }
+
+    /// Why `nemesis` cannot run against this system, if it cannot (etcd: its clock is Go's,
+    /// read through the vDSO, which the LD_PRELOAD shim cannot shift; a wiped or replaced
+    /// etcd member needs `etcdctl member remove/add`, which the harness does not do).
+    pub fn unsupported_nemesis(self, nemesis: &str) -> Option<&'static str> {
+        match (self, nemesis) {
+            (System::Etcd, "partition" | "kill" | "pause") => None,
+            (System::Etcd, _) => Some("etcd runs under partition, kill and pause only"),
+            (s, "membership") if !s.is_fenced_cluster() => Some("no members to change"),
+            _ => None,
+        }
+    }
+
     /// Lock clients speak RESP to fenced's RESP front end (one node at a time).
     pub fn is_fenced_resp(self) -> bool {
         matches!(self, System::FencedResp | System::FencedSetnx)
@@ -87,6 +112,14 @@ impl System {
     /// `fenced-lua` and `redis` (the Lua script) only.
     pub fn unsupported(self, workload: &str) -> Option<String> {
         match (self, workload) {
+            (System::Fenced | System::Etcd, "kv" | "watch") => None,
+            (_, "kv" | "watch") => Some(format!(
+                "the {workload} workload talks etcd's API: system fenced (its gRPC port) or etcd, \
+                 not {self}"
+            )),
+            (System::Etcd, w) => Some(format!(
+                "etcd runs only the kv and watch workloads, not {w}"
+            )),
             (System::Fenced | System::FencedLua | System::Redis, "limiter") => None,
             (_, "limiter") => Some(format!(
                 "the limiter workload runs against fenced (CL.THROTTLE), fenced-lua or redis \
@@ -131,7 +164,12 @@ mod tests {
         for s in System::ALL {
             assert_eq!(System::parse(s.name()), Some(s));
         }
-        assert_eq!(System::parse("etcd"), None);
+        assert_eq!(System::parse("etcd"), Some(System::Etcd));
+        assert!(System::Etcd.has_peers() && !System::Etcd.is_fenced_cluster());
+        assert!(System::Etcd.unsupported("lock").is_some());
+        assert!(System::Etcd.unsupported("kv").is_none());
+        assert!(System::Etcd.unsupported_nemesis("clock").is_some());
+        assert!(System::Etcd.unsupported_nemesis("kill").is_none());
         let cluster: Vec<_> = System::ALL
             .into_iter()
             .filter(|s| s.is_fenced_cluster())
@@ -146,6 +184,9 @@ mod tests {
         assert!(System::Redis.unsupported("limiter").is_none());
         assert!(System::Redlock.unsupported("limiter").is_some());
         assert!(System::FencedSetnx.unsupported("counter").is_none());
+        assert!(System::Fenced.unsupported("watch").is_none());
+        assert!(System::FencedResp.unsupported("kv").is_some());
+        assert!(System::Redis.unsupported("watch").is_some());
         assert!(System::Redis.limiter_uses_lua() && !System::Fenced.limiter_uses_lua());
         assert!(issues_tokens("fenced-setnx") && !issues_tokens("redlock"));
         assert!(System::FencedResp.is_fenced_resp() && !System::Fenced.is_fenced_resp());

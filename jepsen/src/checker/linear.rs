@@ -69,10 +69,14 @@ pub fn entries(ops: &[Op]) -> BTreeMap<String, Vec<Entry>> {
                 None => continue,
             },
             "cas" => match op.value_in.as_ref() {
-                Some(Value::Array(a)) if a.len() == 2 => match (text(&a[0]), text(&a[1])) {
-                    (Some(o), Some(n)) => Call::Cas(o, n),
-                    _ => continue,
-                },
+                // `[old, new]`, or `[old, new, note]` (the kv workload notes what its etcd
+                // Txn compared: the value, or the mod_revision of the read that saw `old`).
+                Some(Value::Array(a)) if a.len() == 2 || a.len() == 3 => {
+                    match (text(&a[0]), text(&a[1])) {
+                        (Some(o), Some(n)) => Call::Cas(o, n),
+                        _ => continue,
+                    }
+                }
                 _ => continue,
             },
             "del" => Call::Del,
@@ -323,6 +327,24 @@ mod tests {
             .collect();
         assert_eq!(check_key(&h, 1), Outcome::Unknown);
         assert_eq!(check_key(&h, 100_000), Outcome::Linearizable);
+    }
+
+    #[test]
+    fn a_cas_with_a_note_is_a_cas() {
+        use crate::checker::build::H;
+        use crate::checker::pair;
+        // kv workload: put 1; cas 1→2 by mod_revision; a read of 1 after it is stale.
+        let mut hb = H::new();
+        hb.ev(1, Kind::Invoke, "put", "k", 0).value = Some(json!("1"));
+        hb.ev(1, Kind::Ok, "put", "k", 1);
+        hb.ev(1, Kind::Invoke, "cas", "k", 2).value =
+            Some(json!(["1", "2", {"compare": "mod_revision", "mod_revision": 7}]));
+        hb.ev(1, Kind::Ok, "cas", "k", 3);
+        hb.ev(2, Kind::Invoke, "get", "k", 4);
+        hb.ev(2, Kind::Ok, "get", "k", 5).value = Some(json!("1"));
+        let ops = pair(&hb.sorted());
+        assert_eq!(entries(&ops)["k"].len(), 3);
+        assert_eq!(check(&ops, 10_000).anomalies, 1);
     }
 
     #[test]

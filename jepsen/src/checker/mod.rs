@@ -19,6 +19,7 @@ pub mod fencing;
 pub mod limiter;
 pub mod linear;
 pub mod mutex;
+pub mod watch;
 
 /// An invocation and its completion.
 #[derive(Clone, Debug, PartialEq)]

@@ -6,9 +6,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use super::{interrupted, Layout, TestOpts, GRPC_PORT, REDIS_PORT, RESP_PORT};
+use super::{
+    interrupted, Layout, TestOpts, ETCD_PEER_PORT, ETCD_PORT, GRPC_PORT, REDIS_PORT, RESP_PORT,
+};
 use crate::client::ClientSpec;
 use crate::env::{Env, Spec};
+use crate::system::System;
 
 /// The wall-clock shim for redis-server (see `shim/clockshim.c` for why not libfaketime),
 /// compiled with the system C compiler into `out`. `None` if there is no compiler.
@@ -117,6 +120,44 @@ pub(crate) fn node_spec(
                 program: find_program("fenced", &o.bin_dir)?,
                 args: fenced_serve_args(i + 1, &l.data_dir.join(name), &ip, &cluster),
                 env: vec![("FENCED_TEST_CLOCK_OFFSET_FILE".into(), clock)],
+            }
+        }
+        System::Etcd => {
+            // A restart (kill nemesis) reuses the data dir, where etcd ignores the
+            // --initial-cluster flags.
+            let cluster: Vec<String> = l.nodes[..l.initial]
+                .iter()
+                .map(|n| {
+                    let ip = env.host(n).map(|h| h.ip.clone()).unwrap_or_default();
+                    format!("{n}=http://{ip}:{ETCD_PEER_PORT}")
+                })
+                .collect();
+            let client = format!("http://{ip}:{ETCD_PORT}");
+            let peer = format!("http://{ip}:{ETCD_PEER_PORT}");
+            Spec {
+                host: name.clone(),
+                program: find_program("etcd", &o.bin_dir)?,
+                args: vec![
+                    "--name".into(),
+                    name.clone(),
+                    "--data-dir".into(),
+                    l.data_dir.join(name).display().to_string(),
+                    "--listen-client-urls".into(),
+                    client.clone(),
+                    "--advertise-client-urls".into(),
+                    client,
+                    "--listen-peer-urls".into(),
+                    peer.clone(),
+                    "--initial-advertise-peer-urls".into(),
+                    peer,
+                    "--initial-cluster".into(),
+                    cluster.join(","),
+                    "--initial-cluster-state".into(),
+                    "new".into(),
+                    "--initial-cluster-token".into(),
+                    "fenced-jepsen".into(),
+                ],
+                env: vec![],
             }
         }
         _ => {
