@@ -319,28 +319,21 @@ impl Feed {
             };
             let page = match page {
                 Ok(page) => page,
-                Err(EtcdError::Compacted { compact_revision }) => {
-                    self.remove(id);
-                    return self
-                        .send(epb::WatchResponse {
-                            header: self.api.header(state_rev),
-                            watch_id: id,
-                            canceled: true,
-                            compact_revision: rev_out(compact_revision),
-                            cancel_reason: "etcdserver: mvcc: required revision has been compacted"
-                                .into(),
-                            ..Default::default()
-                        })
-                        .await;
-                }
                 Err(e) => {
+                    // Compacted past its position (etcd's compact_revision tells the client
+                    // where it may resume), or refused otherwise: the watch ends.
                     self.remove(id);
+                    let compact_revision = match e {
+                        EtcdError::Compacted { compact_revision } => rev_out(compact_revision),
+                        _ => 0,
+                    };
                     return self
                         .send(epb::WatchResponse {
                             header: self.api.header(state_rev),
                             watch_id: id,
                             canceled: true,
-                            cancel_reason: e.to_string(),
+                            compact_revision,
+                            cancel_reason: super::etcd_status(&e).message().to_owned(),
                             ..Default::default()
                         })
                         .await;
