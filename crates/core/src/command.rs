@@ -397,6 +397,11 @@ pub enum Event {
     },
     /// A keyspace side effect (pub/sub message, list push), delivered on every node.
     Kv(KvEvent),
+    /// The etcd keyspace changed at `revision`: a write, or a compaction that moved the
+    /// compact revision (also sent by the storage when a snapshot replaced the state). Only a
+    /// wake-up for watches, which read the changes themselves from the keyspace's history:
+    /// a lost one delays a watcher, never costs it an event.
+    EtcdChanged { revision: Revision },
 }
 
 /// The outcome of applying one request.

@@ -346,7 +346,9 @@ impl StateMachine {
                 .map_err(CoreError::Limit),
             Command::Etcd(etcd) => match crate::gate::refused_by_entry(cmd, semantics) {
                 Some(refused) => Err(refused),
-                None => self.apply_etcd(revision, etcd).map_err(CoreError::Etcd),
+                None => self
+                    .apply_etcd(revision, etcd, events)
+                    .map_err(CoreError::Etcd),
             },
         };
         result.unwrap_or_else(Response::Rejected)

@@ -308,7 +308,7 @@ fn run_and_check(ops: &[(Op, u64)]) -> Result<(), TestCaseError> {
                     }
                 }
                 Event::WaiterGaveUp { request, .. } => view.dequeue(*request),
-                Event::Kv(_) => {}
+                Event::Kv(_) | Event::EtcdChanged { .. } => {}
                 Event::WaiterGranted { request, token, .. } => {
                     // The command's own grant (if any) precedes its hand-overs.
                     if !granted_now && *token == cmd_rev {

@@ -226,7 +226,7 @@ proptest! {
                         grant(&mut holder, name, owner, *token)?;
                     }
                     Event::WaiterGaveUp { .. } => {}
-                    Event::Kv(_) => {}
+                    Event::Kv(_) | Event::EtcdChanged { .. } => {}
                 }
             }
             if let (Command::Acquire { name, owner, .. }, Response::Granted { token, holds: 1, .. }) = (&req.cmd, &applied.response) {

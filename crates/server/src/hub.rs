@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use fenced_core::kv::KvEvent;
 use fenced_core::{Event, RequestId};
-use tokio::sync::{broadcast, oneshot};
+use tokio::sync::{broadcast, oneshot, watch};
 
 /// Events (keyspace events, ended grants) buffered per subscriber before it counts as lagging
 /// (and loses some; a lagging lock-loss watcher tells its client).
@@ -27,6 +27,10 @@ pub struct Hub {
     kv: broadcast::Sender<KvEvent>,
     /// Ended grants (`Event::LockReleased`), for lock-loss watchers.
     released: broadcast::Sender<Event>,
+    /// The revision of the last etcd keyspace change applied on this node
+    /// (`Event::EtcdChanged`): etcd watches wake on it and read the changes from the
+    /// keyspace's history, so they never miss one however many wake-ups coalesce.
+    etcd: watch::Sender<u64>,
 }
 
 impl Default for Hub {
@@ -35,6 +39,7 @@ impl Default for Hub {
             waiters: Arc::default(),
             kv: broadcast::channel(EVENT_BUFFER).0,
             released: broadcast::channel(EVENT_BUFFER).0,
+            etcd: watch::Sender::new(0),
         }
     }
 }
@@ -95,6 +100,12 @@ impl Hub {
         self.released.subscribe()
     }
 
+    /// Wakes whenever the etcd keyspace changed on this node (its value: the revision of the
+    /// last change; a wake-up, not a feed).
+    pub fn etcd_changes(&self) -> watch::Receiver<u64> {
+        self.etcd.subscribe()
+    }
+
     pub fn register(&self, rid: RequestId) -> Registration {
         let (tx, rx) = oneshot::channel();
         let key = {
@@ -128,6 +139,10 @@ impl Hub {
                 Event::LockReleased { .. } => {
                     // No watcher is fine.
                     let _ = self.released.send(e.clone());
+                    continue;
+                }
+                Event::EtcdChanged { revision } => {
+                    self.etcd.send_replace(*revision);
                     continue;
                 }
             };

@@ -414,7 +414,7 @@ impl Metrics {
                         })
                         .inc();
                 }
-                Event::Kv(_) => {}
+                Event::Kv(_) | Event::EtcdChanged { .. } => {}
             }
         }
     }

@@ -382,6 +382,11 @@ async fn listen(
                 users.clone(),
                 tls,
             ))
+            .add_service(crate::api::etcd::watch_server(
+                node.clone(),
+                users.clone(),
+                tls,
+            ))
             .add_service(crate::api::etcd::auth_server(node.clone(), users, tls))
             .add_service(health_service);
         let mut rx = shutdown_rx.clone();

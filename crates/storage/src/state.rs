@@ -192,6 +192,10 @@ impl StateMachineStore {
             .run(snapshot::DIR, move || store.install(&path, &m))
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), &e))?;
+        // The state is replaced: etcd watches re-read the keyspace (they may be compacted).
+        let changed = fenced_core::Event::EtcdChanged {
+            revision: machine.revision(),
+        };
         let new_state = SmState {
             last_applied: meta.last_log_id,
             membership: meta.last_membership.clone(),
@@ -201,6 +205,8 @@ impl StateMachineStore {
             StorageIOError::write_state_machine(AnyError::new(&StoreError::Poisoned))
         })?;
         *st = new_state;
+        drop(st);
+        (self.events)(&[changed]);
         Ok(())
     }
 }

@@ -40,11 +40,13 @@ impl StateMachine {
         &self.etcd
     }
 
-    /// Run an etcd command at `revision` (the command's own).
+    /// Run an etcd command at `revision` (the command's own). A write or a compaction adds
+    /// [`Event::EtcdChanged`] to `events`, the watches' wake-up.
     pub(super) fn apply_etcd(
         &mut self,
         revision: Revision,
         cmd: &EtcdCommand,
+        events: &mut Vec<Event>,
     ) -> Result<Response, EtcdError> {
         let (wrote, reply) = match cmd {
             EtcdCommand::Put(req) => {
@@ -66,6 +68,9 @@ impl StateMachine {
                 (false, EtcdReply::Compact(stats))
             }
         };
+        if wrote || matches!(cmd, EtcdCommand::Compact { .. }) {
+            events.push(Event::EtcdChanged { revision });
+        }
         Ok(Response::Etcd {
             revision,
             wrote,

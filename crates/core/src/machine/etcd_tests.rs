@@ -376,3 +376,48 @@ fn restore_marks_the_etcd_history_compacted_at_the_bumped_revision() {
     assert!(plain.etcd().is_untouched());
     assert_eq!(plain.body_version(), 1);
 }
+
+#[test]
+fn etcd_writes_and_compactions_wake_watches_and_nothing_else_does() {
+    let mut log = Log::new();
+    let events_of = |log: &mut Log, cmd: Command| {
+        log.index += 1;
+        let batch = Batch {
+            requests: vec![Request {
+                time_ms: 1_000 + log.index,
+                client: None,
+                cmd,
+            }],
+            semantics: log.semantics,
+        };
+        log.sm.apply_batch(log.index, &batch).events
+    };
+    let put = events_of(
+        &mut log,
+        Command::Etcd(EtcdCommand::Put(PutRequest::new("a", "1"))),
+    );
+    let rev = log.sm.revision();
+    assert_eq!(put, [Event::EtcdChanged { revision: rev }]);
+    // A delete that matches nothing writes nothing: no wake-up.
+    let none = events_of(
+        &mut log,
+        Command::Etcd(EtcdCommand::DeleteRange(DeleteRangeRequest {
+            range: KeyRange::key("missing"),
+            prev_kv: false,
+        })),
+    );
+    assert!(none.is_empty(), "{none:?}");
+    // Neither do other commands.
+    assert!(events_of(&mut log, Command::Tick).is_empty());
+    let compact = events_of(
+        &mut log,
+        Command::Etcd(EtcdCommand::Compact { revision: rev }),
+    );
+    assert_eq!(
+        compact,
+        [Event::EtcdChanged {
+            revision: log.sm.revision()
+        }],
+        "a compaction wakes watches (those below it are cancelled)"
+    );
+}

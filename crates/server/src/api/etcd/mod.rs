@@ -2,9 +2,8 @@
 //! state machine ([`fenced_core::etcd`]): `etcdctl --endpoints=<any node's gRPC address>` and
 //! etcd client libraries work unchanged. One file per service: [`kv`] (`KV`), [`maintenance`]
 //! (`Maintenance.Status`/`Alarm`), [`cluster`] (`Cluster.MemberList`), [`auth`]
-//! (`Auth.Authenticate`); [`convert`] translates messages, [`perm`] asks fenced's users.
-//! `Watch` comes next (`watch.rs`), `Lease`, `v3lockpb.Lock` and `v3electionpb.Election` with
-//! issue 27.
+//! (`Auth.Authenticate`), [`watch`] (`Watch`); [`convert`] translates messages, [`perm`] asks
+//! fenced's users. `Lease`, `v3lockpb.Lock` and `v3electionpb.Election` come with issue 27.
 //!
 //! * **Headers.** Every answer's `header` is [`EtcdApi::header`]: `cluster_id` = fenced's
 //!   persisted cluster id, `member_id` = this node's id, `raft_term` = its current term,
@@ -34,6 +33,7 @@ mod convert;
 mod kv;
 mod maintenance;
 mod perm;
+mod watch;
 
 use std::sync::Arc;
 
@@ -57,6 +57,7 @@ pub const VERSION: &str = concat!("3.5.0+fenced.", env!("CARGO_PKG_VERSION"));
 pub(crate) type Reply<T> = Result<tonic::Response<T>, Status>;
 
 /// The etcd services' handler.
+#[derive(Clone)]
 pub struct EtcdApi {
     node: Node,
     users: Arc<Users>,
@@ -84,6 +85,15 @@ pub fn cluster_server(
     tls: bool,
 ) -> epb::cluster_server::ClusterServer<EtcdApi> {
     epb::cluster_server::ClusterServer::new(EtcdApi { node, users, tls })
+        .max_decoding_message_size(MAX_ETCD_MESSAGE)
+}
+
+pub fn watch_server(
+    node: Node,
+    users: Arc<Users>,
+    tls: bool,
+) -> epb::watch_server::WatchServer<EtcdApi> {
+    epb::watch_server::WatchServer::new(EtcdApi { node, users, tls })
         .max_decoding_message_size(MAX_ETCD_MESSAGE)
 }
 

@@ -1,0 +1,446 @@
+//! `etcdserverpb.Watch`: one bidirectional stream per client, many watches on it.
+//!
+//! **Built on the history, woken by apply.** A watch is a key range and a position `after`:
+//! every change to the range at or below `after` has been sent (or never existed). Whenever
+//! the etcd keyspace changes on this node the hub wakes the stream ([`Hub::etcd_changes`],
+//! a wake-up that coalesces, not a feed), and the stream reads the changes after `after`
+//! from the keyspace's own change feed ([`StateMachine::etcd_events_since`]) on an O(1) clone
+//! of the state. So a watch sees every change of its range in revision order, once, whether
+//! it is caught up or far behind, however many wake-ups coalesced, across leader changes and
+//! snapshot installs (an install wakes the streams too); and a client that resumes with
+//! `start_revision = last seen + 1` on any node continues with no gap and no duplicate.
+//!
+//! * **Slow watchers never stall apply.** Nothing here holds the state lock while it reads
+//!   or sends: each page is computed on its own clone, and sending waits for the client
+//!   (a bounded channel). A watcher that falls behind catches up from the history; if
+//!   compaction passed its position meanwhile, it is cancelled with etcd's
+//!   `compact_revision` (clients see "required revision has been compacted").
+//! * **Pages** hold up to [`PAGE_EVENTS`] events and never split a revision (etcd sends one
+//!   revision's events in one response). A watch created with `fragment` has responses over
+//!   [`FRAGMENT_BYTES`] split into fragments, the last one with `fragment = false`.
+//! * **Positions.** `start_revision` s watches from `after = s - 1`; 0 = from this node's
+//!   current revision. A watcher that has seen everything up to the state it read moves its
+//!   position to that state's revision, so a compaction at or below it (revisions of lock
+//!   commands included) never cancels a caught-up watcher.
+//! * **Progress.** `progress_notify` watches get an empty response with the current
+//!   position every [`PROGRESS_NOTIFY`] without events (etcd's default interval). A
+//!   `WatchProgressRequest` is answered (watch id -1, as etcd 3.5) once every watch of the
+//!   stream has caught up, with the revision up to which all of them have seen everything.
+//! * **Ids** as etcd: 0 asks for one (the stream's next free id, from 0), any other must be
+//!   unused on the stream; a cancel of an unknown id is ignored.
+//! * **Permissions**: a watch needs `GET` on its range ([`permit_range`]); refused, it is
+//!   answered created-and-cancelled with etcd's reason, like a duplicate id.
+//! * A node fenced out by its divergence alarm ends the stream with its error.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fenced_core::etcd::{self as core, EtcdError, EventKind, KeyRange};
+use fenced_core::StateMachine;
+use fenced_proto::etcd::{etcdserverpb as epb, mvccpb};
+use fenced_resp::acl::User;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::Stream;
+use tonic::{Request, Status, Streaming};
+
+use epb::watch_server::Watch;
+
+use super::convert::{kv, range_of};
+use super::perm::permit_range;
+use super::{rev_in, rev_out, status_of, EtcdApi, Reply};
+
+/// Most events in one response (more go in the next; a revision is never split).
+pub const PAGE_EVENTS: usize = 1_000;
+/// Size above which a `fragment` watch's response is split: etcd's request limit.
+pub const FRAGMENT_BYTES: usize = core::MAX_REQUEST_BYTES;
+/// How often an idle `progress_notify` watch hears its position (etcd's default).
+pub const PROGRESS_NOTIFY: Duration = Duration::from_secs(600);
+/// Responses queued for a slow client before the stream waits for it.
+const QUEUE: usize = 16;
+/// A catch-up of more than this many revisions reads on a blocking thread (a narrow watch
+/// far behind may scan many changes to other keys).
+const INLINE_GAP: u64 = 4_096;
+
+/// etcd's reason for a watch id already in use on the stream.
+const DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
+/// etcd's id for "no watch" (a refused create, a progress answer).
+const NO_WATCH: i64 = -1;
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<epb::WatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Watch for EtcdApi {
+    type WatchStream = WatchStream;
+
+    async fn watch(&self, req: Request<Streaming<epb::WatchRequest>>) -> Reply<Self::WatchStream> {
+        let user = self.users.caller(&req)?;
+        self.node.serving().map_err(status_of)?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let stream = Feed {
+            api: self.clone(),
+            user,
+            tx,
+            watchers: BTreeMap::new(),
+            next_id: 0,
+        };
+        tokio::spawn(stream.run(req.into_inner()));
+        let out: WatchStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+        Ok(tonic::Response::new(out))
+    }
+}
+
+/// One watch of a stream.
+struct Watcher {
+    range: KeyRange,
+    /// Every change of `range` at or below this revision has been sent or never existed.
+    after: u64,
+    no_put: bool,
+    no_delete: bool,
+    prev_kv: bool,
+    fragment: bool,
+    progress_notify: bool,
+    /// When it last sent anything (for progress notifications).
+    last_sent: Instant,
+}
+
+/// A watch stream's state, owned by its task.
+struct Feed {
+    api: EtcdApi,
+    user: Arc<User>,
+    tx: mpsc::Sender<Result<epb::WatchResponse, Status>>,
+    watchers: BTreeMap<i64, Watcher>,
+    next_id: i64,
+}
+
+/// The client went away: the stream ends.
+struct Gone;
+
+impl Feed {
+    async fn run(mut self, mut inbound: Streaming<epb::WatchRequest>) {
+        let mut changes = self.api.node.hub().etcd_changes();
+        let mut progress = tokio::time::interval(PROGRESS_NOTIFY / 10);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let step = tokio::select! {
+                msg = inbound.message() => match msg {
+                    Ok(Some(req)) => self.request(req).await,
+                    // The client closed its side, or the connection failed.
+                    Ok(None) | Err(_) => return,
+                },
+                changed = changes.changed() => match changed {
+                    Ok(()) => self.catch_up().await,
+                    Err(_) => return,
+                },
+                _ = progress.tick() => self.notify_progress().await,
+                () = self.tx.closed() => return,
+            };
+            if step.is_err() {
+                return;
+            }
+        }
+    }
+
+    async fn send(&self, resp: epb::WatchResponse) -> Result<(), Gone> {
+        self.tx.send(Ok(resp)).await.map_err(|_| Gone)
+    }
+
+    async fn request(&mut self, req: epb::WatchRequest) -> Result<(), Gone> {
+        use epb::watch_request::RequestUnion;
+        match req.request_union {
+            Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
+            Some(RequestUnion::CancelRequest(c)) => {
+                if self.watchers.remove(&c.watch_id).is_some() {
+                    let revision = self.api.node.local(|sm| sm.revision());
+                    self.send(epb::WatchResponse {
+                        header: self.api.header(revision),
+                        watch_id: c.watch_id,
+                        canceled: true,
+                        ..Default::default()
+                    })
+                    .await?;
+                }
+                Ok(())
+            }
+            Some(RequestUnion::ProgressRequest(_)) => {
+                // Catch every watch up first: the answer promises all of them have seen
+                // everything up to its revision.
+                self.catch_up().await?;
+                let revision = match self.watchers.values().map(|w| w.after).min() {
+                    Some(r) => r,
+                    None => self.api.node.local(|sm| sm.revision()),
+                };
+                self.send(epb::WatchResponse {
+                    header: self.api.header(revision),
+                    watch_id: NO_WATCH,
+                    ..Default::default()
+                })
+                .await
+            }
+            None => Ok(()),
+        }
+    }
+
+    async fn create(&mut self, c: epb::WatchCreateRequest) -> Result<(), Gone> {
+        let range = range_of(c.key, c.range_end);
+        let now = self.api.node.local(|sm| sm.revision());
+        let refused = |reason: String| epb::WatchResponse {
+            header: self.api.header(now),
+            watch_id: NO_WATCH,
+            created: true,
+            canceled: true,
+            cancel_reason: reason,
+            ..Default::default()
+        };
+        if let Err(denied) = permit_range(&self.user, "GET", &range) {
+            return self.send(refused(denied.message().to_owned())).await;
+        }
+        if range.key.is_empty() && range.range_end.is_empty() {
+            return self.send(refused(EtcdError::EmptyKey.to_string())).await;
+        }
+        let id = if c.watch_id == 0 {
+            while self.watchers.contains_key(&self.next_id) {
+                self.next_id += 1;
+            }
+            self.next_id
+        } else if self.watchers.contains_key(&c.watch_id) || c.watch_id < 0 {
+            return self.send(refused(DUPLICATE_ID.into())).await;
+        } else {
+            c.watch_id
+        };
+        let filters = |f: epb::watch_create_request::FilterType| c.filters.contains(&(f as i32));
+        let start = rev_in(c.start_revision);
+        self.watchers.insert(
+            id,
+            Watcher {
+                range,
+                after: if start == 0 { now } else { start - 1 },
+                no_put: filters(epb::watch_create_request::FilterType::Noput),
+                no_delete: filters(epb::watch_create_request::FilterType::Nodelete),
+                prev_kv: c.prev_kv,
+                fragment: c.fragment,
+                progress_notify: c.progress_notify,
+                last_sent: Instant::now(),
+            },
+        );
+        self.send(epb::WatchResponse {
+            header: self.api.header(now),
+            watch_id: id,
+            created: true,
+            ..Default::default()
+        })
+        .await?;
+        // A watch from an older revision has history to send now.
+        self.catch_up().await
+    }
+
+    /// Send every watch what changed after its position.
+    async fn catch_up(&mut self) -> Result<(), Gone> {
+        if let Err(e) = self.api.node.serving() {
+            let _ = self.tx.send(Err(status_of(e))).await;
+            return Err(Gone);
+        }
+        let ids: Vec<i64> = self.watchers.keys().copied().collect();
+        for id in ids {
+            self.catch_up_one(id).await?;
+        }
+        Ok(())
+    }
+
+    async fn catch_up_one(&mut self, id: i64) -> Result<(), Gone> {
+        loop {
+            let Some(w) = self.watchers.get(&id) else {
+                return Ok(());
+            };
+            let (range, after, prev_kv) = (w.range.clone(), w.after, w.prev_kv);
+            let sm = self.api.node.local(StateMachine::clone);
+            let state_rev = sm.revision();
+            let read = move || sm.etcd_events_since(after, &range, PAGE_EVENTS, prev_kv);
+            let page = if state_rev.saturating_sub(after) <= INLINE_GAP {
+                read()
+            } else {
+                match tokio::task::spawn_blocking(read).await {
+                    Ok(page) => page,
+                    Err(e) => {
+                        let _ = self
+                            .tx
+                            .send(Err(Status::internal(format!("a watch read failed: {e}"))))
+                            .await;
+                        return Err(Gone);
+                    }
+                }
+            };
+            let page = match page {
+                Ok(page) => page,
+                Err(EtcdError::Compacted { compact_revision }) => {
+                    self.watchers.remove(&id);
+                    return self
+                        .send(epb::WatchResponse {
+                            header: self.api.header(state_rev),
+                            watch_id: id,
+                            canceled: true,
+                            compact_revision: rev_out(compact_revision),
+                            cancel_reason: "etcdserver: mvcc: required revision has been compacted"
+                                .into(),
+                            ..Default::default()
+                        })
+                        .await;
+                }
+                Err(e) => {
+                    self.watchers.remove(&id);
+                    return self
+                        .send(epb::WatchResponse {
+                            header: self.api.header(state_rev),
+                            watch_id: id,
+                            canceled: true,
+                            cancel_reason: e.to_string(),
+                            ..Default::default()
+                        })
+                        .await;
+                }
+            };
+            let Some(w) = self.watchers.get_mut(&id) else {
+                return Ok(());
+            };
+            let events: Vec<mvccpb::Event> = page
+                .events
+                .into_iter()
+                .filter(|e| match e.kind {
+                    EventKind::Put => !w.no_put,
+                    EventKind::Delete => !w.no_delete,
+                })
+                .map(event)
+                .collect();
+            // Nothing else changed up to the state read when this page ended the feed.
+            w.after = if page.more {
+                page.resume_after
+            } else {
+                page.resume_after.max(state_rev)
+            };
+            let fragment = w.fragment;
+            if !events.is_empty() {
+                w.last_sent = Instant::now();
+                let header = self.api.header(state_rev);
+                for resp in responses(id, header, events, fragment) {
+                    self.send(resp).await?;
+                }
+            }
+            if !page.more {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Tell each idle `progress_notify` watch its position.
+    async fn notify_progress(&mut self) -> Result<(), Gone> {
+        let due: Vec<i64> = self
+            .watchers
+            .iter()
+            .filter(|(_, w)| w.progress_notify && w.last_sent.elapsed() >= PROGRESS_NOTIFY)
+            .map(|(id, _)| *id)
+            .collect();
+        if due.is_empty() {
+            return Ok(());
+        }
+        self.catch_up().await?;
+        for id in due {
+            let Some(w) = self.watchers.get_mut(&id) else {
+                continue;
+            };
+            w.last_sent = Instant::now();
+            let header = self.api.header(w.after);
+            self.send(epb::WatchResponse {
+                header,
+                watch_id: id,
+                ..Default::default()
+            })
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+fn event(e: core::Event) -> mvccpb::Event {
+    mvccpb::Event {
+        r#type: match e.kind {
+            EventKind::Put => mvccpb::event::EventType::Put as i32,
+            EventKind::Delete => mvccpb::event::EventType::Delete as i32,
+        },
+        kv: Some(kv(e.kv)),
+        prev_kv: e.prev_kv.map(kv),
+    }
+}
+
+/// One response with `events`, or — for a `fragment` watch whose response would exceed
+/// [`FRAGMENT_BYTES`] — fragments of at most that size (at least one event each), every one
+/// but the last marked `fragment`.
+fn responses(
+    id: i64,
+    header: Option<epb::ResponseHeader>,
+    events: Vec<mvccpb::Event>,
+    fragment: bool,
+) -> Vec<epb::WatchResponse> {
+    let whole = |events: Vec<mvccpb::Event>, fragment: bool| epb::WatchResponse {
+        header,
+        watch_id: id,
+        events,
+        fragment,
+        ..Default::default()
+    };
+    if !fragment {
+        return vec![whole(events, false)];
+    }
+    let mut out = Vec::new();
+    let (mut part, mut bytes) = (Vec::new(), 0usize);
+    for e in events {
+        let size = e.encoded_len();
+        if !part.is_empty() && bytes + size > FRAGMENT_BYTES {
+            out.push(whole(std::mem::take(&mut part), true));
+            bytes = 0;
+        }
+        bytes += size;
+        part.push(e);
+    }
+    out.push(whole(part, false));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(value_len: usize) -> mvccpb::Event {
+        mvccpb::Event {
+            r#type: 0,
+            kv: Some(mvccpb::KeyValue {
+                key: b"k".to_vec(),
+                value: vec![0; value_len],
+                ..Default::default()
+            }),
+            prev_kv: None,
+        }
+    }
+
+    #[test]
+    fn large_responses_of_a_fragment_watch_are_split_and_the_last_fragment_says_so() {
+        let events = vec![put(FRAGMENT_BYTES / 3); 5];
+        let out = responses(3, None, events.clone(), true);
+        assert_eq!(out.len(), 3, "two events per fragment");
+        assert!(out[..2].iter().all(|r| r.fragment));
+        assert!(!out[2].fragment);
+        let joined: Vec<_> = out.into_iter().flat_map(|r| r.events).collect();
+        assert_eq!(joined, events, "fragments lose or reorder nothing");
+        let whole = responses(3, None, events, false);
+        assert_eq!(whole.len(), 1, "without fragment, one response");
+    }
+
+    #[test]
+    fn an_event_larger_than_a_fragment_goes_alone() {
+        let out = responses(1, None, vec![put(FRAGMENT_BYTES + 10), put(1)], true);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].events.len(), 1);
+    }
+}
