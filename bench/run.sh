@@ -190,7 +190,7 @@ fi
     echo "# $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(lscpu | sed -n 's/^Model name: *//p')"
     echo "# redis $(redis-server --version 2>/dev/null | sed 's/.*v=\([^ ]*\).*/\1/'), $("${ETCD_BIN:-etcd}" --version 2>/dev/null | head -1)"
     echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-    echo "# fenced-bench --compare $BACKENDS ${ARGS[*]}"
+    [ "$LOCKS" = 0 ] || echo "# fenced-bench --compare $BACKENDS ${ARGS[*]}"
     # The disk every backend fsyncs to: 500 fdatasyncs of a 4 KiB append, as the logs do.
     python3 - "$WORK" <<'FSYNC' || true
 import os, sys, time
@@ -279,14 +279,16 @@ fi
 # txn-CAS (compare mod_revision then put, a key per client), range (linearizable point gets of
 # KV_KEYSPACE preloaded keys), mixed (KV_PUT_PERCENT % puts on that keyspace, the rest gets) at
 # KV_CLIENTS (default CLIENTS), values KV_VALUE_SIZE bytes; watch fan-out: WATCHERS watchers on
-# one prefix over WATCH_STREAMS streams, one writer at WATCH_RATE puts/s. ETCD_API=1 or only.
+# one prefix over WATCH_STREAMS streams, WATCH_WRITERS writers putting into it at WATCH_RATE
+# puts/s together (a list, each a cell; 0 = unpaced: the delivery capacity). ETCD_API=1|only.
 if [ "$ETCD_API" != 0 ]; then
     if ! need fenced || ! need etcd; then echo "ETCD_API needs backends fenced and etcd" >&2; exit 1; fi
     "$BENCH" --kv "${KV_WORKLOADS:-put,txn,range,mixed,watch}" --compare fenced,etcd \
         --duration "$DURATION" --rounds "$ROUNDS" --clients "${KV_CLIENTS:-$CLIENTS}" \
         --kv-value-size "${KV_VALUE_SIZE:-100}" --kv-keyspace "${KV_KEYSPACE:-10000}" \
         --kv-put-percent "${KV_PUT_PERCENT:-30}" --watchers "${WATCHERS:-1000}" \
-        --watch-streams "${WATCH_STREAMS:-20}" --watch-rate "${WATCH_RATE:-100}" \
+        --watch-streams "${WATCH_STREAMS:-20}" --watch-rate "${WATCH_RATE:-100,0}" \
+        --watch-writers "${WATCH_WRITERS:-16}" \
         --fenced "$GRPC" --etcd "$ETCD_EPS" --pids "fenced=$F" \
         --pids "etcd=$(IFS=,; echo "${EPIDS[*]}")" \
         --json "$OUT/etcd-api.json" --markdown "$OUT/etcd-api.md"

@@ -38,7 +38,10 @@ pub struct KvConfig {
     pub put_percent: u32,
     pub watchers: usize,
     pub watch_streams: usize,
-    pub watch_rate: f64,
+    /// Writer rates of the fan-out, puts/s (each a cell; 0: as fast as one writer goes).
+    pub watch_rates: Vec<f64>,
+    /// Writers of the fan-out (the rate is theirs together).
+    pub watch_writers: usize,
     /// The memory run, once per backend after the rounds (`None`: not run).
     pub memory: Option<MemoryWorkload>,
     pub run_id: String,
@@ -94,6 +97,7 @@ struct WatchRow<'a> {
     watchers: usize,
     streams: usize,
     writer_rate: f64,
+    writers: usize,
     rounds: usize,
     server_cpu_us_per_event: Option<f64>,
     bench_cpu_us_per_event: Option<f64>,
@@ -121,11 +125,13 @@ pub async fn run(cfg: &KvConfig) -> anyhow::Result<KvReport> {
     let nb = cfg.targets.len();
     let mut kv: BTreeMap<KvKey, KvMeasured> = BTreeMap::new();
     let mut kv_cpu: BTreeMap<KvKey, Spent> = BTreeMap::new();
-    let mut watch: BTreeMap<usize, WatchMeasured> = BTreeMap::new();
-    let mut watch_cpu: BTreeMap<usize, Spent> = BTreeMap::new();
+    // Keyed by (rate index, backend).
+    let mut watch: BTreeMap<(usize, usize), WatchMeasured> = BTreeMap::new();
+    let mut watch_cpu: BTreeMap<(usize, usize), Spent> = BTreeMap::new();
     let mut preloaded = vec![false; nb];
     let preload_prefix = format!("kvbench-{}/pre", cfg.run_id);
-    let cells = cfg.ops.len() * cfg.clients.len() + usize::from(cfg.watch);
+    let watch_rates: &[f64] = if cfg.watch { &cfg.watch_rates } else { &[] };
+    let cells = cfg.ops.len() * cfg.clients.len() + watch_rates.len();
     let total = cfg.rounds * cells * nb;
     let mut done = 0;
     for round in 0..cfg.rounds {
@@ -185,7 +191,7 @@ pub async fn run(cfg: &KvConfig) -> anyhow::Result<KvReport> {
                 }
             }
         }
-        if cfg.watch {
+        for (ri, &rate) in watch_rates.iter().enumerate() {
             for k in 0..nb {
                 let bi = (k + round) % nb;
                 let t = &cfg.targets[bi];
@@ -193,26 +199,29 @@ pub async fn run(cfg: &KvConfig) -> anyhow::Result<KvReport> {
                 let streams = (0..cfg.watch_streams.max(1))
                     .map(|s| channel(&t.endpoints[s % n]))
                     .collect::<anyhow::Result<Vec<_>>>()?;
-                let writer = channel(&t.endpoints[0])?;
+                let writers = (0..cfg.watch_writers.max(1))
+                    .map(|j| channel(&t.endpoints[j % n]))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
                 done += 1;
                 eprintln!(
-                    "[{done}/{total}] round {} {}: watch, {} watchers on {} streams, writer {} puts/s ...",
+                    "[{done}/{total}] round {} {}: watch, {} watchers on {} streams, {} writers at {} puts/s ...",
                     round + 1,
                     t.name,
                     cfg.watchers,
                     streams.len(),
-                    cfg.watch_rate
+                    cfg.watch_writers.max(1),
+                    rate
                 );
                 let w = WatchWorkload {
                     watchers: cfg.watchers,
                     streams: streams.len(),
-                    rate: cfg.watch_rate,
+                    rate,
                     duration: cfg.duration,
                     grace: Duration::from_secs(5),
                     value_size: cfg.value_size,
-                    prefix: format!("kvbench-{}/w{round}/", cfg.run_id),
+                    prefix: format!("kvbench-{}/w{round}-{ri}/", cfg.run_id),
                 };
-                let (m, server, bench) = measured(t, run_watch(streams, writer, &w)).await;
+                let (m, server, bench) = measured(t, run_watch(streams, writers, &w)).await;
                 let s = m.summary();
                 eprintln!(
                     "    {} puts, {:.0} events/s, lag p50 {} p99 {} µs, missing {}, errors {}{}",
@@ -228,14 +237,14 @@ pub async fn run(cfg: &KvConfig) -> anyhow::Result<KvReport> {
                         .unwrap_or_default()
                 );
                 add(
-                    watch_cpu.entry(bi).or_insert(Spent {
+                    watch_cpu.entry((ri, bi)).or_insert(Spent {
                         server_us: Some(0.0),
                         bench_us: 0.0,
                     }),
                     server,
                     bench,
                 );
-                watch.entry(bi).or_default().merge(&m);
+                watch.entry((ri, bi)).or_default().merge(&m);
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }
@@ -329,16 +338,21 @@ fn ratio(a: Option<f64>, b: Option<f64>) -> String {
     }
 }
 
+/// µs: whole above 10, one decimal below (watch events cost about 1 µs).
 fn us(v: Option<f64>) -> String {
-    v.map_or("n/a".to_owned(), |v| format!("{v:.0}"))
+    match v {
+        None => "n/a".to_owned(),
+        Some(v) if v < 10.0 => format!("{v:.1}"),
+        Some(v) => format!("{v:.0}"),
+    }
 }
 
 fn report(
     cfg: &KvConfig,
     kv: &BTreeMap<KvKey, KvMeasured>,
     kv_cpu: &BTreeMap<KvKey, Spent>,
-    watch: &BTreeMap<usize, WatchMeasured>,
-    watch_cpu: &BTreeMap<usize, Spent>,
+    watch: &BTreeMap<(usize, usize), WatchMeasured>,
+    watch_cpu: &BTreeMap<(usize, usize), Spent>,
 ) -> anyhow::Result<KvReport> {
     let base = &cfg.targets[0].name;
     let mut rows = Vec::new();
@@ -410,52 +424,68 @@ fn report(
             "| watch fan-out | backend | writer puts/s | events/s delivered | {base} ÷ this | lag after ack p50 / p99 (ms) | p99 {base} ÷ this | lag from send p50 / p99 (ms) | server CPU µs/event | CPU {base} ÷ this | bench CPU µs/event | missing | errors |\n"
         ));
         md.push_str("|---|---|---:|---:|---:|---|---:|---|---:|---:|---:|---:|---:|\n");
-        let ws: BTreeMap<usize, WatchSummary> =
+        let ws: BTreeMap<(usize, usize), WatchSummary> =
             watch.iter().map(|(k, m)| (*k, m.summary())).collect();
-        let cpu_of = |bi: usize, s: &WatchSummary| {
-            let spent = watch_cpu.get(&bi).copied().unwrap_or_default();
+        let cpu_of = |k: (usize, usize), s: &WatchSummary| {
+            let spent = watch_cpu.get(&k).copied().unwrap_or_default();
             (
                 per(spent.server_us, s.events),
                 per(Some(spent.bench_us), s.events),
             )
         };
-        let b = ws.get(&0);
-        let b_cpu = b.and_then(|s| cpu_of(0, s).0);
-        for (bi, t) in cfg.targets.iter().enumerate() {
-            let Some(s) = ws.get(&bi) else {
-                continue;
+        for (ri, &rate) in cfg.watch_rates.iter().enumerate() {
+            let b = ws.get(&(ri, 0));
+            let b_cpu = b.and_then(|s| cpu_of((ri, 0), s).0);
+            let writers = match cfg.watch_writers.max(1) {
+                1 => "1 writer".to_owned(),
+                n => format!("{n} writers"),
             };
-            let (server, bench) = cpu_of(bi, s);
-            md.push_str(&format!(
-                "| {} watchers / {} streams | {} | {:.0} | {:.0} | {} | {} / {} | {} | {} / {} | {} | {} | {} | {} | {} |\n",
-                cfg.watchers,
-                cfg.watch_streams,
-                t.name,
-                s.puts_per_s,
-                s.events_per_s,
-                ratio(b.map(|b| b.events_per_s), Some(s.events_per_s)),
-                ms(s.lag_us.p50),
-                ms(s.lag_us.p99),
-                ratio(b.map(|b| b.lag_us.p99 as f64), Some(s.lag_us.p99 as f64)),
-                ms(s.lag_from_send_us.p50),
-                ms(s.lag_from_send_us.p99),
-                us(server),
-                ratio(b_cpu, server),
-                us(bench),
-                s.missing,
-                s.errors,
-            ));
-            rows.push(serde_json::to_value(WatchRow {
-                workload: "watch",
-                backend: &t.name,
-                watchers: cfg.watchers,
-                streams: cfg.watch_streams,
-                writer_rate: cfg.watch_rate,
-                rounds: cfg.rounds,
-                server_cpu_us_per_event: server,
-                bench_cpu_us_per_event: bench,
-                summary: s,
-            })?);
+            let label = if rate > 0.0 {
+                format!(
+                    "{} watchers / {} streams, {writers} at {rate} puts/s",
+                    cfg.watchers, cfg.watch_streams
+                )
+            } else {
+                format!(
+                    "{} watchers / {} streams, {writers} unpaced",
+                    cfg.watchers, cfg.watch_streams
+                )
+            };
+            for (bi, t) in cfg.targets.iter().enumerate() {
+                let Some(s) = ws.get(&(ri, bi)) else {
+                    continue;
+                };
+                let (server, bench) = cpu_of((ri, bi), s);
+                md.push_str(&format!(
+                    "| {label} | {} | {:.0} | {:.0} | {} | {} / {} | {} | {} / {} | {} | {} | {} | {} | {} |\n",
+                    t.name,
+                    s.puts_per_s,
+                    s.events_per_s,
+                    ratio(b.map(|b| b.events_per_s), Some(s.events_per_s)),
+                    ms(s.lag_us.p50),
+                    ms(s.lag_us.p99),
+                    ratio(b.map(|b| b.lag_us.p99 as f64), Some(s.lag_us.p99 as f64)),
+                    ms(s.lag_from_send_us.p50),
+                    ms(s.lag_from_send_us.p99),
+                    us(server),
+                    ratio(b_cpu, server),
+                    us(bench),
+                    s.missing,
+                    s.errors,
+                ));
+                rows.push(serde_json::to_value(WatchRow {
+                    workload: "watch",
+                    backend: &t.name,
+                    watchers: cfg.watchers,
+                    streams: cfg.watch_streams,
+                    writer_rate: rate,
+                    writers: cfg.watch_writers.max(1),
+                    rounds: cfg.rounds,
+                    server_cpu_us_per_event: server,
+                    bench_cpu_us_per_event: bench,
+                    summary: s,
+                })?);
+            }
         }
     }
     Ok(KvReport {

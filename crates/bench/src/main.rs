@@ -163,9 +163,13 @@ struct Cli {
     /// Watch fan-out: streams (one connection each, spread over the endpoints).
     #[arg(long, default_value_t = 20)]
     watch_streams: usize,
-    /// Watch fan-out: the writer's puts per second (0: as fast as one client goes).
-    #[arg(long, default_value_t = 100.0)]
-    watch_rate: f64,
+    /// Watch fan-out: the writer's puts per second, a list (each a cell; 0: as fast as one
+    /// client goes).
+    #[arg(long, value_delimiter = ',', default_value = "100")]
+    watch_rate: Vec<f64>,
+    /// Watch fan-out: writers (each on its own connection); the rate is theirs together.
+    #[arg(long, default_value_t = 1)]
+    watch_writers: usize,
     /// Workload `memory`: keys filled (values of --kv-value-size bytes).
     #[arg(long, default_value_t = 1_000_000)]
     mem_keys: usize,
@@ -531,7 +535,8 @@ async fn kv_bench(cli: Cli) -> anyhow::Result<()> {
         put_percent: cli.kv_put_percent,
         watchers: cli.watchers,
         watch_streams: cli.watch_streams,
-        watch_rate: cli.watch_rate,
+        watch_rates: cli.watch_rate.clone(),
+        watch_writers: cli.watch_writers,
         memory,
         run_id: random_id(4),
     };

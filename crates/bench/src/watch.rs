@@ -1,8 +1,8 @@
 //! Watch fan-out over etcd's v3 Watch API (issue 25's benchmark): `watchers` watches on one
 //! prefix, spread evenly over `streams` bidirectional Watch streams (each on its own
-//! connection; stream s on endpoint s mod N), and one writer putting into the prefix at a
-//! steady `rate` (puts/s; 0 = as fast as one client goes, one put at a time), cycling over
-//! 1,000 keys.
+//! connection; stream s on endpoint s mod N), and writers (one by default, each on its own
+//! connection) putting into the prefix at a steady `rate` of all together (puts/s; 0 = as fast
+//! as they go, one put at a time each), cycling over 1,000 keys.
 //!
 //! Every value carries the put's sequence number and its send time (ns since the run's
 //! epoch); the writer records when each put was acknowledged. For every event received:
@@ -294,16 +294,16 @@ async fn stream_task(
     out
 }
 
-/// Run the fan-out: `stream_channels[s]` carries stream s, `writer` the writer's puts.
+/// Run the fan-out: `stream_channels[s]` carries stream s, `writers[j]` writer j's puts.
 pub async fn run_watch(
     stream_channels: Vec<Channel>,
-    writer: Channel,
+    writers: Vec<Channel>,
     w: &WatchWorkload,
 ) -> WatchMeasured {
     let mut m = WatchMeasured::default();
     let streams = stream_channels.len().max(1);
     // Room for the acknowledgements of every put the writer can make (bounded).
-    let cap = if w.rate > 0.0 {
+    let cap = if w.rate > 0.0 && w.rate.is_finite() {
         (w.rate * w.duration.as_secs_f64() * 1.1) as usize + 16
     } else {
         2_000_000
@@ -335,8 +335,13 @@ pub async fn run_watch(
     drop(ready_tx);
     // Every stream reports once: all watches created, or why not.
     let mut ready = 0;
+    let mut reported = 0;
     let setup = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(r) = ready_rx.recv().await {
+        while reported < tasks.len() {
+            let Some(r) = ready_rx.recv().await else {
+                break;
+            };
+            reported += 1;
             match r {
                 Ok(()) => ready += 1,
                 Err(e) => shared.error(format!("creating watches: {e}")),
@@ -349,35 +354,63 @@ pub async fn run_watch(
     }
 
     if ready > 0 {
-        let kv = KvClient::new(writer);
         let start_ns = shared.now_ns();
         let start = Instant::now();
-        let every = (w.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / w.rate));
-        let mut seq = 0u64;
-        while start.elapsed() < w.duration && (seq as usize) < cap {
-            if let Some(every) = every {
-                tokio::time::sleep_until((start + every * seq as u32).into()).await;
-            }
-            let sent = shared.now_ns();
-            let t0 = Instant::now();
-            let r = kv
-                .clone()
-                .put(req(pb::PutRequest {
-                    key: format!("{}{}", w.prefix, seq % 1000).into_bytes(),
-                    value: encode(seq, sent, w.value_size),
-                    ..Default::default()
-                }))
-                .await;
-            match r {
-                Ok(_) => {
-                    shared.acks[seq as usize].store(shared.now_ns() + 1, Ordering::Release);
-                    let _ = m.put_latency.record(micros(t0.elapsed()));
-                    seq += 1;
+        let next = Arc::new(AtomicU64::new(0));
+        let nw = writers.len().max(1);
+        // Each writer paces its share: its put n is due at start + offset + n × every.
+        let every = (w.rate > 0.0).then(|| Duration::from_secs_f64(nw as f64 / w.rate));
+        let mut wtasks = Vec::new();
+        for (j, ch) in writers.into_iter().enumerate() {
+            let (shared, next, w) = (shared.clone(), next.clone(), w.clone());
+            wtasks.push(tokio::spawn(async move {
+                let kv = KvClient::new(ch);
+                let mut lat = hist();
+                let mut puts = 0u64;
+                let mut n = 0u32;
+                while start.elapsed() < w.duration {
+                    if let Some(every) = every {
+                        let offset = every.mul_f64(j as f64 / nw as f64);
+                        tokio::time::sleep_until((start + offset + every * n).into()).await;
+                        n += 1;
+                    }
+                    let seq = next.fetch_add(1, Ordering::Relaxed);
+                    if seq as usize >= cap {
+                        break;
+                    }
+                    let sent = shared.now_ns();
+                    let t0 = Instant::now();
+                    let r = kv
+                        .clone()
+                        .put(req(pb::PutRequest {
+                            key: format!("{}{}", w.prefix, seq % 1000).into_bytes(),
+                            value: encode(seq, sent, w.value_size),
+                            ..Default::default()
+                        }))
+                        .await;
+                    match r {
+                        Ok(_) => {
+                            shared.acks[seq as usize].store(shared.now_ns() + 1, Ordering::Release);
+                            let _ = lat.record(micros(t0.elapsed()));
+                            puts += 1;
+                        }
+                        Err(s) => {
+                            shared.error(format!("writer: {}", status_text(&s)));
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
                 }
-                Err(s) => {
-                    shared.error(format!("writer: {}", status_text(&s)));
-                    tokio::time::sleep(Duration::from_millis(10)).await;
+                (puts, lat)
+            }));
+        }
+        let mut seq = 0;
+        for t in wtasks {
+            match t.await {
+                Ok((puts, lat)) => {
+                    seq += puts;
+                    let _ = m.put_latency.add(&lat);
                 }
+                Err(e) => shared.error(format!("writer: {e}")),
             }
         }
         m.puts = seq;
