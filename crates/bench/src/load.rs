@@ -103,7 +103,7 @@ pub struct Lat {
 }
 
 impl Lat {
-    fn of(h: &Histogram<u64>) -> Lat {
+    pub fn of(h: &Histogram<u64>) -> Lat {
         Lat {
             count: h.len(),
             p50: h.value_at_quantile(0.50),

@@ -9,6 +9,14 @@
 //! every combination is a cell. Backends run in interleaved rounds (round r runs each cell on
 //! every backend, in an order rotated by r), so machine drift affects all alike. Prints a table
 //! per cell, then one markdown table with throughput ratios to the first backend.
+//!
+//! `--kv put,txn,range,mixed,watch` runs etcd's v3 KV and Watch API instead of the lock
+//! workload (`fenced_bench::kvbench`), against `fenced` (its gRPC port, `--fenced`) and/or
+//! `etcd` (`--etcd`):
+//!
+//! ```text
+//! fenced-bench --kv put,txn,range,mixed,watch --compare fenced,etcd --clients 1,16,64 ...
+//! ```
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -135,6 +143,45 @@ struct Cli {
     /// (user + system, from /proc) during each measured window is reported per lock pair.
     #[arg(long)]
     pids: Vec<String>,
+    /// etcd-API workloads instead of locks: put, txn (CAS), range, mixed, watch (fan-out),
+    /// memory (RSS after --mem-keys keys and --mem-seconds of overwrites at --mem-rate);
+    /// backends fenced and/or etcd. `--keys` is not used.
+    #[arg(long, value_delimiter = ',')]
+    kv: Vec<String>,
+    /// Value size of every put (bytes).
+    #[arg(long, default_value_t = 100)]
+    kv_value_size: usize,
+    /// Keys preloaded for range and mixed (point gets pick one at random).
+    #[arg(long, default_value_t = 10_000)]
+    kv_keyspace: usize,
+    /// Share of puts in the mixed workload (%); the rest are point gets.
+    #[arg(long, default_value_t = 30)]
+    kv_put_percent: u32,
+    /// Watch fan-out: watchers on the one prefix.
+    #[arg(long, default_value_t = 1000)]
+    watchers: usize,
+    /// Watch fan-out: streams (one connection each, spread over the endpoints).
+    #[arg(long, default_value_t = 20)]
+    watch_streams: usize,
+    /// Watch fan-out: the writer's puts per second, a list (each a cell; 0: as fast as one
+    /// client goes).
+    #[arg(long, value_delimiter = ',', default_value = "100")]
+    watch_rate: Vec<f64>,
+    /// Watch fan-out: writers (each on its own connection); the rate is theirs together.
+    #[arg(long, default_value_t = 1)]
+    watch_writers: usize,
+    /// Workload `memory`: keys filled (values of --kv-value-size bytes).
+    #[arg(long, default_value_t = 1_000_000)]
+    mem_keys: usize,
+    /// Workload `memory`: overwrites per second after the fill (history kept, no compaction).
+    #[arg(long, default_value_t = 5000.0)]
+    mem_rate: f64,
+    /// Workload `memory`: seconds of overwrites.
+    #[arg(long, default_value_t = 300.0)]
+    mem_seconds: f64,
+    /// Workload `memory`: concurrent writers.
+    #[arg(long, default_value_t = 64)]
+    mem_clients: usize,
 }
 
 fn rotate(v: &[String], i: usize) -> Vec<String> {
@@ -276,6 +323,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn bench(cli: Cli) -> anyhow::Result<()> {
+    if !cli.kv.is_empty() {
+        return kv_bench(cli).await;
+    }
     let backends: Vec<String> = match (&cli.backend, cli.compare.is_empty()) {
         (Some(b), _) => vec![b.clone()],
         (None, false) => cli.compare.clone(),
@@ -419,6 +469,87 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
     if let Some(p) = &cli.markdown {
         let mut f = std::fs::File::create(p).with_context(|| format!("writing {}", p.display()))?;
         f.write_all(md.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// `--kv`: etcd's API against fenced and/or etcd.
+async fn kv_bench(cli: Cli) -> anyhow::Result<()> {
+    use fenced_bench::kv::KvOp;
+    use fenced_bench::kvbench::{KvConfig, Target};
+    let names: Vec<String> = match (&cli.backend, cli.compare.is_empty()) {
+        (Some(b), _) => vec![b.clone()],
+        (None, false) => cli.compare.clone(),
+        (None, true) => bail!("give --backend NAME or --compare A,B,..."),
+    };
+    let pids = fenced_bench::cpu::parse_pids(&cli.pids)?;
+    let mut targets = Vec::new();
+    for n in &names {
+        let endpoints = match n.as_str() {
+            "fenced" => cli.fenced.clone(),
+            "etcd" => cli.etcd.clone(),
+            other => bail!("--kv: backend {other:?} does not speak etcd's API (fenced, etcd)"),
+        };
+        targets.push(Target {
+            name: n.clone(),
+            endpoints,
+            pids: pids.get(n).cloned(),
+        });
+    }
+    let mut ops = Vec::new();
+    let mut watch = false;
+    let mut memory = None;
+    for w in &cli.kv {
+        if w == "watch" {
+            watch = true;
+        } else if w == "memory" {
+            memory = Some(fenced_bench::memory::MemoryWorkload {
+                keys: cli.mem_keys,
+                value_size: cli.kv_value_size,
+                rate: cli.mem_rate,
+                seconds: cli.mem_seconds,
+                clients: cli.mem_clients,
+                prefix: String::new(),
+            });
+        } else {
+            let op = KvOp::parse(w).with_context(|| {
+                format!("--kv {w:?}: one of put, txn, range, mixed, watch, memory")
+            })?;
+            if !ops.contains(&op) {
+                ops.push(op);
+            }
+        }
+    }
+    if cli.duration <= 0.0 || cli.kv_put_percent > 100 || cli.kv_keyspace == 0 {
+        bail!("--duration must be positive, --kv-put-percent ≤ 100, --kv-keyspace ≥ 1");
+    }
+    let cfg = KvConfig {
+        targets,
+        ops,
+        watch,
+        clients: cli.clients.clone(),
+        duration: Duration::from_secs_f64(cli.duration),
+        rounds: cli.rounds,
+        value_size: cli.kv_value_size,
+        keyspace: cli.kv_keyspace,
+        put_percent: cli.kv_put_percent,
+        watchers: cli.watchers,
+        watch_streams: cli.watch_streams,
+        watch_rates: cli.watch_rate.clone(),
+        watch_writers: cli.watch_writers,
+        memory,
+        run_id: random_id(4),
+    };
+    let report = fenced_bench::kvbench::run(&cfg).await?;
+    let json = serde_json::to_string_pretty(&report.json)?;
+    if let Some(p) = &cli.json {
+        std::fs::write(p, &json).with_context(|| format!("writing {}", p.display()))?;
+    } else {
+        println!("{json}");
+    }
+    println!("{}", report.markdown);
+    if let Some(p) = &cli.markdown {
+        std::fs::write(p, &report.markdown).with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
 }
