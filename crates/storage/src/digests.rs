@@ -140,7 +140,7 @@ impl Digester {
             self.diverge_at = None;
             diverge(index, machine);
         }
-        if self.every == 0 || !index.is_multiple_of(self.every) {
+        if self.every == 0 || !index.is_multiple_of(interval_at(self.every, machine)) {
             return;
         }
         if self.io == Io::Inline {
@@ -156,6 +156,24 @@ impl Digester {
             Err(TrySendError::Disconnected(_)) => self.tx = None,
         }
     }
+}
+
+/// Stored etcd versions per doubling of the digest interval.
+pub const VERSIONS_PER_DOUBLING: usize = 100_000;
+
+/// The digest interval at a state: `every` while the etcd history holds fewer than
+/// [`VERSIONS_PER_DOUBLING`] versions, doubled for each doubling above it (×16 at 1 M). A
+/// digest hashes the whole state, so without this its cost grew with the keyspace: with 1 M
+/// etcd keys the digest threads took a quarter of a 2-core machine (docs/performance.md).
+///
+/// It depends only on the state after the entry at that index — the same on every replica — so
+/// members still digest at the same indexes, and since every interval is `every` times a power
+/// of two, members on coarser and finer schedules (an older build, a state just across a
+/// doubling) still meet at the coarser one's indexes.
+pub fn interval_at(every: u64, machine: &StateMachine) -> u64 {
+    let weight = (machine.etcd().version_count() / VERSIONS_PER_DOUBLING) as u64;
+    let doublings = (u64::BITS - weight.leading_zeros()).min(20);
+    every.saturating_mul(1 << doublings)
 }
 
 /// The key the test-only divergence hook writes.
@@ -200,6 +218,32 @@ mod tests {
         assert_eq!(recent.len(), KEPT);
         assert!(recent.windows(2).all(|w| w[0].0 < w[1].0), "{recent:?}");
         assert_eq!(recent.last(), Some(&(400, 7)));
+    }
+
+    #[test]
+    fn the_interval_doubles_with_each_doubling_of_the_etcd_history() {
+        use fenced_core::etcd::PutRequest;
+        use fenced_core::{Batch, Command, EtcdCommand, Request, Semantics};
+        let mut m = StateMachine::new();
+        assert_eq!(interval_at(1_000, &m), 1_000);
+        // 2 × VERSIONS_PER_DOUBLING versions: two doublings (weight 2 has two bits' length).
+        let puts: Vec<Request> = (0..2 * VERSIONS_PER_DOUBLING)
+            .map(|i| Request {
+                time_ms: 1,
+                client: None,
+                cmd: Command::Etcd(EtcdCommand::Put(PutRequest::new(format!("k{i}"), "v"))),
+            })
+            .collect();
+        for (n, chunk) in puts.chunks(10_000).enumerate() {
+            let batch = Batch {
+                requests: chunk.to_vec(),
+                semantics: Semantics::NEWEST,
+            };
+            m.apply_batch(n as u64 + 1, &batch);
+        }
+        assert_eq!(m.etcd().version_count(), 2 * VERSIONS_PER_DOUBLING);
+        assert_eq!(interval_at(1_000, &m), 4_000);
+        assert_eq!(interval_at(0, &m), 0, "off stays off");
     }
 
     #[test]
