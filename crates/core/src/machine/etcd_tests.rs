@@ -9,14 +9,15 @@ use crate::etcd::{
 use crate::kv::KvCommand;
 use crate::CoreError;
 
-struct Log {
-    sm: StateMachine,
-    index: Index,
-    semantics: Semantics,
+/// One replica, fed one command per entry (shared with `quota_tests`).
+pub(super) struct Log {
+    pub(super) sm: StateMachine,
+    pub(super) index: Index,
+    pub(super) semantics: Semantics,
 }
 
 impl Log {
-    fn new() -> Log {
+    pub(super) fn new() -> Log {
         Log {
             sm: StateMachine::new(),
             index: 0,
@@ -24,7 +25,8 @@ impl Log {
         }
     }
 
-    fn run(&mut self, client: Option<RequestId>, cmd: Command) -> Response {
+    /// `cmd` in an entry of its own: its response and events.
+    pub(super) fn apply(&mut self, client: Option<RequestId>, cmd: Command) -> AppliedBatch {
         self.index += 1;
         let batch = Batch {
             requests: vec![Request {
@@ -34,11 +36,15 @@ impl Log {
             }],
             semantics: self.semantics,
         };
-        let mut out = self.sm.apply_batch(self.index, &batch);
+        self.sm.apply_batch(self.index, &batch)
+    }
+
+    fn run(&mut self, client: Option<RequestId>, cmd: Command) -> Response {
+        let mut out = self.apply(client, cmd);
         out.responses.pop().expect("one response")
     }
 
-    fn etcd(&mut self, cmd: EtcdCommand) -> Response {
+    pub(super) fn etcd(&mut self, cmd: EtcdCommand) -> Response {
         self.run(None, Command::Etcd(cmd))
     }
 
@@ -380,18 +386,7 @@ fn restore_marks_the_etcd_history_compacted_at_the_bumped_revision() {
 #[test]
 fn etcd_writes_and_compactions_wake_watches_and_nothing_else_does() {
     let mut log = Log::new();
-    let events_of = |log: &mut Log, cmd: Command| {
-        log.index += 1;
-        let batch = Batch {
-            requests: vec![Request {
-                time_ms: 1_000 + log.index,
-                client: None,
-                cmd,
-            }],
-            semantics: log.semantics,
-        };
-        log.sm.apply_batch(log.index, &batch).events
-    };
+    let events_of = |log: &mut Log, cmd: Command| log.apply(None, cmd).events;
     let put = events_of(
         &mut log,
         Command::Etcd(EtcdCommand::Put(PutRequest::new("a", "1"))),

@@ -1,5 +1,6 @@
 //! etcd's space quota and `NOSPACE` alarm, applied through the log ([`crate::etcd::Quota`]).
 
+use super::etcd_tests::Log;
 use super::StateMachine;
 use crate::command::*;
 use crate::etcd::{
@@ -8,44 +9,21 @@ use crate::etcd::{
 };
 use crate::CoreError;
 
-/// One replica, fed one command per entry.
-struct Log {
-    sm: StateMachine,
-    index: Index,
-    semantics: Semantics,
-}
-
 impl Log {
-    fn new() -> Log {
+    /// A replica under the quota rules.
+    fn quota() -> Log {
         Log {
-            sm: StateMachine::new(),
-            index: 0,
             semantics: Semantics::QUOTA,
+            ..Log::new()
         }
     }
 
-    fn etcd(&mut self, cmd: EtcdCommand) -> Response {
-        self.index += 1;
-        let batch = Batch {
-            requests: vec![Request {
-                time_ms: 1_000 + self.index,
-                client: None,
-                cmd: Command::Etcd(cmd),
-            }],
-            semantics: self.semantics,
-        };
-        self.sm
-            .apply_batch(self.index, &batch)
-            .responses
-            .pop()
-            .expect("one response")
-    }
-
-    fn put(&mut self, key: &str, value: &str) -> Response {
+    /// A put's response, refused or not.
+    fn try_put(&mut self, key: &str, value: &str) -> Response {
         self.etcd(EtcdCommand::Put(PutRequest::new(key, value)))
     }
 
-    fn get(&self, key: &str) -> Option<Vec<u8>> {
+    fn value(&self, key: &str) -> Option<Vec<u8>> {
         let r = self
             .sm
             .etcd_range(&RangeRequest::new(KeyRange::key(key)))
@@ -69,18 +47,18 @@ fn version(len: usize) -> u64 {
 
 #[test]
 fn a_write_over_the_quota_is_refused_and_raises_the_alarm() {
-    let mut log = Log::new();
+    let mut log = Log::quota();
     assert_eq!(log.sm.etcd_quota().limit(), DEFAULT_QUOTA_BYTES);
     // Room for exactly three versions of 100-byte values.
     let quota = 3 * version(100);
     assert!(ok(&log.etcd(EtcdCommand::Quota { bytes: quota })));
     assert_eq!(log.sm.etcd_quota().limit(), quota);
     for v in ["1", "2", "3"] {
-        assert!(ok(&log.put("k", &v.repeat(100))), "{v}");
+        assert!(ok(&log.try_put("k", &v.repeat(100))), "{v}");
     }
     assert_eq!(log.sm.etcd().history_bytes(), quota);
     let before = log.sm.revision();
-    let r = log.put("k", &"4".repeat(100));
+    let r = log.try_put("k", &"4".repeat(100));
     assert!(no_space(&r), "{r:?}");
     assert_eq!(
         r,
@@ -92,27 +70,27 @@ fn a_write_over_the_quota_is_refused_and_raises_the_alarm() {
         "etcdserver: mvcc: database space exceeded"
     );
     // Nothing written; the command took its revision all the same; the alarm is raised.
-    assert_eq!(log.get("k"), Some("3".repeat(100).into_bytes()));
+    assert_eq!(log.value("k"), Some("3".repeat(100).into_bytes()));
     assert_eq!(log.sm.etcd().history_bytes(), quota);
     assert_eq!(log.sm.revision(), before + 1);
     assert!(log.sm.etcd_quota().nospace);
     // Under the alarm even a small put is refused.
-    assert!(no_space(&log.put("x", "")));
+    assert!(no_space(&log.try_put("x", "")));
 }
 
 #[test]
 fn under_the_alarm_reads_deletes_and_compactions_are_served() {
-    let mut log = Log::new();
+    let mut log = Log::quota();
     log.etcd(EtcdCommand::Quota {
         bytes: 4 * version(100),
     });
     for v in ["1", "2", "3", "4"] {
-        assert!(ok(&log.put(v, &v.repeat(100))));
+        assert!(ok(&log.try_put(v, &v.repeat(100))));
     }
-    assert!(no_space(&log.put("5", "5")));
+    assert!(no_space(&log.try_put("5", "5")));
     assert!(log.sm.etcd_quota().nospace);
     // A range.
-    assert_eq!(log.get("1"), Some("1".repeat(100).into_bytes()));
+    assert_eq!(log.value("1"), Some("1".repeat(100).into_bytes()));
     // A txn that may put is refused whichever branch it would take (etcd's rule).
     let txn = |success, failure| {
         EtcdCommand::Txn(TxnRequest {
@@ -130,7 +108,7 @@ fn under_the_alarm_reads_deletes_and_compactions_are_served() {
     };
     assert!(no_space(&log.etcd(txn(vec![del_op("1")], vec![put_op]))));
     assert_eq!(
-        log.get("1"),
+        log.value("1"),
         Some("1".repeat(100).into_bytes()),
         "nothing done"
     );
@@ -142,14 +120,14 @@ fn under_the_alarm_reads_deletes_and_compactions_are_served() {
         ],
         vec![]
     ))));
-    assert_eq!(log.get("1"), None);
+    assert_eq!(log.value("1"), None);
     assert!(ok(&log.etcd(EtcdCommand::DeleteRange(
         DeleteRangeRequest {
             range: KeyRange::key("2"),
             prev_kv: false,
         }
     ))));
-    assert_eq!(log.get("2"), None);
+    assert_eq!(log.value("2"), None);
     // A compaction.
     let bytes = log.sm.etcd().history_bytes();
     assert!(ok(&log.etcd(EtcdCommand::Compact {
@@ -157,19 +135,19 @@ fn under_the_alarm_reads_deletes_and_compactions_are_served() {
     })));
     assert!(log.sm.etcd().history_bytes() < bytes);
     // Still alarmed until disarmed.
-    assert!(no_space(&log.put("5", "5")));
+    assert!(no_space(&log.try_put("5", "5")));
 }
 
 #[test]
 fn a_disarm_after_compaction_lets_writes_in_and_a_disarm_without_one_does_not_last() {
-    let mut log = Log::new();
+    let mut log = Log::quota();
     log.etcd(EtcdCommand::Quota {
         bytes: 3 * version(100),
     });
     for v in ["1", "2", "3"] {
-        log.put("k", &v.repeat(100));
+        log.try_put("k", &v.repeat(100));
     }
-    assert!(no_space(&log.put("k", &"4".repeat(100))));
+    assert!(no_space(&log.try_put("k", &"4".repeat(100))));
     // Disarmed without freeing anything: the next write over the quota raises it again.
     match log.etcd(EtcdCommand::Alarm { activate: false }) {
         Response::Etcd {
@@ -181,25 +159,25 @@ fn a_disarm_after_compaction_lets_writes_in_and_a_disarm_without_one_does_not_la
         }
         other => panic!("{other:?}"),
     }
-    assert!(no_space(&log.put("k", &"4".repeat(100))));
+    assert!(no_space(&log.try_put("k", &"4".repeat(100))));
     assert!(log.sm.etcd_quota().nospace);
     // Compact away the two superseded versions, then disarm: writes are served again.
     assert!(ok(&log.etcd(EtcdCommand::Compact {
         revision: log.sm.revision()
     })));
     assert_eq!(log.sm.etcd().history_bytes(), version(100));
-    assert!(no_space(&log.put("k", "small")), "still alarmed");
+    assert!(no_space(&log.try_put("k", "small")), "still alarmed");
     log.etcd(EtcdCommand::Alarm { activate: false });
-    assert!(ok(&log.put("k", &"4".repeat(100))));
-    assert_eq!(log.get("k"), Some("4".repeat(100).into_bytes()));
+    assert!(ok(&log.try_put("k", &"4".repeat(100))));
+    assert_eq!(log.value("k"), Some("4".repeat(100).into_bytes()));
     // An administrator may raise it by hand too.
     log.etcd(EtcdCommand::Alarm { activate: true });
-    assert!(no_space(&log.put("j", "1")));
+    assert!(no_space(&log.try_put("j", "1")));
 }
 
 #[test]
 fn a_txn_costs_its_larger_branch() {
-    let mut log = Log::new();
+    let mut log = Log::quota();
     let big = PutRequest::new("a", "x".repeat(200));
     let small = PutRequest::new("b", "y");
     // Room for the small branch only.
@@ -223,7 +201,7 @@ fn a_txn_costs_its_larger_branch() {
 
 #[test]
 fn entries_of_older_rules_are_not_judged_by_the_quota_and_know_no_quota_commands() {
-    let mut log = Log::new();
+    let mut log = Log::quota();
     log.semantics = Semantics::ETCD;
     let r = log.etcd(EtcdCommand::Quota { bytes: 10 });
     assert!(
@@ -238,10 +216,10 @@ fn entries_of_older_rules_are_not_judged_by_the_quota_and_know_no_quota_commands
     // before the quota existed) applies as it did then.
     log.semantics = Semantics::QUOTA;
     log.etcd(EtcdCommand::Quota { bytes: 10 });
-    assert!(no_space(&log.put("k", "v")));
+    assert!(no_space(&log.try_put("k", "v")));
     log.semantics = Semantics::ETCD;
-    assert!(ok(&log.put("k", "v")));
-    assert_eq!(log.get("k"), Some(b"v".to_vec()));
+    assert!(ok(&log.try_put("k", "v")));
+    assert_eq!(log.value("k"), Some(b"v".to_vec()));
     assert_eq!(
         Semantics::needed_by(&Command::Etcd(EtcdCommand::Alarm { activate: false })),
         Semantics::QUOTA
@@ -254,8 +232,8 @@ fn entries_of_older_rules_are_not_judged_by_the_quota_and_know_no_quota_commands
 
 #[test]
 fn two_replicas_refuse_the_same_writes_and_agree_byte_for_byte() {
-    let mut a = Log::new();
-    let mut b = Log::new();
+    let mut a = Log::quota();
+    let mut b = Log::quota();
     let mut script = vec![EtcdCommand::Quota { bytes: 2_000 }];
     for i in 0..40 {
         script.push(EtcdCommand::Put(PutRequest::new(
@@ -287,8 +265,8 @@ fn two_replicas_refuse_the_same_writes_and_agree_byte_for_byte() {
 
 #[test]
 fn the_default_quota_writes_no_body_3() {
-    let mut log = Log::new();
-    log.put("k", "v");
+    let mut log = Log::quota();
+    log.try_put("k", "v");
     assert_eq!(log.sm.body_version(), 2);
     // Setting etcd's default explicitly is the default.
     log.etcd(EtcdCommand::Quota {
