@@ -59,7 +59,8 @@ pub fn check(ops: &[Op], issues_tokens: bool) -> Verdict {
     let mut anomalies = 0u64;
     let mut examples = Vec::new();
     // 1. Grants per lock: (invoke, ok, token, process, shared).
-    let mut grants: BTreeMap<&str, Vec<(u64, u64, u64, u64, bool)>> = BTreeMap::new();
+    type Grants<'a> = BTreeMap<&'a str, Vec<(u64, u64, u64, u64, bool)>>;
+    let mut grants: Grants = BTreeMap::new();
     let mut missing = 0u64;
     for op in ops.iter().filter(|o| o.f == "acquire" && o.is_ok()) {
         let shared = matches!(op.mode.as_deref(), Some("read" | "permit"));
