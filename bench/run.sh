@@ -23,7 +23,8 @@
 #                                       # and a semaphore permit (PERMITS, default 4) per pair,
 #                                       # fenced over RESP (LOCK.READ / LOCK.PERMIT) vs
 #                                       # Redisson's Lua scripts on Redis AOF, at LF_CLIENTS
-#                                       # (default CLIENTS) × LF_KEYS (default 1,c)
+#                                       # (default CLIENTS) × LF_KEYS (default 1,c), and the
+#                                       # exclusive lock of the same run as the baseline
 #   LOCK_FAMILY=only bench/run.sh       # that table alone (BACKENDS=fenced,redis-aof)
 #   ETCD_MEMORY=only bench/run.sh       # RSS per node of fenced and etcd after MEM_KEYS
 #                                       # (1,000,000) keys of 100 B, then MEM_SECONDS (300) of
@@ -310,10 +311,21 @@ fi
 # RedissonPermitExpirableSemaphore Lua scripts on Redis with appendfsync always
 # (fenced_backends::Redisson; busy locks retried with jitter, as for the redis rows). Keys 1:
 # every client on one lock (readers share it; permits are contended); c: one lock per client.
-# LOCK_FAMILY=1|only.
+# Then, as the baseline of the same run, the exclusive lock: LOCK.ACQUIRE vs SET NX + Lua on
+# the same Redis (LF_BASELINE=0 skips it). LOCK_FAMILY=1|only.
 if [ "$LOCK_FAMILY" != 0 ]; then
     if ! need fenced || ! need redis-aof; then echo "LOCK_FAMILY needs backends fenced and redis-aof" >&2; exit 1; fi
-    for kind in read permit; do
+    LF_KINDS=(read permit)
+    [ "${LF_BASELINE:-1}" = 0 ] || LF_KINDS+=(exclusive)
+    for kind in "${LF_KINDS[@]}"; do
+        if [ "$kind" = exclusive ]; then
+            "$BENCH" --compare fenced-resp,redis-aof --duration "$DURATION" --rounds "$ROUNDS" \
+                --clients "${LF_CLIENTS:-$CLIENTS}" --keys "${LF_KEYS:-1,c}" --ttl-ms "$TTL_MS" \
+                --fenced-resp "$RESP" --redis-aof "127.0.0.1:$((RP + 1))" \
+                --pids "fenced-resp=$F" --pids "redis-aof=$AOF_PID" \
+                --json "$OUT/lock-family-exclusive.json" --markdown "$OUT/lock-family-exclusive.md"
+            continue
+        fi
         "$BENCH" --compare "fenced-resp-$kind,redis-aof-$kind" --duration "$DURATION" \
             --rounds "$ROUNDS" --clients "${LF_CLIENTS:-$CLIENTS}" --keys "${LF_KEYS:-1,c}" \
             --ttl-ms "$TTL_MS" --permits "${PERMITS:-4}" \
