@@ -427,14 +427,14 @@ impl Connection {
                 _ => Reply::err("ERR syntax error"),
             },
             ("INFO", []) => {
-                self.note_self();
+                self.note_self("info");
                 Reply::Bulk(format!("{}\n", self.client.line(Instant::now())).into_bytes())
             }
             ("LIST", _) => {
                 if let Err(e) = self.admin_only("list") {
                     return e;
                 }
-                self.note_self();
+                self.note_self("list");
                 self.client_list(args)
             }
             ("KILL", [_, ..]) => {
@@ -503,9 +503,10 @@ impl Connection {
 
     /// Bring this connection's own registry entry up to date before showing it (the command
     /// being served is `client|list` / `client|info`, as Redis shows it).
-    fn note_self(&self) {
+    fn note_self(&self, sub: &str) {
         let mut m = self.client.meta();
         m.cmd = "CLIENT";
+        m.cmd_sub = Some(sub.to_string());
         m.name = self.st.name.clone().unwrap_or_default();
         m.user = self
             .st
