@@ -587,7 +587,7 @@ impl Connection {
                 None => Reply::err("ERR No such client"),
             };
         }
-        if args.len() % 2 != 0 {
+        if !args.len().is_multiple_of(2) {
             return Reply::err("ERR syntax error");
         }
         let mut id = None;
