@@ -46,7 +46,7 @@ pub(super) const COMMANDS: &[CommandSpec] = &[
     front("MODULE", -2, ADMIN | DANGEROUS),
     front("SWAPDB", 3, KEYSPACE | WRITE | DANGEROUS),
     front("MIGRATE", -6, KEYSPACE | WRITE | DANGEROUS),
-    front("MOVE", 3, KEYSPACE | WRITE).keys(KeySpec::First),
+    front("MOVE", 3, KEYSPACE | WRITE),
     front("OBJECT", -2, KEYSPACE | READ),
     front("MEMORY", -2, READ),
     front("LATENCY", -2, ADMIN | DANGEROUS),
