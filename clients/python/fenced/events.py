@@ -128,9 +128,11 @@ class LossListener:
         returns whether it did (a late subscription still happens)."""
         with self._cond:
             subs = self._patterns if pattern else self._channels
-            if channel not in subs:
-                subs.add(channel)
-                self._pending.append(("psubscribe" if pattern else "subscribe", channel))
+            if channel in subs:
+                # Asked before: confirmed, or on its way (do not wait again on every lock).
+                return channel in self._confirmed
+            subs.add(channel)
+            self._pending.append(("psubscribe" if pattern else "subscribe", channel))
             end = time.monotonic() + timeout
             while channel not in self._confirmed and not self._closed.is_set():
                 left = end - time.monotonic()
