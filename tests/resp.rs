@@ -197,7 +197,7 @@ async fn redis_rs_rate_limiters_and_grpc_interop() {
         .expect("gRPC acquire")
         .expect("granted");
     let info: Vec<Value> = cmd(&mut con, &["LOCK.INFO", "shared"]).await;
-    assert_eq!(info.len(), 8);
+    assert_eq!(info.len(), 18, "nine fields: {info:?}");
     assert_eq!(info[3], Value::Int(g.token as i64), "{info:?}");
     let t: Option<i64> = cmd(&mut con, &["LOCK.ACQUIRE", "shared", "resp-owner", "5000"]).await;
     assert_eq!(t, None, "held over gRPC");

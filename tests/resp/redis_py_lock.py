@@ -95,7 +95,12 @@ assert r.exists(name + "-ctx") == 0
 t = r.execute_command("LOCK.ACQUIRE", name + "-native", "me", 5000)
 assert r.execute_command("LOCK.ACQUIRE", name + "-native", "me", 5000) == t
 info = r.execute_command("LOCK.INFO", name + "-native")
-assert info[0] in (b"owner", "owner") and info[3] == t and info[5] == 2, info
+if isinstance(info, dict):  # RESP3: a map
+    info = {(k.decode() if isinstance(k, bytes) else k): v for k, v in info.items()}
+else:  # RESP2: the same map, flat
+    assert info[0] in (b"owner", "owner"), info
+    info = {(k.decode() if isinstance(k, bytes) else k): v for k, v in zip(info[::2], info[1::2])}
+assert info["token"] == t and info["holds"] == 2, info
 assert r.execute_command("LOCK.RELEASE", name + "-native", "me", t) == 1
 assert r.execute_command("LOCK.RELEASE", name + "-native", "me", t) == 1
 assert r.execute_command("LOCK.INFO", name + "-native") is None

@@ -409,6 +409,20 @@ pub enum ReleaseReason {
     ForceUnlocked,
 }
 
+impl ReleaseReason {
+    /// The reason's name in lock-loss events (gRPC's `SessionEvent.reason`, the RESP
+    /// lock-loss channels' messages).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReleaseReason::Released => "released",
+            ReleaseReason::Expired => "expired",
+            ReleaseReason::SessionExpired => "session_expired",
+            ReleaseReason::SessionClosed => "session_closed",
+            ReleaseReason::ForceUnlocked => "force_unlocked",
+        }
+    }
+}
+
 /// Side effects of applying one entry that someone outside the state machine may wait for.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 pub enum Event {

@@ -33,6 +33,7 @@ use fenced_core::kv::{
     command_keys, command_table, glob_match, lookup, noperm_command, Argv, Keys, Reply,
     Restriction, CATEGORIES, NOPERM_CHANNEL, NOPERM_KEY,
 };
+use fenced_core::RequestId;
 use sha2::{Digest, Sha256};
 
 /// Reply to `ACL SETUSER/DELUSER/LOAD/SAVE`.
@@ -236,6 +237,26 @@ impl User {
 
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// The request id a client's `(client_id, seq)` is recorded under: the client id
+    /// **namespaced by this user** (a SHA-256 of the user's name and the client's id), so a
+    /// client of another user sending the same `client_id` neither reads nor replays this
+    /// user's stored answers. Stable across nodes and restarts (a retry on another node finds
+    /// the first answer); never 0. RESP's `REQID` and gRPC's `RequestId` both go through it.
+    pub fn request_id(&self, client_id: u64, seq: u64) -> RequestId {
+        let mut h = Sha256::new();
+        h.update(b"fenced request id\0");
+        h.update((self.name.len() as u64).to_le_bytes());
+        h.update(self.name.as_bytes());
+        h.update(client_id.to_le_bytes());
+        let d = h.finalize();
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&d[..8]);
+        RequestId {
+            client_id: u64::from_le_bytes(b).max(1),
+            seq,
+        }
     }
 
     /// Apply one rule (Redis semantics). `Err` is why it was refused.

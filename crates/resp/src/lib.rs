@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fenced_core::kv::{KvCommand, KvEvent, KvResponse, Reply};
-use fenced_core::{Millis, RequestId, StateMachine};
+use fenced_core::{Command, Event, Millis, RequestId, Response, StateMachine};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch, Semaphore};
 
@@ -46,50 +46,6 @@ pub enum BackendError {
     Corrupt(String),
 }
 
-/// A lock as `LOCK.INFO` shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LockView {
-    pub owner: String,
-    pub token: u64,
-    pub holds: u32,
-    /// Lease left, in ms of log time.
-    pub ttl_ms: u64,
-}
-
-/// A `LOCK.*` write that does not wait. Consecutive ones of a pipeline are proposed together
-/// ([`Backend::lock_batch`]), in order, each with its own request id.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LockOp {
-    /// `LOCK.ACQUIRE name owner ttl_ms` (no `WAIT`, or `WAIT 0`).
-    Acquire {
-        name: String,
-        owner: String,
-        ttl_ms: u64,
-    },
-    /// `LOCK.RELEASE name owner token`.
-    Release {
-        name: String,
-        owner: String,
-        token: u64,
-    },
-    /// `LOCK.RENEW name owner token ttl_ms`.
-    Renew {
-        name: String,
-        owner: String,
-        token: u64,
-        ttl_ms: u64,
-    },
-}
-
-/// The outcome of a [`LockOp`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum LockOpReply {
-    /// `Acquire`: the token, or `None` if the lock is held by someone else.
-    Acquired(Option<u64>),
-    /// `Release`/`Renew`: whether the grant was held with that token.
-    Done(bool),
-}
-
 /// A read-only view evaluated on the state machine at a linearizable point; gets the
 /// state machine and the log time to judge expiry at. It may be called more than once (at
 /// two times, to learn whether its answer depends on time at all), so it must be pure.
@@ -104,23 +60,30 @@ pub trait Backend: Send + Sync + 'static {
     /// Evaluate `f` linearizably: after a read-index barrier, with every expiry that was due
     /// on the leader's log clock already applied.
     async fn read(&self, f: ReadFn) -> Result<Vec<Reply>, BackendError>;
-    /// `LOCK.ACQUIRE … WAIT ms`: the token, or `None` if not granted within `wait_ms`.
-    async fn lock_acquire(
+    /// A lock-family command with a wait (an acquire with `WAIT ms`): proposed, and if it
+    /// queued, its grant or give-up awaited (across leader changes, under `rid`) for up to
+    /// `wait_ms`. The state machine's own answer, [`Response::Rejected`] included;
+    /// [`Response::Pending`] if the wait's outcome could not be learnt in time.
+    async fn lock_wait(
         &self,
         rid: RequestId,
-        name: String,
-        owner: String,
-        ttl_ms: u64,
+        cmd: Command,
         wait_ms: u64,
-    ) -> Result<Option<u64>, BackendError>;
-    /// Several `LOCK.*` writes that do not wait, proposed in order (a pipeline); one result
-    /// each.
+    ) -> Result<Response, BackendError>;
+    /// Lock-family commands that do not wait (a pipeline's run of them), proposed in order,
+    /// each with its own request id; one result each, the state machine's own answer.
     async fn lock_batch(
         &self,
-        ops: Vec<(RequestId, LockOp)>,
-    ) -> Vec<Result<LockOpReply, BackendError>>;
-    /// `LOCK.INFO`, linearizable.
-    async fn lock_info(&self, name: String) -> Result<Option<LockView>, BackendError>;
+        cmds: Vec<(RequestId, Command)>,
+    ) -> Vec<Result<Response, BackendError>>;
+    /// Ended grants applied on this node (`Event::LockReleased`), for the lock-loss channels.
+    fn lock_events(&self) -> broadcast::Receiver<Event>;
+    /// Session `id` is certainly gone on this node's applied state: it was opened at or
+    /// before the revision applied here (a session id is the revision that opened it) and
+    /// is no longer there. Never true for a session this node has not caught up to.
+    fn session_gone(&self, id: u64) -> bool;
+    /// This node's log time (ms): the lease left after a keep-alive is its deadline minus it.
+    fn log_time(&self) -> u64;
     /// Keyspace events applied on this node (pub/sub messages, list pushes).
     fn events(&self) -> broadcast::Receiver<KvEvent>;
     /// Lines for `INFO` (`key:value`), e.g. node id, role, leader.

@@ -9,15 +9,16 @@
 //!   idle cluster, and an expiry a reader observed is in the log (a new leader cannot
 //!   un-expire it). Keyspace reads run on an O(1) clone of the state, since `KEYS`/`SCAN`
 //!   may walk all of it.
-//! * `LOCK.*` use the lock table's own commands (`Acquire`/`Release`/`Renew`) and
-//!   `StateMachine::lock_info`, so grants are shared with gRPC.
+//! * The lock family (`LOCK.*`, `SESSION.*`) proposes the lock table's own commands, which
+//!   the front end builds (`fenced_resp`'s `conn/lock.rs`), so grants are shared with gRPC;
+//!   its lock-loss channels read the hub's ended grants.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use fenced_core::kv::{KvCommand, KvEvent, KvResponse, Reply};
-use fenced_core::{Command, RequestId, Response};
-use fenced_resp::{Backend, BackendError, LockOp, LockOpReply, LockView, ReadFn};
+use fenced_core::{Command, Event, RequestId, Response};
+use fenced_resp::{Backend, BackendError, ReadFn};
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
@@ -106,98 +107,42 @@ impl Backend for RespBackend {
             .map_err(backend_error)
     }
 
-    async fn lock_acquire(
+    async fn lock_wait(
         &self,
         rid: RequestId,
-        name: String,
-        owner: String,
-        ttl_ms: u64,
+        cmd: Command,
         wait_ms: u64,
-    ) -> Result<Option<u64>, BackendError> {
-        let cmd = Command::Acquire {
-            name,
-            owner,
-            ttl_ms,
-            session: None,
-            wait_ms,
-        };
-        match self.node.acquire(rid, cmd, wait_ms).await {
-            Ok(Response::Granted { token, .. }) => Ok(Some(token)),
-            Ok(Response::NotGranted) => Ok(None),
-            Ok(Response::Pending) => Err(BackendError::Unknown(
-                "the wait's outcome could not be learnt in time".into(),
-            )),
-            Ok(other) => Err(unexpected(other)),
-            Err(e) => Err(backend_error(e)),
-        }
+    ) -> Result<Response, BackendError> {
+        self.node
+            .acquire(rid, cmd, wait_ms)
+            .await
+            .map_err(backend_error)
     }
 
     async fn lock_batch(
         &self,
-        ops: Vec<(RequestId, LockOp)>,
-    ) -> Vec<Result<LockOpReply, BackendError>> {
-        let proposals = ops
-            .into_iter()
-            .map(|(rid, op)| {
-                let cmd = match op {
-                    LockOp::Acquire {
-                        name,
-                        owner,
-                        ttl_ms,
-                    } => Command::Acquire {
-                        name,
-                        owner,
-                        ttl_ms,
-                        session: None,
-                        wait_ms: 0,
-                    },
-                    LockOp::Release { name, owner, token } => {
-                        Command::Release { name, owner, token }
-                    }
-                    LockOp::Renew {
-                        name,
-                        owner,
-                        token,
-                        ttl_ms,
-                    } => Command::Renew {
-                        name,
-                        owner,
-                        token,
-                        ttl_ms,
-                    },
-                };
-                (Some(rid), cmd)
-            })
-            .collect();
+        cmds: Vec<(RequestId, Command)>,
+    ) -> Vec<Result<Response, BackendError>> {
+        let proposals = cmds.into_iter().map(|(rid, c)| (Some(rid), c)).collect();
         self.node
             .propose_all(proposals)
             .await
             .into_iter()
-            .map(|r| match r {
-                Ok(Response::Granted { token, .. }) => Ok(LockOpReply::Acquired(Some(token))),
-                Ok(Response::NotGranted) => Ok(LockOpReply::Acquired(None)),
-                Ok(Response::Released { .. } | Response::Renewed { .. }) => {
-                    Ok(LockOpReply::Done(true))
-                }
-                Ok(Response::NotHeld) => Ok(LockOpReply::Done(false)),
-                Ok(other) => Err(unexpected(other)),
-                Err(e) => Err(backend_error(e)),
-            })
+            .map(|r| r.map_err(backend_error))
             .collect()
     }
 
-    async fn lock_info(&self, name: String) -> Result<Option<LockView>, BackendError> {
+    fn lock_events(&self) -> broadcast::Receiver<Event> {
+        self.node.hub().watch_released()
+    }
+
+    fn session_gone(&self, id: u64) -> bool {
         self.node
-            .read_timed(|sm, now| {
-                sm.lock_info(&name).map(|l| LockView {
-                    owner: l.owner,
-                    token: l.token,
-                    holds: l.holds,
-                    ttl_ms: l.deadline_ms.saturating_sub(now),
-                })
-            })
-            .await
-            .map_err(backend_error)
+            .local(|sm| sm.revision() >= id && sm.session_info(id).is_none())
+    }
+
+    fn log_time(&self) -> u64 {
+        self.node.log_time()
     }
 
     fn events(&self) -> broadcast::Receiver<KvEvent> {

@@ -68,6 +68,9 @@ pub enum KeySpec {
     AllButLast,
     /// `EVAL`/`EVALSHA`: `argv[2]` is `numkeys`, the keys follow it.
     Script,
+    /// `argv[n]` is the number of keys, which follow it (`LOCK.MACQUIRE owner ttl_ms
+    /// numnames name…`: 3); like [`KeySpec::Script`] at another position.
+    Counted(usize),
 }
 
 /// Where a command's pub/sub channels are, for ACL channel patterns.

@@ -860,6 +860,15 @@ fn command_keys_follow_the_key_specs() {
     );
     assert_eq!(keys("EVAL s -1 a"), Vec::<String>::new());
     assert_eq!(keys("LOCK.ACQUIRE job alice 100"), ["job"]);
+    assert_eq!(keys("LOCK.PERMIT pool alice 3 100 WAIT 5"), ["pool"]);
+    assert_eq!(keys("LOCK.MACQUIRE alice 100 2 a b WAIT 5"), ["a", "b"]);
+    assert_eq!(keys("LOCK.MRELEASE alice 7 3 a b c"), ["a", "b", "c"]);
+    assert_eq!(
+        keys("LOCK.MACQUIRE alice 100 3 a b"),
+        Vec::<String>::new(),
+        "numnames too large"
+    );
+    assert_eq!(keys("LOCK.FORCEUNLOCK job"), ["job"]);
     assert_eq!(keys("FENCE.SET k v 3"), ["k"]);
     assert_eq!(keys("FENCE.TOKEN k"), ["k"]);
     for whole in ["KEYS *", "SCAN 0", "DBSIZE", "FLUSHDB", "FLUSHALL"] {
@@ -879,7 +888,8 @@ fn command_keys_follow_the_key_specs() {
     // Every keyspace and lock command has a spec other than None, except these.
     for c in command_table() {
         let (name, spec) = (&c.name, key_spec(c.name));
-        let keyless = matches!(*name, "TIME" | "SCRIPT" | "PUBLISH");
+        let keyless =
+            matches!(*name, "TIME" | "SCRIPT" | "PUBLISH") || name.starts_with("SESSION.");
         match c.base_class() {
             CommandClass::Connection => {
                 assert!(

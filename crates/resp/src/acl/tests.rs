@@ -380,14 +380,35 @@ fn categories_come_from_the_command_table() {
             "FENCE.SET",
             "FENCE.TOKEN",
             "LOCK.ACQUIRE",
+            "LOCK.READ",
+            "LOCK.WRITE",
+            "LOCK.PERMIT",
+            "LOCK.MACQUIRE",
             "LOCK.RELEASE",
+            "LOCK.MRELEASE",
             "LOCK.RENEW",
-            "LOCK.INFO"
+            "LOCK.INFO",
+            "SESSION.OPEN",
+            "SESSION.KEEPALIVE",
+            "SESSION.CLOSE",
+            "SESSION.INFO"
         ]
     );
     assert_eq!(cat("scripting"), ["EVAL", "EVALSHA", "SCRIPT"]);
-    assert_eq!(cat("blocking"), ["BLPOP", "BRPOP", "LOCK.ACQUIRE"]);
-    assert_eq!(cat("admin"), ["CONFIG", "ACL"]);
+    assert_eq!(
+        cat("blocking"),
+        [
+            "BLPOP",
+            "BRPOP",
+            "LOCK.ACQUIRE",
+            "LOCK.READ",
+            "LOCK.WRITE",
+            "LOCK.PERMIT",
+            "LOCK.MACQUIRE"
+        ]
+    );
+    assert!(cat("admin").contains(&"LOCK.FORCEUNLOCK"));
+    assert!(cat("admin").contains(&"ACL"));
     assert!(cat("dangerous").contains(&"FLUSHALL"));
     assert_eq!(cat("all").len(), command_table().len());
     assert!(category_commands("nosuch").is_none());
@@ -657,4 +678,29 @@ fn prefix_ranges_need_a_literal_star_pattern_covering_them_and_other_ranges_allk
         all.permit_keyspace("SET"),
         Err(Denied::Command { .. })
     ));
+}
+
+#[test]
+fn request_ids_are_namespaced_by_user() {
+    let acl = Acl::parse(
+        "user alice on nopass ~* +@all\nuser bob on nopass ~* +@all\n",
+        "test",
+        None,
+    )
+    .expect("acl");
+    let (alice, bob) = (
+        acl.user("alice").expect("alice"),
+        acl.user("bob").expect("bob"),
+    );
+    let a = alice.request_id(77, 3);
+    assert_eq!(
+        a,
+        alice.request_id(77, 3),
+        "stable: a retry finds its answer"
+    );
+    assert_eq!(a.seq, 3);
+    assert_ne!(a.client_id, bob.request_id(77, 3).client_id, "per user");
+    assert_ne!(a.client_id, alice.request_id(78, 3).client_id, "per client");
+    assert_ne!(a.client_id, 77, "not the client's own id");
+    assert_ne!(alice.request_id(0, 1).client_id, 0);
 }

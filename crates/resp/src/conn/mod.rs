@@ -27,8 +27,8 @@ mod lock;
 mod pubsub;
 mod server;
 
-use lock::{lock_op, lock_reply};
-use pubsub::{push_message, recv};
+use lock::Parsed;
+use pubsub::{push_message, recv, recv_lost, Lagged, SESSION_CHECK};
 
 /// Most requests taken from the read buffer before replying.
 const MAX_PIPELINE: usize = 1024;
@@ -72,6 +72,10 @@ struct State {
     channels: BTreeSet<Vec<u8>>,
     patterns: BTreeSet<Vec<u8>>,
     events: Option<broadcast::Receiver<KvEvent>>,
+    /// Ended grants, while subscribed (the lock-loss channels, `pubsub.rs`).
+    lost: Option<broadcast::Receiver<fenced_core::Event>>,
+    /// Sessions whose `session_gone` this connection was sent.
+    gone: BTreeSet<u64>,
     closing: bool,
 }
 
@@ -122,6 +126,11 @@ fn restricted(limits: Option<Restriction>, cmd: KvCommand) -> KvCommand {
     }
 }
 
+/// `argv` is a lock-family write that may join a pipelined run ([`Parsed::batchable`]).
+fn batchable(argv: &Argv) -> bool {
+    matches!(lock::parse(argv), Some(Ok(p)) if p.batchable())
+}
+
 fn text(b: &[u8]) -> Result<String, Reply> {
     String::from_utf8(b.to_vec()).map_err(|_| Reply::err("ERR lock names and owners must be UTF-8"))
 }
@@ -156,6 +165,8 @@ impl Connection {
                 channels: BTreeSet::new(),
                 patterns: BTreeSet::new(),
                 events: None,
+                lost: None,
+                gone: BTreeSet::new(),
                 closing: false,
             },
         }
@@ -164,6 +175,8 @@ impl Connection {
     /// Serve until the client leaves, a protocol error, the idle timeout, or shutdown.
     pub async fn run(mut self) {
         let mut shutdown = self.shared.shutdown.clone();
+        let mut session_check = tokio::time::interval(SESSION_CHECK);
+        session_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let mut reqs = Vec::new();
             while reqs.len() < MAX_PIPELINE {
@@ -200,11 +213,16 @@ impl Connection {
             enum Woke {
                 Read(std::io::Result<usize>),
                 Event(Option<KvEvent>),
+                Lost(Option<Result<fenced_core::Event, Lagged>>),
+                CheckSessions,
                 Stop,
             }
+            let watching_sessions = self.st.watches_sessions();
             let woke = tokio::select! {
                 r = self.socket.read_buf(&mut self.rbuf) => Woke::Read(r),
                 ev = recv(&mut self.st.events) => Woke::Event(ev),
+                ev = recv_lost(&mut self.st.lost) => Woke::Lost(ev),
+                _ = session_check.tick(), if watching_sessions => Woke::CheckSessions,
                 _ = shutdown.wait_for(|s| *s) => Woke::Stop,
                 _ = tokio::time::sleep(idle), if idle_applies => Woke::Stop,
             };
@@ -219,6 +237,19 @@ impl Connection {
                 }
                 Woke::Event(Some(KvEvent::Pushed { .. })) => {}
                 Woke::Event(None) => self.st.events = None,
+                Woke::Lost(None) => self.st.lost = None,
+                Woke::Lost(Some(ev)) => {
+                    self.deliver_lost(ev);
+                    if self.flush().await.is_err() {
+                        break;
+                    }
+                }
+                Woke::CheckSessions => {
+                    self.check_sessions();
+                    if self.flush().await.is_err() {
+                        break;
+                    }
+                }
             }
         }
     }
@@ -230,6 +261,9 @@ impl Connection {
         for p in std::mem::take(&mut self.st.patterns) {
             self.shared.subs.remove(true, &p);
         }
+        self.st.events = None;
+        self.st.lost = None;
+        self.st.gone.clear();
     }
 
     async fn flush(&mut self) -> std::io::Result<()> {
@@ -292,41 +326,43 @@ impl Connection {
                     }
                     i = j;
                 }
-                CommandClass::Lock if lock_op(&reqs[i]).is_some() => {
-                    // A run of LOCK.* writes that do not wait: proposed together, in order,
-                    // each with its own request id — no more of them than the state
+                CommandClass::Lock if batchable(&reqs[i]) => {
+                    // A run of lock-family writes that do not wait: proposed together, in
+                    // order, each with its own request id — no more of them than the state
                     // machine's dedup window, so every retry still finds its first outcome.
-                    let mut ops = Vec::new();
+                    let mut run = Vec::new();
                     let mut j = i;
-                    while j < reqs.len() && ops.len() < DEDUP_WINDOW as usize {
+                    while j < reqs.len() && run.len() < DEDUP_WINDOW as usize {
                         if j > i && !matches!(self.gate(&reqs[j]), Ok(CommandClass::Lock)) {
                             break;
                         }
-                        match lock_op(&reqs[j]) {
-                            Some(Ok(op)) => ops.push((self.st.next_rid(), op)),
-                            // Bad arguments first in the run: answered alone.
-                            Some(Err(e)) if ops.is_empty() => {
-                                self.answer(&reqs[j], Some(&e), since);
-                                j += 1;
-                                break;
+                        match lock::parse(&reqs[j]) {
+                            Some(Ok(Parsed::Write {
+                                cmd,
+                                wait_ms: 0,
+                                shape,
+                                reqid,
+                            })) if !matches!(cmd, fenced_core::Command::CloseSession { .. }) => {
+                                let rid = self.lock_rid(reqid);
+                                run.push(((rid, cmd), shape));
                             }
                             _ => break,
                         }
                         j += 1;
                     }
-                    if !ops.is_empty() {
-                        let n = ops.len();
-                        let mut replies = self.shared.backend.lock_batch(ops).await.into_iter();
-                        // `ops` are `reqs[i..i + n]`: the run stops at the first that is not one.
-                        for argv in &reqs[i..i + n] {
-                            let r = match replies.next() {
-                                Some(r) => lock_reply(r),
-                                None => Reply::err(format!(
-                                    "ERR internal: fewer replies than {n} lock commands"
-                                )),
-                            };
-                            self.answer(argv, Some(&r), since);
-                        }
+                    let n = run.len();
+                    let (cmds, shapes): (Vec<_>, Vec<_>) = run.into_iter().unzip();
+                    let mut replies = self.shared.backend.lock_batch(cmds).await.into_iter();
+                    let now = self.shared.backend.log_time();
+                    // The run is `reqs[i..i + n]`: it stops at the first that is not one.
+                    for (argv, shape) in reqs[i..i + n].iter().zip(shapes) {
+                        let r = match replies.next() {
+                            Some(r) => lock::render(shape, r, now),
+                            None => Reply::err(format!(
+                                "ERR internal: fewer replies than {n} lock commands"
+                            )),
+                        };
+                        self.answer(argv, Some(&r), since);
                     }
                     i = j;
                 }
@@ -455,7 +491,7 @@ impl Connection {
         let name = upper(&argv[0]);
         let a = &argv[1..];
         Some(match class {
-            CommandClass::Lock => self.lock_cmd(&name, a).await.unwrap_or_else(|e| e),
+            CommandClass::Lock => self.lock_cmd(argv).await,
             CommandClass::Blocking => self.blocking_pop(argv.clone()).await,
             CommandClass::Connection => return self.connection_cmd(&name, a).await,
             // Reads and writes are batched by `process`.

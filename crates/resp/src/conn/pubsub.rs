@@ -1,7 +1,13 @@
 //! Pub/sub on a connection: `SUBSCRIBE`/`PSUBSCRIBE` and their inverses, and the delivery of
-//! published messages (RESP2 messages in subscribe mode, RESP3 push frames).
+//! published messages (RESP2 messages in subscribe mode, RESP3 push frames) — including the
+//! lock-loss channels this node fills itself (`fenced:lost:session:<id>`,
+//! `fenced:lost:owner:<owner>`; docs/resp.md, "Lock-loss events") from the grants that end
+//! on it. Those events are a hint: the hub is lossy, and a restart loses them.
+
+use std::time::Duration;
 
 use fenced_core::kv::{KvEvent, Reply};
+use fenced_core::Event;
 use tokio::sync::broadcast;
 
 use super::{Connection, State};
@@ -13,6 +19,9 @@ impl Connection {
         let st = &mut self.st;
         if st.events.is_none() {
             st.events = Some(self.shared.backend.events());
+        }
+        if st.lost.is_none() {
+            st.lost = Some(self.shared.backend.lock_events());
         }
         for ch in a {
             let set = if pattern {
@@ -80,7 +89,113 @@ impl Connection {
         }
         if !st.subscribed() {
             st.events = None;
+            st.lost = None;
         }
+    }
+
+    /// An ended grant (or the loss of some): a message on its session's and its owner's
+    /// lock-loss channels, to a user who may `LOCK.ACQUIRE` its name.
+    pub(super) fn deliver_lost(&mut self, ev: Result<Event, Lagged>) {
+        let Ok(ev) = ev else {
+            // Events were lost: say so on every lock-loss channel this connection has.
+            let msg = b"{\"reason\":\"lagged\"}".to_vec();
+            let channels: Vec<Vec<u8>> = (self.st.channels.iter())
+                .filter(|c| c.starts_with(LOST))
+                .cloned()
+                .collect();
+            for c in channels {
+                push_message(&self.st, &c, &msg, &mut self.out);
+            }
+            return;
+        };
+        let Event::LockReleased {
+            name,
+            owner,
+            session,
+            token,
+            reason,
+        } = ev
+        else {
+            return;
+        };
+        if let Some(user) = &self.st.user {
+            if user.permit("LOCK.ACQUIRE", &[name.as_bytes()]).is_err() {
+                return;
+            }
+        }
+        let msg = serde_json::json!({
+            "name": name,
+            "owner": owner,
+            "token": token,
+            "session": session.unwrap_or(0),
+            "reason": reason.name(),
+        })
+        .to_string();
+        let mut channels = vec![format!("fenced:lost:owner:{owner}")];
+        if let Some(s) = session {
+            channels.push(format!("fenced:lost:session:{s}"));
+        }
+        for c in channels {
+            push_message(&self.st, c.as_bytes(), msg.as_bytes(), &mut self.out);
+        }
+    }
+
+    /// `session_gone`, once, on each subscribed `fenced:lost:session:<id>` channel whose
+    /// session this node's applied state shows gone ([`crate::Backend::session_gone`]).
+    pub(super) fn check_sessions(&mut self) {
+        let ids: Vec<u64> = self.st.session_channels().collect();
+        self.st.gone.retain(|id| ids.contains(id));
+        for id in ids {
+            if self.st.gone.contains(&id) || !self.shared.backend.session_gone(id) {
+                continue;
+            }
+            self.st.gone.insert(id);
+            let msg = serde_json::json!({ "session": id, "reason": "session_gone" }).to_string();
+            let channel = format!("fenced:lost:session:{id}");
+            push_message(&self.st, channel.as_bytes(), msg.as_bytes(), &mut self.out);
+        }
+    }
+}
+
+/// The prefix of the lock-loss channels.
+const LOST: &[u8] = b"fenced:lost:";
+const SESSION_PREFIX: &[u8] = b"fenced:lost:session:";
+
+/// How often a connection subscribed to a session's lock-loss channel checks whether the
+/// session is gone (on this node's applied state; no traffic).
+pub(crate) const SESSION_CHECK: Duration = Duration::from_secs(1);
+
+/// Events were lost (the subscriber fell behind the hub's buffer).
+pub(crate) struct Lagged;
+
+impl State {
+    /// The session ids of the `fenced:lost:session:<id>` channels subscribed to.
+    fn session_channels(&self) -> impl Iterator<Item = u64> + '_ {
+        self.channels.iter().filter_map(|c| {
+            std::str::from_utf8(c.strip_prefix(SESSION_PREFIX)?)
+                .ok()?
+                .parse()
+                .ok()
+        })
+    }
+
+    /// Subscribed to a session's lock-loss channel (which gets `session_gone`).
+    pub(super) fn watches_sessions(&self) -> bool {
+        self.session_channels().next().is_some()
+    }
+}
+
+/// The next ended grant; `Err(Lagged)` when some were lost; `None` when the hub closed.
+pub(super) async fn recv_lost(
+    rx: &mut Option<broadcast::Receiver<Event>>,
+) -> Option<Result<Event, Lagged>> {
+    let Some(r) = rx.as_mut() else {
+        return std::future::pending().await;
+    };
+    match r.recv().await {
+        Ok(e) => Some(Ok(e)),
+        Err(broadcast::error::RecvError::Lagged(_)) => Some(Err(Lagged)),
+        Err(broadcast::error::RecvError::Closed) => None,
     }
 }
 

@@ -44,7 +44,6 @@ impl Connection {
                 st.name = None;
                 st.user = self.shared.config.acl.initial_user();
                 self.cleanup();
-                self.st.events = None;
                 Reply::Status("RESET".into())
             }
             "SELECT" => match a[0].as_slice() {
@@ -300,7 +299,7 @@ fn command_info(c: &CommandSpec) -> Reply {
     };
     let (first, last, step) = match c.keys {
         KeySpec::None | KeySpec::Whole => (0, 0, 0),
-        KeySpec::Script => {
+        KeySpec::Script | KeySpec::Counted(_) => {
             flags.push(Reply::Status("movablekeys".into()));
             (0, 0, 0)
         }

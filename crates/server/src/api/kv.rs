@@ -12,10 +12,11 @@ use super::{request_id, unexpected, Api, Reply};
 #[tonic::async_trait]
 impl Kv for Api {
     async fn fenced_put(&self, req: Request<pb::FencedPutRequest>) -> Reply<pb::FencedPutResponse> {
-        self.users
+        let user = self
+            .users
             .permit(&req, "FENCE.SET", &[req.get_ref().key.as_bytes()])?;
         let r = req.into_inner();
-        let rid = request_id(r.request)?;
+        let rid = request_id(&user, r.request)?;
         let cmd = Command::FencedPut {
             key: r.key.into_bytes(),
             value: r.value,

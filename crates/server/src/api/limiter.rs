@@ -65,10 +65,11 @@ impl Api {
         } else {
             p.command()
         };
-        self.users
+        let user = self
+            .users
             .permit(&req, command, &[req.get_ref().key.as_bytes()])?;
         let r = req.into_inner();
-        let rid = request_id(r.request)?;
+        let rid = request_id(&user, r.request)?;
         let cmd = Command::Limit {
             key: r.key.into_bytes(),
             policy: p,

@@ -1,6 +1,6 @@
 //! `fenced.v1.Lock`: acquire (with wait), release, renew, info, force-unlock.
 
-use fenced_core::{AcquireSpec, Command, LockKind, Mode, ReleaseReason, Response};
+use fenced_core::{AcquireSpec, Command, LockKind, Mode, Response};
 use fenced_proto::v1 as pb;
 use tonic::{Request, Status};
 
@@ -12,10 +12,11 @@ use super::{lock_keys, opt_session, request_id, unexpected, Api, Reply};
 impl Lock for Api {
     async fn acquire(&self, req: Request<pb::AcquireRequest>) -> Reply<pb::AcquireResponse> {
         let m = req.get_ref();
-        self.users
+        let user = self
+            .users
             .permit(&req, "LOCK.ACQUIRE", &lock_keys(&m.name, &m.names))?;
         let r = req.into_inner();
-        let rid = request_id(r.request)?;
+        let rid = request_id(&user, r.request)?;
         let session = opt_session(r.session);
         let mode = match pb::LockMode::try_from(r.mode) {
             Ok(pb::LockMode::Exclusive) => Mode::Exclusive,
@@ -71,10 +72,11 @@ impl Lock for Api {
 
     async fn release(&self, req: Request<pb::ReleaseRequest>) -> Reply<pb::ReleaseResponse> {
         let m = req.get_ref();
-        self.users
+        let user = self
+            .users
             .permit(&req, "LOCK.RELEASE", &lock_keys(&m.name, &m.names))?;
         let r = req.into_inner();
-        let rid = request_id(r.request)?;
+        let rid = request_id(&user, r.request)?;
         let cmd = if r.names.is_empty() {
             Command::Release {
                 name: r.name,
@@ -100,10 +102,11 @@ impl Lock for Api {
     }
 
     async fn renew(&self, req: Request<pb::RenewRequest>) -> Reply<pb::RenewResponse> {
-        self.users
+        let user = self
+            .users
             .permit(&req, "LOCK.RENEW", &[req.get_ref().name.as_bytes()])?;
         let r = req.into_inner();
-        let rid = request_id(r.request)?;
+        let rid = request_id(&user, r.request)?;
         let cmd = Command::Renew {
             name: r.name,
             owner: r.owner,
@@ -178,7 +181,7 @@ impl Lock for Api {
             .permit("LOCK.RELEASE", &[req.get_ref().name.as_bytes()])
             .map_err(crate::users::denied)?;
         let r = req.into_inner();
-        let rid = request_id(r.request)?;
+        let rid = request_id(&admin, r.request)?;
         let released = match self
             .node
             .propose(Some(rid), Command::ForceUnlock { name: r.name })
@@ -198,15 +201,5 @@ pub(super) fn proto_mode(m: Mode) -> pb::LockMode {
         Mode::Read => pb::LockMode::Read,
         Mode::Write => pb::LockMode::Write,
         Mode::Permit { .. } => pb::LockMode::Permit,
-    }
-}
-
-pub(super) fn reason_name(r: ReleaseReason) -> &'static str {
-    match r {
-        ReleaseReason::Released => "released",
-        ReleaseReason::Expired => "expired",
-        ReleaseReason::SessionExpired => "session_expired",
-        ReleaseReason::SessionClosed => "session_closed",
-        ReleaseReason::ForceUnlocked => "force_unlocked",
     }
 }

@@ -29,6 +29,7 @@ use tonic::Status;
 use crate::error::NodeError;
 use crate::node::Node;
 use crate::users::Users;
+use fenced_resp::acl::User;
 
 /// Largest client API message (requests are small; this bounds a malicious one).
 const MAX_CLIENT_MESSAGE: usize = 1024 * 1024;
@@ -76,10 +77,13 @@ fn lock_keys<'a>(name: &'a str, names: &'a [String]) -> Vec<&'a [u8]> {
 
 /// The request id of a call; calls without one get a random one-off id (drawn through
 /// [`fenced_raft_types::rng`]), so that retries inside the cluster are still deduplicated.
-fn request_id(id: Option<pb::RequestId>) -> Result<RequestId, Status> {
+///
+/// A client's id is namespaced by the caller's user ([`User::request_id`]), so a client of
+/// another user sending the same `client_id` neither reads nor replays its stored answers.
+fn request_id(user: &User, id: Option<pb::RequestId>) -> Result<RequestId, Status> {
     match id {
         Some(pb::RequestId { client_id, seq }) if client_id != 0 && seq != 0 => {
-            Ok(RequestId { client_id, seq })
+            Ok(user.request_id(client_id, seq))
         }
         Some(_) => Err(Status::invalid_argument(
             "request id needs a nonzero client_id and seq",

@@ -17,8 +17,6 @@ use fenced_proto::v1::session_server::Session;
 
 use super::{request_id, unexpected, Api, Reply};
 
-use super::lock::reason_name;
-
 /// How often a lock-loss watch checks that its session still exists (it may end without an
 /// event reaching this node, e.g. when the node catches up by snapshot).
 const WATCH_CHECK: Duration = Duration::from_millis(500);
@@ -77,7 +75,7 @@ impl Session for Api {
                             name,
                             token,
                             owner,
-                            reason: reason_name(reason).into(),
+                            reason: reason.name().into(),
                         }
                     }
                     Ok(_) => continue,
@@ -97,9 +95,9 @@ impl Session for Api {
     }
 
     async fn open(&self, req: Request<pb::OpenSessionRequest>) -> Reply<pb::OpenSessionResponse> {
-        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let r = req.into_inner();
-        let rid = request_id(r.request)?;
+        let rid = request_id(&user, r.request)?;
         match self
             .node
             .propose(Some(rid), Command::OpenSession { ttl_ms: r.ttl_ms })
@@ -114,9 +112,9 @@ impl Session for Api {
     }
 
     async fn keep_alive(&self, req: Request<pb::KeepAliveRequest>) -> Reply<pb::KeepAliveResponse> {
-        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let r = req.into_inner();
-        let rid = request_id(r.request)?;
+        let rid = request_id(&user, r.request)?;
         match self
             .node
             .propose(Some(rid), Command::KeepAlive { session: r.session })
@@ -148,7 +146,7 @@ impl Session for Api {
             user.permit("LOCK.RELEASE", &keys)
                 .map_err(crate::users::denied)?;
         }
-        let rid = request_id(r.request)?;
+        let rid = request_id(&user, r.request)?;
         let closed = match self
             .node
             .propose(Some(rid), Command::CloseSession { session: r.session })

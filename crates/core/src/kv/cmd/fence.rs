@@ -4,6 +4,11 @@
 
 use super::prelude::*;
 
+/// A lock-family row: the lock name at `argv[1]` unless `.keys(..)` says otherwise.
+const fn lock(name: &'static str, arity: i32, acl: u32) -> CommandSpec {
+    CommandSpec::other(name, arity, acl | FENCING, Run::Lock).keys(KeySpec::First)
+}
+
 pub(super) const COMMANDS: &[CommandSpec] = &[
     // `FENCE.SET key value token`.
     CommandSpec::write("FENCE.SET", 4, WRITE | FENCING, |ctx, a| {
@@ -33,9 +38,23 @@ pub(super) const COMMANDS: &[CommandSpec] = &[
             },
         })
     }),
-    CommandSpec::other("LOCK.ACQUIRE", -4, WRITE | BLOCKING | FENCING, Run::Lock)
+    // The lock family: served by the front end on the lock table (crates/resp/src/conn/
+    // lock.rs), never inside MULTI or a script. Options (`WAIT`, `SESSION`, `DELAY`, `REQID`)
+    // follow the positional arguments, hence the negative arities.
+    lock("LOCK.ACQUIRE", -4, WRITE | BLOCKING),
+    lock("LOCK.READ", -4, WRITE | BLOCKING),
+    lock("LOCK.WRITE", -4, WRITE | BLOCKING),
+    lock("LOCK.PERMIT", -5, WRITE | BLOCKING),
+    lock("LOCK.MACQUIRE", -5, WRITE | BLOCKING).keys(KeySpec::Counted(3)),
+    lock("LOCK.RELEASE", -4, WRITE),
+    lock("LOCK.MRELEASE", -5, WRITE).keys(KeySpec::Counted(3)),
+    lock("LOCK.RENEW", -5, WRITE),
+    lock("LOCK.INFO", 2, READ),
+    // Administrative: not in `@fencing`, so `+@fencing` does not grant it.
+    CommandSpec::other("LOCK.FORCEUNLOCK", -2, WRITE | ADMIN | DANGEROUS, Run::Lock)
         .keys(KeySpec::First),
-    CommandSpec::other("LOCK.RELEASE", 4, WRITE | FENCING, Run::Lock).keys(KeySpec::First),
-    CommandSpec::other("LOCK.RENEW", 5, WRITE | FENCING, Run::Lock).keys(KeySpec::First),
-    CommandSpec::other("LOCK.INFO", 2, READ | FENCING, Run::Lock).keys(KeySpec::First),
+    lock("SESSION.OPEN", -2, WRITE).keys(KeySpec::None),
+    lock("SESSION.KEEPALIVE", -2, WRITE).keys(KeySpec::None),
+    lock("SESSION.CLOSE", -2, WRITE).keys(KeySpec::None),
+    lock("SESSION.INFO", 2, READ).keys(KeySpec::None),
 ];

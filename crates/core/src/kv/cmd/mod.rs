@@ -164,17 +164,21 @@ pub fn command_keys(argv: &[Bytes]) -> Keys<'_> {
             .iter()
             .map(|k| k.as_slice())
             .collect(),
-        KeySpec::Script => {
-            let n = args
-                .get(1)
-                .and_then(|n| super::args::parse_i64(n).ok())
-                .and_then(|n| usize::try_from(n).ok())
-                .filter(|n| *n <= args.len().saturating_sub(2))
-                .unwrap_or(0);
-            args.iter().skip(2).take(n).map(|k| k.as_slice()).collect()
-        }
+        KeySpec::Script => counted(args, 2),
+        KeySpec::Counted(at) => counted(args, at),
     };
     Keys::Args(keys)
+}
+
+/// The keys after a count at `argv[at]` (`args` is `argv[1..]`); none for a bad count.
+fn counted(args: &[Bytes], at: usize) -> Vec<&[u8]> {
+    let n = args
+        .get(at - 1)
+        .and_then(|n| super::args::parse_i64(n).ok())
+        .and_then(|n| usize::try_from(n).ok())
+        .filter(|n| *n <= args.len().saturating_sub(at))
+        .unwrap_or(0);
+    args.iter().skip(at).take(n).map(|k| k.as_slice()).collect()
 }
 
 /// Reply text when `user` may not run `cmd` (Redis 7.2's).
