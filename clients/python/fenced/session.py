@@ -53,6 +53,7 @@ class Session:
         self.on_lost = on_lost
         self.events = self.client.events_enabled if events is None else events
         self._id: Optional[int] = None
+        self._closed = False
         self._lost: Optional[SessionLost] = None
         self._mutex = threading.RLock()
         self._grants: "weakref.WeakSet[_Grant]" = weakref.WeakSet()
@@ -64,7 +65,7 @@ class Session:
 
     @property
     def id(self) -> Optional[int]:
-        """The session id (``None`` before :meth:`open`)."""
+        """The session id (``None`` before :meth:`open`; kept after :meth:`close`)."""
         return self._id
 
     @property
@@ -75,7 +76,7 @@ class Session:
         """The id if the session is open and not known lost; else raises."""
         if self._lost is not None:
             raise self._lost
-        if self._id is None:
+        if self._id is None or self._closed:
             raise FencedError("session is not open")
         return self._id
 
@@ -84,10 +85,10 @@ class Session:
     def open(self) -> int:
         """``SESSION.OPEN``; starts the keep-alive thread. Returns the id."""
         with self._mutex:
-            if self._id is not None and self._lost is None:
+            if self._id is not None and self._lost is None and not self._closed:
                 return self._id
             sid = int(self.client.call("SESSION.OPEN", self.ttl_ms))
-            self._id, self._lost = sid, None
+            self._id, self._lost, self._closed = sid, None, False
             self._last_ok = time.monotonic()
             if self.events:
                 ev = self.client.events
@@ -118,17 +119,16 @@ class Session:
         with self._mutex:
             self._stop.set()
             sid = self._id
-            if sid is None:
+            if sid is None or self._closed:
                 return False
+            self._closed = True
             if self.events:
                 self.client.events.unregister_session(sid)
                 self.client.events.unsubscribe(SESSION_CHANNEL.format(sid))
             for g in list(self._grants):
                 g._forget()
             self._grants = weakref.WeakSet()
-            ok = bool(self.client.call("SESSION.CLOSE", sid))
-            self._id = None
-            return ok
+            return bool(self.client.call("SESSION.CLOSE", sid))
 
     def info(self) -> Optional[dict]:
         """``SESSION.INFO``: ``session``, ``ttl_ms``, ``locks`` (``None`` if gone)."""

@@ -156,3 +156,27 @@ def test_renew_extends_the_lease(fc, name):
     a.renew(ttl_ms=30_000)
     assert int(a.info()["ttl_ms"]) > 20_000
     a.release()
+
+
+def test_force_unlock_is_a_loss(fc, fc2, name):
+    lost = []
+    a = fenced.Lock(fc, name, ttl_ms=30_000, on_lost=lambda lk, e: lost.append(e.reason))
+    t = a.acquire()
+    assert fc2.force_unlock(name) is True
+    wait_until("the force_unlocked event", lambda: a.lost is not None, timeout=10)
+    assert lost == ["force_unlocked"]
+    assert fc2.force_unlock(name) is False, "nobody holds it now"
+    with pytest.raises(fenced.LockLost):
+        a.release()
+    assert fenced.Lock(fc2, name, ttl_ms=1000).acquire() > t
+
+
+def test_lock_delay_after_expiry(fc, fc2, name):
+    a = fenced.Lock(fc, name, ttl_ms=200, delay_ms=1500)
+    a.acquire()
+    wait_until("the lease to run out", lambda: fc.lock_info(name) is None, timeout=10)
+    t0 = time.monotonic()
+    # Not granted again during the lock-delay; a waiter gets it once the delay is over.
+    assert fenced.Lock(fc2, name, ttl_ms=1000).acquire() is None
+    assert fenced.Lock(fc2, name, ttl_ms=1000).acquire(wait_ms=10_000) is not None
+    assert time.monotonic() - t0 >= 0.8
