@@ -264,7 +264,11 @@ class _Grant:
             ev.subscribe(OWNER_CHANNEL.format(self.owner))
         else:
             # Every owner this client makes up shares one prefix: one pattern for all.
-            ev.subscribe(OWNER_CHANNEL.format(self.client.owner_prefix) + "*", pattern=True)
+            prefix = OWNER_CHANNEL.format(self.client.owner_prefix)
+            ev.subscribe(prefix + "*", pattern=True)
+            # fenced says `lagged` only on a connection's plain channel subscriptions, not
+            # its patterns: one plain lock-loss channel (no lock has this owner) hears it.
+            ev.subscribe(prefix)
 
     def _register(self) -> None:
         if self._token is None:
