@@ -22,12 +22,24 @@ def leader_id() -> int:
     return 0
 
 
-def test_leader_sigkill_during_a_held_lock(fc, fc2, name):
+def test_leader_sigkill_during_a_held_lock(fc2, name):
     assert PIDS, "FENCED_NODE_PIDS is not set"
+    leader = wait_until("a leader", leader_id, timeout=20)
+    # The leader first: this client's commands and its lock-loss listener start on the node
+    # that gets killed, so both must move on.
+    order = [leader] + [i for i in live_ids() if i != leader]
+    fc = fenced.FencedClient.from_addresses([ADDRS[i] for i in order],
+                                            client_kwargs={"socket_timeout": 20})
     holder = fenced.Lock(fc, name, ttl_ms=30_000)
     token = holder.acquire()
     assert token
-    leader = wait_until("a leader", leader_id, timeout=20)
+    # A session lock too: its keep-alive thread must carry it across the failover.
+    session = fenced.Session(fc, ttl_ms=3_000)
+    session.open()
+    in_session = session.lock(f"{name}-s")
+    s_token = in_session.acquire()
+    assert s_token
+    leader = wait_until("the leader", leader_id, timeout=20)  # (unchanged, normally)
     os.kill(PIDS[leader], signal.SIGKILL)
     KILLED.add(leader)
 
@@ -50,3 +62,15 @@ def test_leader_sigkill_during_a_held_lock(fc, fc2, name):
     th.join(timeout=20)
     assert got.get("t") and got["t"] > token, got
     waiter.release()
+
+    # The session outlived the failover (its TTL is shorter than the time since the kill).
+    assert in_session.held and session.lost is None
+    assert int(fc.lock_info(f"{name}-s")["token"]) == s_token
+    session.close()
+    assert fc.lock_info(f"{name}-s") is None
+
+    # The lock-loss listener (reconnected if it was on the killed node) still hears events.
+    short = fenced.Lock(fc, f"{name}-e", ttl_ms=300)
+    short.acquire()
+    wait_until("an expiry event after the failover", lambda: short.lost is not None, timeout=15)
+    fc.close()
