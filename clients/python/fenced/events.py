@@ -34,6 +34,8 @@ log = logging.getLogger("fenced.events")
 
 SESSION_CHANNEL = "fenced:lost:session:{}"
 OWNER_CHANNEL = "fenced:lost:owner:{}"
+#: Where fenced says "lagged" for pattern subscribers (docs/resp.md, "Lock-loss events").
+LAGGED_CHANNEL = "fenced:lost:lagged"
 
 
 @dataclass(frozen=True)

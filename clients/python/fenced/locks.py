@@ -18,7 +18,7 @@ import redis
 
 from .client import FencedClient, as_client
 from .errors import CommandError, FencedError, LockLost, NotAcquired
-from .events import OWNER_CHANNEL, LossEvent
+from .events import LAGGED_CHANNEL, OWNER_CHANNEL, LossEvent
 
 if TYPE_CHECKING:  # pragma: no cover
     from types import TracebackType
@@ -266,9 +266,9 @@ class _Grant:
             # Every owner this client makes up shares one prefix: one pattern for all.
             prefix = OWNER_CHANNEL.format(self.client.owner_prefix)
             ev.subscribe(prefix + "*", pattern=True)
-            # fenced says `lagged` only on a connection's plain channel subscriptions, not
-            # its patterns: one plain lock-loss channel (no lock has this owner) hears it.
-            ev.subscribe(prefix)
+            # A pattern hears no `lagged` notice of its own: fenced sends one to
+            # `fenced:lost:lagged` for pattern subscribers.
+            ev.subscribe(LAGGED_CHANNEL)
 
     def _register(self) -> None:
         if self._token is None:
