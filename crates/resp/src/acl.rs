@@ -418,8 +418,10 @@ impl User {
             commands: None,
         });
         self.unrestricted = self.allkeys && self.allchannels && self.all_commands();
-        self.admin = category_commands("admin")
-            .is_some_and(|cmds| cmds.iter().all(|c| self.commands.contains(c)));
+        // `CONFIG` and `ACL` decide, not every `@admin` row: the refused server commands
+        // (`SAVE`, `DEBUG`, …) are `@admin` rows too, and a user file written before they
+        // existed (`+config +acl`) must not stop being an administrator.
+        self.admin = ["CONFIG", "ACL"].iter().all(|c| self.commands.contains(c));
     }
 
     fn password_ok(&self, pass: &[u8]) -> bool {
@@ -562,8 +564,8 @@ impl User {
         self.allkeys
     }
 
-    /// Whether this user is an administrator: its rules allow every command of the
-    /// `@admin` category (`+@all` or `+@admin`; `-@admin`, `-acl` or `-config` take it away).
+    /// Whether this user is an administrator: its rules allow `CONFIG` and `ACL` (`+@all`
+    /// or `+@admin` do; `-@admin`, `-acl` or `-config` take it away).
     pub fn is_admin(&self) -> bool {
         self.admin
     }
