@@ -18,9 +18,9 @@
 //!   `FENCE.SET` on the key; `crates/server/src/users.rs`). So a user's `~pattern`s limit lock
 //!   names and keys alike, over both protocols. Refusals are [`Denied`]: Redis's exact `NOPERM`
 //!   text for RESP ([`Denied::resp_text`]), the user, command and key for gRPC (`Display`).
-//! * [`User::is_admin`]: a user whose rules allow every command of the `@admin` category
-//!   (`+@all` or `+@admin`) is an administrator — what membership changes and force-unlock
-//!   need over gRPC ([`User::require_admin`]).
+//! * [`User::is_admin`]: a user whose rules allow `CONFIG` and `ACL` (`+@all` or `+@admin`
+//!   do) is an administrator — what membership changes and force-unlock need over gRPC
+//!   ([`User::require_admin`]).
 //! * Writes of restricted users are also sent as
 //!   [`KvCommand::Restricted`](fenced_core::kv::KvCommand::Restricted) so that the state
 //!   machine enforces the same limits on every command a script runs ([`User::limits_for`]).
@@ -191,7 +191,7 @@ pub struct User {
     channel_limits: Option<Restriction>,
     /// `+@all ~* &*`: nothing to check (the fast path of [`User::permit`]).
     unrestricted: bool,
-    /// Every command of `@admin` is allowed ([`User::is_admin`]).
+    /// `CONFIG` and `ACL` are allowed ([`User::is_admin`]).
     admin: bool,
 }
 
