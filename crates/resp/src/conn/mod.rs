@@ -24,6 +24,7 @@ use crate::clients::{Client, Meta};
 use crate::frame::{encode, parse_request, Proto};
 use crate::{BackendError, Shared};
 
+mod client;
 mod lock;
 mod pubsub;
 mod server;
