@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use redis::Value;
 use support::{
-    follower_of, require, resp_cmd as cmd, resp_connect as connect, run_bounded, within,
-    TestCluster, LEADER_TIMEOUT,
+    follower_of, require, resp_cmd as cmd, resp_cmd_err as cmd_err, resp_connect as connect,
+    run_bounded, within, TestCluster, LEADER_TIMEOUT,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -36,17 +36,6 @@ fn parse_info(s: &str) -> BTreeMap<String, BTreeMap<String, String>> {
         }
     }
     out
-}
-
-async fn cmd_err(con: &mut redis::aio::MultiplexedConnection, args: &[&str]) -> String {
-    let mut c = redis::cmd(args[0]);
-    for a in &args[1..] {
-        c.arg(*a);
-    }
-    match within(&format!("{args:?}"), STEP, c.query_async::<Value>(con)).await {
-        Ok(v) => panic!("{args:?}: expected an error, got {v:?}"),
-        Err(e) => e.to_string(),
-    }
 }
 
 /// A raw RESP connection: what is sent and exactly what comes back.

@@ -102,6 +102,25 @@ pub(crate) struct Meta {
     pub multi: i64,
 }
 
+impl Meta {
+    /// A new connection's: no name or library, no command yet, nothing subscribed.
+    pub(crate) fn fresh(user: String) -> Meta {
+        Meta {
+            name: Vec::new(),
+            user,
+            resp: 2,
+            lib_name: String::new(),
+            lib_ver: String::new(),
+            cmd: "NULL",
+            cmd_sub: None,
+            last: Instant::now(),
+            sub: 0,
+            psub: 0,
+            multi: -1,
+        }
+    }
+}
+
 /// One connection in the registry.
 pub(crate) struct Client {
     pub id: u64,
@@ -273,16 +292,7 @@ mod tests {
         let r = Registry::default();
         let meta = Meta {
             name: b"n".to_vec(),
-            user: "default".into(),
-            resp: 2,
-            lib_name: String::new(),
-            lib_ver: String::new(),
-            cmd: "NULL",
-            cmd_sub: None,
-            last: Instant::now(),
-            sub: 0,
-            psub: 0,
-            multi: -1,
+            ..Meta::fresh("default".into())
         };
         let c = r.add(7, "127.0.0.1:5000".parse().unwrap(), None, meta);
         let rx = c.killed();

@@ -162,21 +162,10 @@ impl Connection {
             id,
             peer,
             local,
-            Meta {
-                name: Vec::new(),
-                user: user
-                    .as_ref()
+            Meta::fresh(
+                user.as_ref()
                     .map_or(String::new(), |u| u.name().to_string()),
-                resp: 2,
-                lib_name: String::new(),
-                lib_ver: String::new(),
-                cmd: "NULL",
-                cmd_sub: None,
-                last: Instant::now(),
-                sub: 0,
-                psub: 0,
-                multi: -1,
-            },
+            ),
         );
         Connection {
             client,
