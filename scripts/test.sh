@@ -3,7 +3,8 @@
 # missing — redis-server and redis-tools (the Redis/Redlock backends, redis-cli), etcd-server
 # (the etcd comparison backend), etcd-client (etcdctl, driving fenced's etcd API), Node.js
 # with npm's etcd3 client library (tests/etcd-client, unchanged against fenced's etcd API),
-# python3 with redis-py (its Lock runs unchanged against the RESP front end), iproute2 and iptables
+# python3 with redis-py (its Lock runs unchanged against the RESP front end) and pytest (the
+# Python package clients/python), iproute2 and iptables
 # (network namespaces and partitions of the fault-injection tests) — then run the whole
 # workspace's tests. A test whose program is still missing fails with the install command;
 # none passes by skipping.
@@ -40,6 +41,12 @@ if command -v python3 >/dev/null && ! python3 -c 'import redis' 2>/dev/null; the
     python3 -m pip install -q redis 2>/dev/null ||
         { [ "$(id -u)" = 0 ] && apt-get install -y -qq --no-install-recommends python3-redis >/dev/null; } ||
         echo "redis-py is missing: python3 -m pip install redis (or apt-get install -y python3-redis)" >&2
+fi
+# pytest for the same python3 (clients/python's suite, run by tests/python_client.rs).
+if command -v python3 >/dev/null && ! python3 -c 'import pytest' 2>/dev/null; then
+    python3 -m pip install -q pytest 2>/dev/null ||
+        { [ "$(id -u)" = 0 ] && apt-get install -y -qq --no-install-recommends python3-pytest >/dev/null; } ||
+        echo "pytest is missing: python3 -m pip install pytest (or apt-get install -y python3-pytest)" >&2
 fi
 # npm's etcd3 library at the version package-lock.json pins.
 if command -v npm >/dev/null && [ ! -d tests/etcd-client/node_modules/etcd3 ]; then

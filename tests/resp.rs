@@ -12,25 +12,13 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, Value};
 use support::{
-    follower_of, require, resp_cmd as cmd, resp_connect as connect, run_bounded, within,
-    TestCluster, LEADER_TIMEOUT,
+    follower_of, require, resp_cmd as cmd, resp_cmd_err as cmd_err, resp_connect as connect,
+    run_bounded, within, TestCluster, LEADER_TIMEOUT,
 };
 
 const STEP: Duration = Duration::from_secs(20);
-
-async fn cmd_err(con: &mut MultiplexedConnection, args: &[&str]) -> String {
-    let mut c = redis::cmd(args[0]);
-    for a in &args[1..] {
-        c.arg(*a);
-    }
-    match within(&format!("{args:?}"), STEP, c.query_async::<Value>(con)).await {
-        Ok(v) => panic!("{args:?}: expected an error, got {v:?}"),
-        Err(e) => e.to_string(),
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cli_scripted_session() {

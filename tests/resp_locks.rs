@@ -25,23 +25,12 @@ use futures::StreamExt;
 use redis::aio::MultiplexedConnection;
 use redis::Value;
 use support::{
-    follower_of, resp_cmd as cmd, resp_connect as connect, resp_connect_with, within, TestCluster,
-    LEADER_TIMEOUT,
+    follower_of, resp_cmd as cmd, resp_cmd_err as cmd_err, resp_connect as connect,
+    resp_connect_with, within, TestCluster, LEADER_TIMEOUT,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const STEP: Duration = Duration::from_secs(20);
-
-async fn cmd_err(con: &mut MultiplexedConnection, args: &[&str]) -> String {
-    let mut c = redis::cmd(args[0]);
-    for a in &args[1..] {
-        c.arg(*a);
-    }
-    match within(&format!("{args:?}"), STEP, c.query_async::<Value>(con)).await {
-        Ok(v) => panic!("{args:?}: expected an error, got {v:?}"),
-        Err(e) => e.to_string(),
-    }
-}
 
 /// `LOCK.INFO`'s (or `SESSION.INFO`'s) flat map as (field, value) pairs; empty when nil.
 async fn info(con: &mut MultiplexedConnection, args: &[&str]) -> Vec<(String, Value)> {

@@ -338,6 +338,16 @@ impl TestCluster {
         self.procs()[(id - 1) as usize].child.is_some()
     }
 
+    /// The process id of node `id` (`None` if the harness has not started it or reaped it).
+    /// Someone else may signal it (tests/python_client.rs hands the pids to pytest): the
+    /// harness reaps it at [`TestCluster::kill`] or on drop either way.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.procs()[(id - 1) as usize]
+            .child
+            .as_ref()
+            .map(|c| c.id())
+    }
+
     /// Ids of the nodes the harness believes are running.
     pub fn running(&self) -> Vec<u64> {
         self.procs()

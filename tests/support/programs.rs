@@ -14,6 +14,9 @@ pub fn require(bin: &str, probe: &[&str]) {
         .status()
         .is_ok_and(|s| s.success());
     let install = match (bin, probe) {
+        ("python3", p) if p.join(" ").contains("pytest") => {
+            "apt-get install -y python3-pytest python3-redis (or: python3 -m pip install pytest redis)"
+        }
         ("python3", _) => "apt-get install -y python3-redis (or: python3 -m pip install redis)",
         ("redis-cli", _) => "apt-get install -y redis-tools",
         ("redis-server", _) => "apt-get install -y redis-server",

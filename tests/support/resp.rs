@@ -53,3 +53,21 @@ pub async fn resp_cmd<T: redis::FromRedisValue>(
         .await
         .unwrap_or_else(|e| panic!("{args:?}: {e}"))
 }
+
+/// Run one command (bounded by [`RESP_STEP`]) that must fail; its error's text.
+pub async fn resp_cmd_err(con: &mut redis::aio::MultiplexedConnection, args: &[&str]) -> String {
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    match within(
+        &format!("{args:?}"),
+        RESP_STEP,
+        c.query_async::<redis::Value>(con),
+    )
+    .await
+    {
+        Ok(v) => panic!("{args:?}: expected an error, got {v:?}"),
+        Err(e) => e.to_string(),
+    }
+}

@@ -126,7 +126,8 @@ impl PeerGate {
         if from.cluster_id != me.cluster_id {
             return Err(refuse(format!(
                 "call from cluster {}, but this node belongs to cluster {}",
-                from.cluster_id, me.cluster_id
+                fenced_raft_types::identity::fmt_cluster_id(from.cluster_id),
+                fenced_raft_types::identity::fmt_cluster_id(me.cluster_id)
             )));
         }
         if from.to != me.member_id {

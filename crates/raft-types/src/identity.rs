@@ -73,6 +73,12 @@ pub enum MemberState {
     Retired { reason: String },
 }
 
+/// A cluster id as fenced prints it everywhere — `fenced status`, the node's log, error
+/// messages, `INFO`: 16 lowercase hex digits, zero-padded, no `0x` (`00c1a5e2b07f3d19`).
+pub fn fmt_cluster_id(id: u64) -> String {
+    format!("{id:016x}")
+}
+
 /// The content of the identity file.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Identity {
@@ -368,5 +374,14 @@ mod tests {
         let a = Identity::new(1, 1, MemberState::Ready);
         let b = Identity::new(1, 1, MemberState::Ready);
         assert_ne!(a.incarnation, b.incarnation);
+    }
+}
+
+#[cfg(test)]
+mod fmt_tests {
+    #[test]
+    fn cluster_ids_print_as_16_hex_digits() {
+        assert_eq!(super::fmt_cluster_id(0xc1), "00000000000000c1");
+        assert_eq!(super::fmt_cluster_id(u64::MAX), "ffffffffffffffff");
     }
 }

@@ -18,9 +18,9 @@
 //!   `FENCE.SET` on the key; `crates/server/src/users.rs`). So a user's `~pattern`s limit lock
 //!   names and keys alike, over both protocols. Refusals are [`Denied`]: Redis's exact `NOPERM`
 //!   text for RESP ([`Denied::resp_text`]), the user, command and key for gRPC (`Display`).
-//! * [`User::is_admin`]: a user whose rules allow every command of the `@admin` category
-//!   (`+@all` or `+@admin`) is an administrator — what membership changes and force-unlock
-//!   need over gRPC ([`User::require_admin`]).
+//! * [`User::is_admin`]: a user whose rules allow `CONFIG` and `ACL` (`+@all` or `+@admin`
+//!   do) is an administrator — what membership changes and force-unlock need over gRPC
+//!   ([`User::require_admin`]).
 //! * Writes of restricted users are also sent as
 //!   [`KvCommand::Restricted`](fenced_core::kv::KvCommand::Restricted) so that the state
 //!   machine enforces the same limits on every command a script runs ([`User::limits_for`]).
@@ -191,7 +191,7 @@ pub struct User {
     channel_limits: Option<Restriction>,
     /// `+@all ~* &*`: nothing to check (the fast path of [`User::permit`]).
     unrestricted: bool,
-    /// Every command of `@admin` is allowed ([`User::is_admin`]).
+    /// `CONFIG` and `ACL` are allowed ([`User::is_admin`]).
     admin: bool,
 }
 
@@ -418,8 +418,10 @@ impl User {
             commands: None,
         });
         self.unrestricted = self.allkeys && self.allchannels && self.all_commands();
-        self.admin = category_commands("admin")
-            .is_some_and(|cmds| cmds.iter().all(|c| self.commands.contains(c)));
+        // `CONFIG` and `ACL` decide, not every `@admin` row: the refused server commands
+        // (`SAVE`, `DEBUG`, …) are `@admin` rows too, and a user file written before they
+        // existed (`+config +acl`) must not stop being an administrator.
+        self.admin = ["CONFIG", "ACL"].iter().all(|c| self.commands.contains(c));
     }
 
     fn password_ok(&self, pass: &[u8]) -> bool {
@@ -562,8 +564,8 @@ impl User {
         self.allkeys
     }
 
-    /// Whether this user is an administrator: its rules allow every command of the
-    /// `@admin` category (`+@all` or `+@admin`; `-@admin`, `-acl` or `-config` take it away).
+    /// Whether this user is an administrator: its rules allow `CONFIG` and `ACL` (`+@all`
+    /// or `+@admin` do; `-@admin`, `-acl` or `-config` take it away).
     pub fn is_admin(&self) -> bool {
         self.admin
     }

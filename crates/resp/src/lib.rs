@@ -9,8 +9,10 @@
 //! this crate does not depend on Raft.
 
 pub mod acl;
+mod clients;
 pub mod conn;
 pub mod frame;
+pub mod info;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,6 +26,11 @@ use tokio::net::TcpListener;
 use tokio::sync::{broadcast, watch, Semaphore};
 
 pub use frame::{Limits, Proto};
+pub use info::{MemberInfo, NodeInfo};
+
+/// The Redis version fenced answers as (`HELLO`, `INFO server`): the one whose commands and
+/// replies it follows.
+pub const REDIS_VERSION: &str = "7.2.0";
 
 /// Why the cluster could not answer.
 #[derive(thiserror::Error, Debug, Clone)]
@@ -86,8 +93,10 @@ pub trait Backend: Send + Sync + 'static {
     fn log_time(&self) -> u64;
     /// Keyspace events applied on this node (pub/sub messages, list pushes).
     fn events(&self) -> broadcast::Receiver<KvEvent>;
-    /// Lines for `INFO` (`key:value`), e.g. node id, role, leader.
-    fn info(&self) -> Vec<(String, String)>;
+    /// What `INFO` shows of the node: its Raft view, the keyspace's size (from the local
+    /// applied state, without a read barrier, so `INFO` answers without a quorum) and the
+    /// process's memory and CPU.
+    fn info(&self) -> NodeInfo;
     /// A fresh random client id (nonzero) for a new connection's request ids: the node draws
     /// it from its own source of randomness, which a simulator seeds.
     fn client_id(&self) -> u64;
@@ -193,6 +202,13 @@ impl Subscriptions {
             }
         }
     }
+    /// Distinct channels and patterns subscribed to on this node (`INFO stats`).
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        (
+            Self::lock(&self.channels).len(),
+            Self::lock(&self.patterns).len(),
+        )
+    }
     pub(crate) fn receivers(&self, channel: &[u8]) -> i64 {
         let direct = Self::lock(&self.channels)
             .get(channel)
@@ -214,6 +230,14 @@ pub(crate) struct Shared {
     pub next_id: std::sync::atomic::AtomicU64,
     pub live: std::sync::atomic::AtomicUsize,
     pub shutdown: watch::Receiver<bool>,
+    /// `INFO`'s counters.
+    pub stats: clients::Stats,
+    /// Every connection (`CLIENT LIST`, `CLIENT KILL`).
+    pub clients: clients::Registry,
+    /// `INFO server`'s `run_id`: 40 random hex digits, new at every start.
+    pub run_id: String,
+    /// The port clients connect to (`INFO server`'s `tcp_port`; 0 if not a TCP port).
+    pub port: u16,
 }
 
 /// Bind `config.addr`; then [`serve`] on the listener. Separate so that a bind failure is
@@ -241,6 +265,22 @@ impl Front {
     /// Connections stop (after their current requests) once `shutdown` turns true or its
     /// sender is dropped.
     pub fn new(backend: Arc<dyn Backend>, config: Config, shutdown: watch::Receiver<bool>) -> Self {
+        // Not from the backend's random source: a simulator seeds that one, and a draw here
+        // would shift every later one.
+        let run_id: String = (0..3u8)
+            .map(|i| {
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u8(i);
+                h.write_u32(std::process::id());
+                format!("{:016x}", h.finish())
+            })
+            .collect::<String>()[..40]
+            .to_string();
+        let port = config
+            .addr
+            .parse::<SocketAddr>()
+            .map_or(0, |a: SocketAddr| a.port());
         Front {
             shared: Arc::new(Shared {
                 backend,
@@ -249,6 +289,10 @@ impl Front {
                 next_id: std::sync::atomic::AtomicU64::new(1),
                 live: std::sync::atomic::AtomicUsize::new(0),
                 shutdown,
+                stats: clients::Stats::new(),
+                clients: clients::Registry::default(),
+                run_id,
+                port,
             }),
         }
     }
@@ -333,6 +377,11 @@ pub async fn serve(
                 });
             }
             Err(_) => {
+                front
+                    .shared
+                    .stats
+                    .rejected_connections
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 conns.spawn(async move {
                     use tokio::io::AsyncWriteExt;
                     let mut socket = socket;

@@ -80,6 +80,8 @@ impl std::str::FromStr for ElectionTimeout {
 pub struct NodeConfig {
     pub id: u64,
     pub data_dir: PathBuf,
+    /// `--config`: the TOML file the flags came from, if any (`INFO`'s `config_file`).
+    pub config_file: Option<PathBuf>,
     pub grpc_addr: String,
     pub resp_addr: String,
     /// The users of every port (RESP and the gRPC client API): `--acl-file`'s, or only
@@ -188,6 +190,7 @@ impl NodeConfig {
             initial_cluster: BTreeMap::new(),
             initial_cluster_state: None,
             initial_cluster_token: DEFAULT_CLUSTER_TOKEN.to_owned(),
+            config_file: None,
             snapshot_logs: 5_000,
             keep_logs: 1_000,
             heartbeat_ms: DEFAULT_HEARTBEAT_MS,

@@ -448,6 +448,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         bail!("--id must be at least 1");
     }
     let mut cfg = NodeConfig::new(a.id, a.data_dir, a.grpc_addr, a.resp_addr);
+    cfg.config_file = a.config.clone();
     cfg.initial_cluster = a.initial_cluster.unwrap_or_default();
     cfg.initial_cluster_state = a.initial_cluster_state;
     cfg.initial_cluster_token = a.initial_cluster_token;
@@ -753,7 +754,7 @@ async fn status(a: StatusArgs) -> anyhow::Result<()> {
         "snapshot_index": s.snapshot_index,
         "purged_index": s.purged_index,
         "revision": s.revision,
-        "cluster_id": format!("{:x}", s.cluster_id),
+        "cluster_id": fenced_raft_types::identity::fmt_cluster_id(s.cluster_id),
         "last_log_index": s.last_log_index,
         "alarm": (!s.alarm.is_empty()).then_some(&s.alarm),
         "alarmed_members": &s.alarmed_members,

@@ -10,6 +10,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use fenced_raft_types::identity::fmt_cluster_id;
 use fenced_raft_types::{NodeId, Raft};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, LogId, RaftMetrics};
@@ -338,8 +339,8 @@ pub enum JoinError {
     #[error("--join: no endpoint answered; an empty data dir needs the cluster to join it")]
     NoAnswer,
     #[error(
-        "--join: member {id} is not in the membership of cluster {cluster_id:x}; run \
-         `fenced member add {id} {addr} --learner` first"
+        "--join: member {id} is not in the membership of cluster {}; run \
+         `fenced member add {id} {addr} --learner` first", fmt_cluster_id(*.cluster_id)
     )]
     NotAdded {
         id: NodeId,
@@ -347,12 +348,12 @@ pub enum JoinError {
         cluster_id: u64,
     },
     #[error(
-        "--join: member {id} is not in the membership of cluster {cluster_id:x} any more \
-         (removed?); a removed member never comes back under its old id"
+        "--join: member {id} is not in the membership of cluster {} any more \
+         (removed?); a removed member never comes back under its old id", fmt_cluster_id(*.cluster_id)
     )]
     Removed { id: NodeId, cluster_id: u64 },
     #[error(
-        "--join: cluster {cluster_id:x} knows member {id} at {known}, but --grpc-addr is {addr}"
+        "--join: cluster {} knows member {id} at {known}, but --grpc-addr is {addr}", fmt_cluster_id(*.cluster_id)
     )]
     OtherAddr {
         id: NodeId,
@@ -361,9 +362,9 @@ pub enum JoinError {
         addr: String,
     },
     #[error(
-        "--join: member {id} is a voter of cluster {cluster_id:x}: a voter that lost its data \
+        "--join: member {id} is a voter of cluster {}: a voter that lost its data \
          must not rejoin under its id (it would vote without the entries it acknowledged); \
-         remove it and add this node under a new id"
+         remove it and add this node under a new id", fmt_cluster_id(*.cluster_id)
     )]
     VoterLostData { id: NodeId, cluster_id: u64 },
 }

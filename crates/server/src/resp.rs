@@ -18,13 +18,15 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use fenced_core::kv::{KvCommand, KvEvent, KvResponse, Reply};
 use fenced_core::{Command, Event, RequestId, Response};
-use fenced_resp::{Backend, BackendError, ReadFn};
+use fenced_raft_types::identity::fmt_cluster_id;
+use fenced_resp::{Backend, BackendError, MemberInfo, NodeInfo, ReadFn};
+use openraft::ServerState;
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::error::{NodeError, StartError};
 use crate::node::Node;
-use crate::NodeConfig;
+use crate::{procinfo, NodeConfig};
 
 /// Bind the RESP listener on `cfg.resp_addr` and serve until `shutdown`.
 pub async fn start(
@@ -37,9 +39,16 @@ pub async fn start(
         fenced_resp::ServeError::Bind { addr, source } => StartError::Bind { addr, source },
     })?;
     tracing::info!(addr = %cfg.resp_addr, "RESP front end listening");
+    let files = (
+        cfg.config_file
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_default(),
+        cfg.data_dir.display().to_string(),
+    );
     Ok(tokio::spawn(fenced_resp::serve(
         listener,
-        backend(node),
+        Arc::new(RespBackend { node, files }),
         config,
         shutdown,
     )))
@@ -64,11 +73,16 @@ pub fn config(node: &Node, cfg: &NodeConfig) -> Result<fenced_resp::Config, Star
 /// The node as the RESP front end's [`Backend`] (what [`start`] serves; a simulator runs
 /// connections on it through [`fenced_resp::Front`]).
 pub fn backend(node: Node) -> Arc<dyn Backend> {
-    Arc::new(RespBackend { node })
+    Arc::new(RespBackend {
+        node,
+        files: Default::default(),
+    })
 }
 
 pub struct RespBackend {
     node: Node,
+    /// `INFO`'s `config_file` and `fenced_data_dir`.
+    files: (String, String),
 }
 
 fn backend_error(e: NodeError) -> BackendError {
@@ -153,24 +167,50 @@ impl Backend for RespBackend {
         fenced_raft_types::rng::nonzero_u64()
     }
 
-    fn info(&self) -> Vec<(String, String)> {
-        let m = self.node.raft().metrics();
-        let m = m.borrow();
-        vec![
-            ("fenced_node_id".into(), self.node.id().to_string()),
-            (
-                "fenced_role".into(),
-                format!("{:?}", m.state).to_lowercase(),
-            ),
-            (
-                "fenced_leader".into(),
-                m.current_leader.map_or("none".into(), |l| l.to_string()),
-            ),
-            ("fenced_term".into(), m.current_term.to_string()),
-            (
-                "fenced_applied_index".into(),
-                m.last_applied.map_or(0, |l| l.index).to_string(),
-            ),
-        ]
+    fn info(&self) -> NodeInfo {
+        let m = self.node.raft().metrics().borrow().clone();
+        let raft_role = match m.state {
+            ServerState::Leader => "leader",
+            ServerState::Follower => "follower",
+            ServerState::Candidate => "candidate",
+            ServerState::Learner => "learner",
+            ServerState::Shutdown => "shutdown",
+        };
+        // The local applied state at its own log time: INFO answers without a quorum.
+        let (keys, expires) = self.node.local(|sm| {
+            let now = sm.now();
+            (sm.kv().len(now) as u64, sm.kv().expires(now) as u64)
+        });
+        let (rss_bytes, peak_rss_bytes) = procinfo::rss();
+        let (cpu_sys, cpu_user) = procinfo::cpu();
+        NodeInfo {
+            node_id: self.node.id(),
+            cluster_id: fmt_cluster_id(self.node.gate().identity().cluster_id()),
+            raft_role: raft_role.into(),
+            leader_id: m.current_leader.unwrap_or(0),
+            term: m.current_term,
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            last_log_index: m.last_log_index.unwrap_or(0),
+            snapshot_index: m.snapshot.map_or(0, |l| l.index),
+            members: crate::membership::members(&m)
+                .into_iter()
+                .map(|v| MemberInfo {
+                    id: v.id,
+                    addr: v.addr,
+                    voter: v.voter,
+                })
+                .collect(),
+            keys,
+            expires,
+            config_file: self.files.0.clone(),
+            data_dir: self.files.1.clone(),
+            rss_bytes,
+            peak_rss_bytes,
+            total_system_memory: procinfo::total_memory(),
+            mem_allocator: "mimalloc".into(),
+            cpu_sys,
+            cpu_user,
+            os: procinfo::os(),
+        }
     }
 }

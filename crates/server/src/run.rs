@@ -84,7 +84,7 @@ async fn force_new_cluster(cfg: &NodeConfig, env: &fenced_storage::Env) -> Resul
     {
         Some((aside, r)) => tracing::warn!(
             old_data_dir = %aside.display(),
-            cluster = r.cluster_id,
+            cluster = %fenced_raft_types::identity::fmt_cluster_id(r.cluster_id),
             revision_before = r.revision_before,
             revision_after = r.revision_after,
             locks_dropped = r.locks_dropped,

@@ -17,8 +17,8 @@
 //!   `~lock:a*` limits lock names over gRPC exactly as it limits keys (and `LOCK.*`) over
 //!   RESP. The table is in docs/operations.md ("Users and permissions").
 //! * **Administration**: membership changes and force-unlock call [`Users::require_admin`]:
-//!   the caller must be a user allowed every command of the `@admin` category (`+@admin` or
-//!   `+@all`). Every new administrative RPC (snapshot, leader step-down, …) calls it first.
+//!   the caller must be an administrator, a user allowed `ACL` and `CONFIG` (`+@admin` or
+//!   `+@all`; [`fenced_resp::acl::User::is_admin`]). Every new administrative RPC (snapshot, leader step-down, …) calls it first.
 //! * `Cluster.Status`, the gRPC health service and `Auth.Authenticate` need no token (like
 //!   etcd's `Status`); the node-to-node services are guarded by TLS client certificates, not
 //!   by users.

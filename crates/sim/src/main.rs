@@ -61,7 +61,8 @@ struct Args {
     /// Longest pause between two operations of a RESP client, ms.
     #[arg(long, default_value_t = 250)]
     resp_think_ms: u64,
-    /// What the RESP clients do: all, or a comma list of incr,lock,watch,eval,throttle.
+    /// What the RESP clients do: all (every kind but family), or a comma list of
+    /// incr,lock,watch,eval,throttle,family.
     #[arg(long, default_value = "all")]
     resp_mix: String,
     /// Most requests in one forwarded batch (default: production's 1,024).
@@ -116,7 +117,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
         .uniform_writes
         .map(|n| n.max(fenced_sim::workload::uniform::MIN_VALUE_BYTES));
     if args.resp_mix != "all" {
-        let mut mix = [0; 5];
+        let mut mix = [0; 6];
         for k in args.resp_mix.split(',') {
             match k.trim() {
                 "incr" => mix[0] = 1,
@@ -124,6 +125,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
                 "watch" => mix[2] = 1,
                 "eval" => mix[3] = 1,
                 "throttle" => mix[4] = 1,
+                "family" => mix[5] = 1,
                 other => bail!("unknown RESP operation {other:?}"),
             }
         }

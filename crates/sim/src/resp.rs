@@ -52,8 +52,10 @@ pub struct RespSpec {
     pub pipeline_max: usize,
     /// Relative weights of `INCR` pipelines, `LOCK.ACQUIRE` pipelines, `WATCH` cycles,
     /// register operations over RESP (`eval`) and `CL.THROTTLE` pipelines (`throttle`;
-    /// both in `resp_ops.rs`).
-    pub mix: [u32; 5],
+    /// both in `resp_ops.rs`), and pipelines of the whole lock family (`family`: read,
+    /// write, permit, multi-lock and session acquires; 0 by default, so the seeds of
+    /// docs/simulation.md run as they did when they were found).
+    pub mix: [u32; 6],
     /// Longest pause between two operations of a client, ms (drawn from 0 up to it).
     pub think_ms: u64,
 }
@@ -63,7 +65,7 @@ impl Default for RespSpec {
         RespSpec {
             clients: 1,
             pipeline_max: 8,
-            mix: [4, 3, 3, 3, 2],
+            mix: [4, 3, 3, 3, 2, 0],
             think_ms: 250,
         }
     }
@@ -368,10 +370,10 @@ pub async fn run(shared: Rc<Shared>, resp: Resp, spec: RespSpec, client: usize, 
                 }
             }
         }
-        let [incr, lock, watch, eval, throttle] = c.spec.mix;
+        let [incr, lock, watch, eval, throttle, family] = c.spec.mix;
         let pick = c
             .rng
-            .gen_range(0..(incr + lock + watch + eval + throttle).max(1));
+            .gen_range(0..(incr + lock + watch + eval + throttle + family).max(1));
         let ok = if pick < incr {
             c.incr_pipeline().await
         } else if pick < incr + lock {
@@ -380,8 +382,10 @@ pub async fn run(shared: Rc<Shared>, resp: Resp, spec: RespSpec, client: usize, 
             c.watch_cycle().await
         } else if pick < incr + lock + watch + eval {
             c.eval_op().await
-        } else {
+        } else if pick < incr + lock + watch + eval + throttle {
             c.throttle_pipeline().await
+        } else {
+            c.family_pipeline().await
         };
         // A dead connection, or now and then a move to another node.
         if ok.is_err() || c.rng.gen_bool(0.05) {
@@ -514,6 +518,40 @@ impl Client {
             })
             .collect();
         self.record_pipeline("lock", cmds).await
+    }
+
+    /// A pipeline of the lock family's acquires of fresh private locks, one kind after
+    /// another (`LOCK.READ`, `LOCK.WRITE`, `LOCK.PERMIT`, `LOCK.MACQUIRE` of two names,
+    /// `LOCK.ACQUIRE … DELAY`), each with the client's own `REQID`: proposed as one run, so
+    /// their tokens rise in pipeline order (checker `pipeline-order`, kind `family`).
+    async fn family_pipeline(&mut self) -> Result<(), Gone> {
+        let k = self.rng.gen_range(2..=self.spec.pipeline_max.max(2));
+        self.pipelines += 1;
+        let owner = format!("r{}", self.client);
+        let client_id = (1 + self.client as u64).to_string();
+        let cmds = (0..k)
+            .map(|i| {
+                let name = format!("pf:{}:{}:{i}", self.client, self.pipelines);
+                let seq = (self.pipelines * 64 + i as u64).to_string();
+                let mut a = match i % 5 {
+                    0 => argv(&["LOCK.READ", &name, &owner, "200"]),
+                    1 => argv(&["LOCK.WRITE", &name, &owner, "200"]),
+                    2 => argv(&["LOCK.PERMIT", &name, &owner, "3", "200"]),
+                    3 => argv(&[
+                        "LOCK.MACQUIRE",
+                        &owner,
+                        "200",
+                        "2",
+                        &name,
+                        &format!("{name}b"),
+                    ]),
+                    _ => argv(&["LOCK.ACQUIRE", &name, &owner, "200", "DELAY", "100"]),
+                };
+                a.extend(argv(&["REQID", &client_id, &seq]));
+                a
+            })
+            .collect();
+        self.record_pipeline("family", cmds).await
     }
 
     async fn eval_op(&mut self) -> Result<(), Gone> {

@@ -69,6 +69,19 @@ fn seeds_with_busy_resp_clients_pass() {
     seeds_pass(2_000..2_003, &o);
 }
 
+/// RESP clients pipelining the whole lock family (read, write, permit, multi-lock and
+/// lock-delay acquires, each with its own `REQID`) beside the other RESP operations, through
+/// forwarded batches of at most 4 requests.
+#[test]
+fn seeds_with_the_lock_family_over_resp_pass() {
+    let mut o = short();
+    o.workload.resp.clients = 2;
+    o.workload.resp.think_ms = 50;
+    o.workload.resp.mix = [1, 1, 1, 0, 0, 3];
+    o.cluster.forward_max_items = Some(4);
+    seeds_pass(3_000..3_004, &o);
+}
+
 /// `o` without what was added to the simulator after a seed found its bug (the RESP clients,
 /// and unless `disk`, the disk faults), so that the seed runs as it did then.
 fn as_found(mut o: Options, disk: bool) -> Options {

@@ -158,7 +158,9 @@ pub fn open_with(
         if id.member_id != plan.member_id {
             return Err(StoreError::Refused(format!(
                 "data dir {shown} belongs to member {} (cluster {}), not to --id {}",
-                id.member_id, id.cluster_id, plan.member_id
+                id.member_id,
+                fenced_raft_types::identity::fmt_cluster_id(id.cluster_id),
+                plan.member_id
             )));
         }
         if let MemberState::Retired { reason } = &id.state {
@@ -284,7 +286,7 @@ fn create(
     let (log, state_machine) = crate::open_with(dir, events, env.clone())?;
     tracing::info!(
         member = id.member_id,
-        cluster = id.cluster_id,
+        cluster = %fenced_raft_types::identity::fmt_cluster_id(id.cluster_id),
         incarnation = id.incarnation,
         bootstrap,
         "new data dir"
@@ -303,7 +305,7 @@ fn no_state(dir: &Path, id: &Identity) -> StoreError {
          log, vote and snapshot are gone). {REPLACE_HINT}.",
         dir.display(),
         id.member_id,
-        id.cluster_id
+        fenced_raft_types::identity::fmt_cluster_id(id.cluster_id)
     ))
 }
 

@@ -172,6 +172,12 @@ impl Keyspace {
         self.keys.len() - expired.min(self.keys.len())
     }
 
+    /// Number of live keys at `now` that have an expiry (`INFO keyspace`'s `expires=`).
+    pub fn expires(&self, now: Millis) -> usize {
+        let expired = self.expiries.iter().take_while(|(t, _)| *t <= now).count();
+        self.expiries.len() - expired.min(self.expiries.len())
+    }
+
     pub fn is_empty(&self, now: Millis) -> bool {
         self.len(now) == 0
     }

@@ -409,6 +409,20 @@ fn categories_come_from_the_command_table() {
     );
     assert!(cat("admin").contains(&"LOCK.FORCEUNLOCK"));
     assert!(cat("admin").contains(&"ACL"));
+    let admin = cat("admin");
+    for c in [
+        "CONFIG",
+        "ACL",
+        "SAVE",
+        "SHUTDOWN",
+        "REPLICAOF",
+        "DEBUG",
+        "MONITOR",
+        "ROLE",
+        "LASTSAVE",
+    ] {
+        assert!(admin.contains(&c), "admin: {c}");
+    }
     assert!(cat("dangerous").contains(&"FLUSHALL"));
     assert_eq!(cat("all").len(), command_table().len());
     assert!(category_commands("nosuch").is_none());

@@ -20,9 +20,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::broadcast;
 
 use crate::acl::User;
+use crate::clients::{Client, Meta};
 use crate::frame::{encode, parse_request, Proto};
 use crate::{BackendError, Shared};
 
+mod client;
 mod lock;
 mod pubsub;
 mod server;
@@ -51,11 +53,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 pub struct Connection {
     shared: Arc<Shared>,
     socket: Box<dyn Stream>,
-    peer: SocketAddr,
     local: Option<SocketAddr>,
     rbuf: BytesMut,
     out: Vec<u8>,
     st: State,
+    /// This connection in the node's registry (`CLIENT LIST`/`KILL`/`UNBLOCK`).
+    client: Arc<Client>,
 }
 
 struct State {
@@ -77,6 +80,11 @@ struct State {
     /// Sessions whose `session_gone` this connection was sent.
     gone: BTreeSet<u64>,
     closing: bool,
+    /// `CLIENT REPLY OFF`: no replies until `CLIENT REPLY ON`.
+    reply_off: bool,
+    /// Replies still to suppress: `CLIENT REPLY SKIP` sets 2 (its own and the next
+    /// command's).
+    skip: u8,
 }
 
 impl State {
@@ -146,10 +154,23 @@ impl Connection {
         let user = shared.config.acl.initial_user();
         let client_id = shared.backend.client_id();
         shared.live.fetch_add(1, Ordering::Relaxed);
+        shared
+            .stats
+            .connections_received
+            .fetch_add(1, Ordering::Relaxed);
+        let client = shared.clients.add(
+            id,
+            peer,
+            local,
+            Meta::fresh(
+                user.as_ref()
+                    .map_or(String::new(), |u| u.name().to_string()),
+            ),
+        );
         Connection {
+            client,
             shared,
             socket,
-            peer,
             local,
             rbuf: BytesMut::with_capacity(16 * 1024),
             out: Vec::with_capacity(16 * 1024),
@@ -168,6 +189,8 @@ impl Connection {
                 lost: None,
                 gone: BTreeSet::new(),
                 closing: false,
+                reply_off: false,
+                skip: 0,
             },
         }
     }
@@ -175,6 +198,7 @@ impl Connection {
     /// Serve until the client leaves, a protocol error, the idle timeout, or shutdown.
     pub async fn run(mut self) {
         let mut shutdown = self.shared.shutdown.clone();
+        let mut killed = self.client.killed();
         let mut session_check = tokio::time::interval(SESSION_CHECK);
         session_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -203,7 +227,7 @@ impl Connection {
             }
             if !reqs.is_empty() {
                 self.process(reqs).await;
-                if self.flush().await.is_err() || self.st.closing {
+                if self.flush().await.is_err() || self.st.closing || self.client.is_killed() {
                     return;
                 }
                 continue;
@@ -224,11 +248,17 @@ impl Connection {
                 ev = recv_lost(&mut self.st.lost) => Woke::Lost(ev),
                 _ = session_check.tick(), if watching_sessions => Woke::CheckSessions,
                 _ = shutdown.wait_for(|s| *s) => Woke::Stop,
+                _ = killed.wait_for(|k| *k) => Woke::Stop,
                 _ = tokio::time::sleep(idle), if idle_applies => Woke::Stop,
             };
             match woke {
                 Woke::Read(Ok(0) | Err(_)) | Woke::Stop => break,
-                Woke::Read(Ok(_)) => {}
+                Woke::Read(Ok(n)) => {
+                    self.shared
+                        .stats
+                        .net_in
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                }
                 Woke::Event(Some(KvEvent::Published { channel, message })) => {
                     push_message(&self.st, &channel, &message, &mut self.out);
                     if self.flush().await.is_err() {
@@ -268,6 +298,10 @@ impl Connection {
 
     async fn flush(&mut self) -> std::io::Result<()> {
         if !self.out.is_empty() {
+            self.shared
+                .stats
+                .net_out
+                .fetch_add(self.out.len() as u64, Ordering::Relaxed);
             let r = self.socket.write_all(&self.out).await;
             self.out.clear();
             r?;
@@ -281,15 +315,68 @@ impl Connection {
 
     /// Reply `r` to `argv`, whose serving began at `since`, and tell the observer (the one
     /// place where commands are counted and timed; `r` is `None` for a command that wrote
-    /// its own replies, like `SUBSCRIBE`).
+    /// its own replies, like `SUBSCRIBE`). `CLIENT REPLY OFF|SKIP` suppress the reply here;
+    /// pushes (pub/sub messages and confirmations) are written elsewhere and always sent,
+    /// as in Redis 7.2.
     fn answer(&mut self, argv: &Argv, r: Option<&Reply>, since: Instant) {
-        if let Some(r) = r {
+        self.answer_as(argv, r, since, true)
+    }
+
+    /// [`Connection::answer`]; `ran`: the command ran (not refused or queued by
+    /// [`Connection::gate`]), so it counts in `INFO`'s `total_commands_processed`.
+    fn answer_as(&mut self, argv: &Argv, r: Option<&Reply>, since: Instant, ran: bool) {
+        let silent = self.st.reply_off || self.st.skip > 0;
+        self.st.skip = self.st.skip.saturating_sub(1);
+        if let (Some(r), false) = (r, silent) {
             self.reply(r);
         }
-        if let Some(o) = &self.shared.config.observer {
-            let ok = !r.is_some_and(Reply::is_error);
-            o.command(crate::command_label(argv), ok, since.elapsed());
+        let error = r.is_some_and(Reply::is_error);
+        if ran {
+            self.shared.stats.command(error);
+        } else if error {
+            self.shared
+                .stats
+                .error_replies
+                .fetch_add(1, Ordering::Relaxed);
         }
+        self.note(argv);
+        if let Some(o) = &self.shared.config.observer {
+            o.command(crate::command_label(argv), !error, since.elapsed());
+        }
+    }
+
+    /// Bring this connection's `CLIENT LIST` entry up to date after `argv`.
+    fn note(&self, argv: &Argv) {
+        const CONTAINERS: &[&str] = &[
+            "CLIENT", "CONFIG", "COMMAND", "ACL", "SCRIPT", "OBJECT", "MEMORY", "LATENCY",
+            "SLOWLOG", "MODULE", "CLUSTER", "DEBUG",
+        ];
+        let cmd = crate::command_label(argv);
+        let cmd_sub = if CONTAINERS.contains(&cmd) {
+            argv.get(1)
+                .filter(|s| {
+                    s.len() <= 32 && s.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'-')
+                })
+                .map(|s| String::from_utf8_lossy(s).to_ascii_lowercase())
+        } else {
+            None
+        };
+        let st = &self.st;
+        let mut m = self.client.meta();
+        m.cmd = cmd;
+        m.cmd_sub = cmd_sub;
+        m.last = Instant::now();
+        if m.name.as_slice() != st.name.as_deref().unwrap_or_default() {
+            m.name = st.name.clone().unwrap_or_default();
+        }
+        let user = st.user.as_ref().map_or("", |u| u.name());
+        if m.user != user {
+            m.user = user.to_string();
+        }
+        m.resp = if st.proto == Proto::Resp3 { 3 } else { 2 };
+        m.sub = st.channels.len();
+        m.psub = st.patterns.len();
+        m.multi = st.multi.as_ref().map_or(-1, |x| x.cmds.len() as i64);
     }
 
     /// Serve a pipeline in order: runs of plain writes become one log entry, runs of reads
@@ -301,7 +388,7 @@ impl Connection {
             let class = match self.gate(&reqs[i]) {
                 Ok(c) => c,
                 Err(r) => {
-                    self.answer(&reqs[i], Some(&r), since);
+                    self.answer_as(&reqs[i], Some(&r), since, false);
                     i += 1;
                     continue;
                 }
@@ -522,6 +609,11 @@ impl Connection {
         let deadline = tokio::time::Instant::now() + limit;
         let keys: Vec<Vec<u8>> = argv[1..argv.len() - 1].to_vec();
         let mut shutdown = self.shared.shutdown.clone();
+        let mut killed = self.client.killed();
+        // Subscribed before the first attempt: an UNBLOCK from now on is seen.
+        let mut unblock = self.client.unblocks();
+        let (client, shared) = (self.client.clone(), self.shared.clone());
+        let _blocked = Blocked::new(&client, &shared.stats);
         loop {
             // Subscribe before trying, so a push right after the attempt is not missed.
             let mut rx = self.shared.backend.events();
@@ -541,6 +633,15 @@ impl Connection {
                     },
                     _ = tokio::time::sleep_until(deadline) => return Reply::NilArray,
                     _ = shutdown.wait_for(|s| *s) => return Reply::NilArray,
+                    _ = killed.wait_for(|k| *k) => return Reply::NilArray,
+                    Ok(()) = unblock.changed() => {
+                        let (_, error) = *unblock.borrow_and_update();
+                        return if error {
+                            Reply::err("UNBLOCKED client unblocked via CLIENT UNBLOCK")
+                        } else {
+                            Reply::NilArray
+                        };
+                    }
                 }
             }
         }
@@ -550,6 +651,29 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         self.shared.live.fetch_sub(1, Ordering::Relaxed);
+        self.shared.clients.remove(self.st.id);
         self.cleanup();
+    }
+}
+
+/// A connection in a blocking pop: flagged for `CLIENT LIST`/`UNBLOCK` and counted in
+/// `INFO`'s `blocked_clients` while it lives.
+struct Blocked<'a> {
+    client: &'a Client,
+    stats: &'a crate::clients::Stats,
+}
+
+impl<'a> Blocked<'a> {
+    fn new(client: &'a Client, stats: &'a crate::clients::Stats) -> Self {
+        client.blocked.store(true, Ordering::Release);
+        stats.blocked.fetch_add(1, Ordering::Relaxed);
+        Blocked { client, stats }
+    }
+}
+
+impl Drop for Blocked<'_> {
+    fn drop(&mut self) {
+        self.client.blocked.store(false, Ordering::Release);
+        self.stats.blocked.fetch_sub(1, Ordering::Relaxed);
     }
 }

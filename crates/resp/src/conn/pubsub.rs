@@ -97,15 +97,17 @@ impl Connection {
     /// lock-loss channels, to a user who may `LOCK.ACQUIRE` its name.
     pub(super) fn deliver_lost(&mut self, ev: Result<Event, Lagged>) {
         let Ok(ev) = ev else {
-            // Events were lost: say so on every lock-loss channel this connection has.
-            let msg = b"{\"reason\":\"lagged\"}".to_vec();
-            let channels: Vec<Vec<u8>> = (self.st.channels.iter())
-                .filter(|c| c.starts_with(LOST))
-                .cloned()
-                .collect();
-            for c in channels {
-                push_message(&self.st, &c, &msg, &mut self.out);
+            // Events were lost: say so on every lock-loss channel this connection subscribed
+            // to by name, and once on `fenced:lost:lagged` (for its patterns, and a
+            // subscriber of that channel).
+            let msg = br#"{"reason":"lagged"}"#;
+            for c in self.st.channels.iter().filter(|c| c.starts_with(LOST)) {
+                if c.as_slice() != LAGGED {
+                    let frame = [Reply::bulk("message"), Reply::bulk(c), Reply::bulk(msg)];
+                    encode_push(&frame, self.st.proto, &mut self.out);
+                }
             }
+            push_message(&self.st, LAGGED, msg, &mut self.out);
             return;
         };
         let Event::LockReleased {
@@ -159,6 +161,9 @@ impl Connection {
 
 /// The prefix of the lock-loss channels.
 const LOST: &[u8] = b"fenced:lost:";
+/// Where a lost-events notice goes besides every lock-loss channel subscribed by name (so
+/// that a `PSUBSCRIBE fenced:lost:*` hears it too).
+const LAGGED: &[u8] = b"fenced:lost:lagged";
 const SESSION_PREFIX: &[u8] = b"fenced:lost:session:";
 
 /// How often a connection subscribed to a session's lock-loss channel checks whether the

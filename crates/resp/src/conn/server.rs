@@ -1,8 +1,11 @@
 //! Connection, server and transaction commands the front end answers itself: `PING`,
-//! `HELLO`, `AUTH`, `ACL`, `CLIENT`, `INFO`, `COMMAND`, `CONFIG`, `MULTI`/`EXEC`/`WATCH`.
+//! `HELLO`, `AUTH`, `ACL`, `CLIENT`, `INFO`, `COMMAND`, `CONFIG`, `MULTI`/`EXEC`/`WATCH`,
+//! `WAIT`/`WAITAOF`, `ROLE`, and the Redis server commands fenced refuses with its reason
+//! (`SAVE`, `REPLICAOF`, `DEBUG`, …; docs/resp.md, "Differences from Redis").
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use fenced_core::kv::{
     command_table, lookup, CommandClass, CommandSpec, KeySpec, KvCommand, Reply,
@@ -11,6 +14,7 @@ use fenced_core::kv::{
 use super::{backend_error, restricted, upper, Connection, Multi, NOAUTH, WRONGPASS};
 use crate::acl::User;
 use crate::frame::Proto;
+use crate::info::FrontInfo;
 
 impl Connection {
     /// Connection, server, transaction and pub/sub commands. `None`: the replies were
@@ -42,6 +46,8 @@ impl Connection {
                 st.watches.clear();
                 st.proto = Proto::Resp2;
                 st.name = None;
+                st.reply_off = false;
+                st.skip = 0;
                 st.user = self.shared.config.acl.initial_user();
                 self.cleanup();
                 Reply::Status("RESET".into())
@@ -57,7 +63,18 @@ impl Connection {
             },
             "HELLO" => self.hello(a),
             "CLIENT" => self.client_cmd(a),
-            "INFO" => Reply::Bulk(self.info().into_bytes()),
+            "INFO" => Reply::Bulk(self.info(a).into_bytes()),
+            "WAIT" | "WAITAOF" => self.wait(name, a),
+            "ROLE" => Reply::Array(vec![
+                Reply::bulk("master"),
+                Reply::Int(self.shared.backend.info().applied_index as i64),
+                Reply::Array(vec![]),
+            ]),
+            "LASTSAVE" => Reply::Int(unix_secs() as i64),
+            "CLUSTER" | "READONLY" | "READWRITE" => {
+                Reply::err("ERR This instance has cluster support disabled")
+            }
+
             "COMMAND" => command_cmd(a),
             "CONFIG" => config_cmd(a),
             "MULTI" => {
@@ -139,11 +156,101 @@ impl Connection {
                 self.unsubscribe(name == "PUNSUBSCRIBE", a);
                 return None;
             }
-            other => Reply::err(format!(
-                "ERR unknown command '{}'",
-                other.to_ascii_lowercase()
-            )),
+            "MOVE" => match a[1].as_slice() {
+                b"0" => Reply::err("ERR source and destination objects are the same"),
+                _ => Reply::err("ERR DB index is out of range"),
+            },
+            "SWAPDB" => match (a[0].as_slice(), a[1].as_slice()) {
+                (b"0", b"0") => Reply::ok(),
+                _ => Reply::err("ERR DB index is out of range"),
+            },
+            "REPLICAOF" | "SLAVEOF"
+                if a[0].eq_ignore_ascii_case(b"NO") && a[1].eq_ignore_ascii_case(b"ONE") =>
+            {
+                // Every member already takes writes (role:master): nothing to change.
+                Reply::ok()
+            }
+            "MODULE" if a[0].eq_ignore_ascii_case(b"LIST") => Reply::Array(vec![]),
+            other => match refusal(other) {
+                Some(why) => Reply::err(why),
+                None => Reply::err(format!(
+                    "ERR unknown command '{}'",
+                    other.to_ascii_lowercase()
+                )),
+            },
         })
+    }
+
+    /// `WAIT numreplicas timeout` / `WAITAOF numlocal numreplicas timeout`, answered at once:
+    /// a write fenced acknowledged is already in the WAL, fsynced, of a majority of the
+    /// voters, so at least majority − 1 members other than one holding it have it. `WAIT`
+    /// answers that number; `WAITAOF` answers `[1, majority − 1]`, the fsynced copies a
+    /// majority makes (fenced does not track whether this very member is among them).
+    fn wait(&self, name: &str, a: &[Vec<u8>]) -> Reply {
+        let (numbers, timeout) = a.split_at(a.len() - 1);
+        for n in numbers {
+            if let Err(e) = parse_i64(n) {
+                return e;
+            }
+        }
+        match parse_i64(&timeout[0]) {
+            Err(_) => return Reply::err("ERR timeout is not an integer or out of range"),
+            Ok(t) if t < 0 => return Reply::err("ERR timeout is negative"),
+            Ok(_) => {}
+        }
+        let voters = self
+            .shared
+            .backend
+            .info()
+            .members
+            .iter()
+            .filter(|m| m.voter)
+            .count()
+            .max(1) as i64;
+        let others = voters / 2; // majority − 1
+        if name == "WAIT" {
+            Reply::Int(others)
+        } else {
+            Reply::Array(vec![Reply::Int(1), Reply::Int(others)])
+        }
+    }
+
+    /// `INFO [section …]`.
+    fn info(&self, a: &[Vec<u8>]) -> String {
+        let node = self.shared.backend.info();
+        crate::info::render(a, &node, &self.front_info())
+    }
+
+    fn front_info(&self) -> FrontInfo {
+        let sh = &self.shared;
+        let stats = &sh.stats;
+        let clients = sh.clients.all();
+        let (channels, patterns) = sh.subs.counts();
+        FrontInfo {
+            process_id: std::process::id(),
+            run_id: sh.run_id.clone(),
+            tcp_port: self.local.map_or(sh.port, |l| l.port()),
+            uptime_secs: stats.started.elapsed().as_secs(),
+            server_time_usec: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
+            executable: std::env::current_exe()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+            connected_clients: sh.live.load(Ordering::Relaxed) as u64,
+            blocked_clients: stats.blocked.load(Ordering::Relaxed),
+            pubsub_clients: clients.iter().filter(|c| c.is_type("pubsub")).count() as u64,
+            maxclients: sh.config.max_connections as u64,
+            total_connections_received: stats.connections_received.load(Ordering::Relaxed),
+            total_commands_processed: stats.commands.load(Ordering::Relaxed),
+            instantaneous_ops_per_sec: stats.ops_per_sec(),
+            total_net_input_bytes: stats.net_in.load(Ordering::Relaxed),
+            total_net_output_bytes: stats.net_out.load(Ordering::Relaxed),
+            rejected_connections: stats.rejected_connections.load(Ordering::Relaxed),
+            total_error_replies: stats.error_replies.load(Ordering::Relaxed),
+            pubsub_channels: channels as u64,
+            pubsub_patterns: patterns as u64,
+        }
     }
 
     fn check_password(&self, user: &[u8], pass: &[u8]) -> Result<Arc<User>, Reply> {
@@ -224,7 +331,7 @@ impl Connection {
         let s = |x: &str| Reply::bulk(x);
         Reply::Map(vec![
             (s("server"), s("redis")),
-            (s("version"), s("7.2.0")),
+            (s("version"), s(crate::REDIS_VERSION)),
             (
                 s("proto"),
                 Reply::Int(if proto == Proto::Resp3 { 3 } else { 2 }),
@@ -234,58 +341,6 @@ impl Connection {
             (s("role"), s("master")),
             (s("modules"), Reply::Array(vec![])),
         ])
-    }
-
-    fn client_line(&self) -> String {
-        format!(
-            "id={} addr={} laddr={} fd=0 name={} db=0 user={} resp={} lib-name= lib-ver=\n",
-            self.st.id,
-            self.peer,
-            self.local.map(|a| a.to_string()).unwrap_or_default(),
-            String::from_utf8_lossy(self.st.name.as_deref().unwrap_or_default()),
-            self.st.user.as_ref().map_or("default", |u| u.name()),
-            if self.st.proto == Proto::Resp3 { 3 } else { 2 },
-        )
-    }
-
-    fn client_cmd(&mut self, a: &[Vec<u8>]) -> Reply {
-        match upper(&a[0]).as_str() {
-            "ID" => Reply::Int(self.st.id as i64),
-            "SETNAME" if a.len() == 2 => {
-                if a[1].iter().any(|c| *c <= b' ') {
-                    return Reply::err(
-                        "ERR Client names cannot contain spaces, newlines or special characters.",
-                    );
-                }
-                self.st.name = (!a[1].is_empty()).then(|| a[1].clone());
-                Reply::ok()
-            }
-            "GETNAME" => self.st.name.clone().map_or(Reply::Nil, Reply::Bulk),
-            "SETINFO" | "NO-EVICT" | "NO-TOUCH" | "REPLY" => Reply::ok(),
-            "INFO" => Reply::Bulk(self.client_line().into_bytes()),
-            "LIST" => Reply::Bulk(self.client_line().into_bytes()),
-            _ => Reply::err(format!(
-                "ERR unknown subcommand '{}'. Try CLIENT HELP.",
-                String::from_utf8_lossy(&a[0])
-            )),
-        }
-    }
-
-    fn info(&self) -> String {
-        let mut s = String::from(
-            "# Server\r\nredis_version:7.2.0\r\nredis_mode:standalone\r\nfenced:1\r\n",
-        );
-        for (k, v) in self.shared.backend.info() {
-            s.push_str(&format!("{k}:{v}\r\n"));
-        }
-        s.push_str("\r\n# Clients\r\n");
-        s.push_str(&format!(
-            "connected_clients:{}\r\n",
-            self.shared.live.load(Ordering::Relaxed)
-        ));
-        s.push_str("\r\n# Replication\r\nrole:master\r\nconnected_slaves:0\r\n");
-        s.push_str("\r\n# Keyspace\r\n");
-        s
     }
 }
 
@@ -346,7 +401,8 @@ fn command_cmd(a: &[Vec<u8>]) -> Reply {
 fn config_cmd(a: &[Vec<u8>]) -> Reply {
     const KNOWN: &[(&str, &str)] = &[
         ("save", ""),
-        ("appendonly", "no"),
+        ("appendonly", "yes"),
+        ("appendfsync", "always"),
         ("databases", "1"),
         ("maxmemory", "0"),
         ("maxmemory-policy", "noeviction"),
@@ -367,4 +423,40 @@ fn config_cmd(a: &[Vec<u8>]) -> Reply {
         "RESETSTAT" => Reply::ok(),
         _ => Reply::err("ERR CONFIG SET/REWRITE are not supported by fenced (configure with command-line flags)"),
     }
+}
+
+fn parse_i64(b: &[u8]) -> Result<i64, Reply> {
+    std::str::from_utf8(b)
+        .ok()
+        .and_then(|s| s.parse::<i64>().ok())
+        .ok_or_else(|| Reply::err(super::NOT_INT))
+}
+
+fn unix_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Why fenced refuses a Redis server command (the command table's rows for them are in
+/// `fenced_core`'s `cmd/frontend.rs`); `None` for a name that is not one of them.
+pub(super) fn refusal(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "SAVE" => "ERR SAVE is not needed: every write is fsynced to a majority's WAL before it is acknowledged; for a backup use `fenced snapshot save`",
+        "BGSAVE" => "ERR BGSAVE is not needed: every write is fsynced to a majority's WAL before it is acknowledged; for a backup use `fenced snapshot save`",
+        "BGREWRITEAOF" => "ERR BGREWRITEAOF is not needed: fenced compacts its WAL into Raft snapshots by itself (--snapshot-logs)",
+        "SHUTDOWN" => "ERR SHUTDOWN: stop the fenced process (SIGTERM); to move leadership first use `fenced leader step-down`",
+        "REPLICAOF" | "SLAVEOF" => "ERR REPLICAOF: fenced replicates with Raft and every member takes writes; add members with `fenced member add`",
+        "SYNC" | "PSYNC" => "ERR SYNC/PSYNC: fenced members replicate with Raft, not Redis's replication protocol; a new member joins with `fenced serve --join` after `fenced member add`",
+        "FAILOVER" => "ERR FAILOVER: Raft elects the leader; to move leadership use `fenced leader step-down`",
+        "MONITOR" => "ERR MONITOR is not supported by fenced: it would show only this node's connections, not the cluster's commands; use the Prometheus metrics (--metrics-addr) and the node's log",
+        "DEBUG" => "ERR DEBUG is not supported by fenced: the state is replicated and must not be changed behind the log; inspect a stopped member with `fenced debug digest`",
+        "MODULE" => "ERR MODULE: fenced cannot load Redis modules; its extensions (LOCK.*, FENCE.*, CL.THROTTLE, LIMIT.*) are built in",
+        "MIGRATE" => "ERR MIGRATE: fenced does not move keys to other servers; every member of the cluster already holds every key",
+        "OBJECT" => "ERR OBJECT: fenced keeps no Redis object encodings, reference counts or LRU/LFU data",
+        "MEMORY" => "ERR MEMORY: fenced does not measure memory per key; INFO memory shows the process's",
+        "LATENCY" => "ERR LATENCY: fenced keeps no latency monitor; command latencies are Prometheus histograms at --metrics-addr (/metrics)",
+        "SLOWLOG" => "ERR SLOWLOG: fenced keeps no slow log; command latencies are Prometheus histograms at --metrics-addr (/metrics)",
+        _ => return None,
+    })
 }
