@@ -19,6 +19,13 @@
 #                                       # range, mixed at CLIENTS and watch fan-out, fenced's
 #                                       # etcd API vs etcd (needs fenced, etcd)
 #   ETCD_API=only bench/run.sh          # that table alone (BACKENDS=fenced,etcd)
+#   LOCK_FAMILY=1 bench/run.sh          # also the lock-family table (issue 26): a read lock
+#                                       # and a semaphore permit (PERMITS, default 4) per pair,
+#                                       # fenced over RESP (LOCK.READ / LOCK.PERMIT) vs
+#                                       # Redisson's Lua scripts on Redis AOF, at LF_CLIENTS
+#                                       # (default CLIENTS) × LF_KEYS (default 1,c), and the
+#                                       # exclusive lock of the same run as the baseline
+#   LOCK_FAMILY=only bench/run.sh       # that table alone (BACKENDS=fenced,redis-aof)
 #   ETCD_MEMORY=only bench/run.sh       # RSS per node of fenced and etcd after MEM_KEYS
 #                                       # (1,000,000) keys of 100 B, then MEM_SECONDS (300) of
 #                                       # overwrites at MEM_RATE (5000) puts/s; long (=1: also,
@@ -52,8 +59,13 @@ if [ -n "${FENCED_ONLY:-}" ]; then
 fi
 ETCD_API=${ETCD_API:-0}
 ETCD_MEMORY=${ETCD_MEMORY:-0}
+LOCK_FAMILY=${LOCK_FAMILY:-0}
 LOCKS=1
-if [ "$ETCD_API" = only ] || [ "$ETCD_MEMORY" = only ]; then
+if [ "$LOCK_FAMILY" = only ]; then
+    BACKENDS=fenced,redis-aof
+    LOCKS=0
+    THROTTLE=0
+elif [ "$ETCD_API" = only ] || [ "$ETCD_MEMORY" = only ]; then
     BACKENDS=fenced,etcd
     LOCKS=0
     [ "$ETCD_API" = only ] || ETCD_API=0
@@ -292,6 +304,35 @@ if [ "$ETCD_API" != 0 ]; then
         --fenced "$GRPC" --etcd "$ETCD_EPS" --pids "fenced=$F" \
         --pids "etcd=$(IFS=,; echo "${EPIDS[*]}")" \
         --json "$OUT/etcd-api.json" --markdown "$OUT/etcd-api.md"
+fi
+# --- the lock family over RESP, same run (issue 26) ----------------------------------------
+# One read lock (LOCK.READ) or one permit of a PERMITS-permit semaphore (LOCK.PERMIT) acquired
+# and released per pair, fenced over RESP against Redisson's RedissonReadLock and
+# RedissonPermitExpirableSemaphore Lua scripts on Redis with appendfsync always
+# (fenced_backends::Redisson; busy locks retried with jitter, as for the redis rows). Keys 1:
+# every client on one lock (readers share it; permits are contended); c: one lock per client.
+# Then, as the baseline of the same run, the exclusive lock: LOCK.ACQUIRE vs SET NX + Lua on
+# the same Redis (LF_BASELINE=0 skips it). LOCK_FAMILY=1|only.
+if [ "$LOCK_FAMILY" != 0 ]; then
+    if ! need fenced || ! need redis-aof; then echo "LOCK_FAMILY needs backends fenced and redis-aof" >&2; exit 1; fi
+    LF_KINDS=(read permit)
+    [ "${LF_BASELINE:-1}" = 0 ] || LF_KINDS+=(exclusive)
+    for kind in "${LF_KINDS[@]}"; do
+        if [ "$kind" = exclusive ]; then
+            "$BENCH" --compare fenced-resp,redis-aof --duration "$DURATION" --rounds "$ROUNDS" \
+                --clients "${LF_CLIENTS:-$CLIENTS}" --keys "${LF_KEYS:-1,c}" --ttl-ms "$TTL_MS" \
+                --fenced-resp "$RESP" --redis-aof "127.0.0.1:$((RP + 1))" \
+                --pids "fenced-resp=$F" --pids "redis-aof=$AOF_PID" \
+                --json "$OUT/lock-family-exclusive.json" --markdown "$OUT/lock-family-exclusive.md"
+            continue
+        fi
+        "$BENCH" --compare "fenced-resp-$kind,redis-aof-$kind" --duration "$DURATION" \
+            --rounds "$ROUNDS" --clients "${LF_CLIENTS:-$CLIENTS}" --keys "${LF_KEYS:-1,c}" \
+            --ttl-ms "$TTL_MS" --permits "${PERMITS:-4}" \
+            --fenced-resp "$RESP" --redis-aof "127.0.0.1:$((RP + 1))" \
+            --pids "fenced-resp-$kind=$F" --pids "redis-aof-$kind=$AOF_PID" \
+            --json "$OUT/lock-family-$kind.json" --markdown "$OUT/lock-family-$kind.md"
+    done
 fi
 # --- memory of the etcd keyspace (issue 25's goal: ≤ 1.5 GiB RSS per node) ----------------
 # Each backend in turn: fill MEM_KEYS keys (Txns of 100 puts, 64 writers), then overwrite

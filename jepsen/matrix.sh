@@ -5,13 +5,17 @@
 # register workload (linearizability), the kv and watch workloads through fenced's etcd API
 # (linearizability; every revision delivered once, in order, across reconnects), and the
 # limiter workload (over-admission: fenced's CL.THROTTLE vs the token-bucket Lua script with
-# the client's clock, on fenced and on Redis).
+# the client's clock, on fenced and on Redis), and the rwlock and semaphore workloads (issue 26:
+# holders per mode — no writer beside anyone, at most 3 permit holders — and tokens per lock;
+# fenced over RESP and gRPC, and Redisson's Lua scripts on Redis for comparison).
 # About 30 s per run; LANES runs in parallel (each in its own namespaces).
 # Results: $OUT/<system>-<workload>-<nemesis>/summary.json.
 #   OUT=/tmp/fj-matrix LANES=3 bash jepsen/matrix.sh
 # Only some rows: the product SYSTEMS × WORKLOADS × NEMESES (each a space-separated list), e.g.
 #   SYSTEMS="fenced-resp fenced-setnx" WORKLOADS="counter lock" \
 #     NEMESES="partition kill pause clock" OUT=/tmp/fj-resp bash jepsen/matrix.sh
+#   SYSTEMS=fenced-resp WORKLOADS="rwlock semaphore" NEMESES="partition kill pause" \
+#     RUNS=1 TIME=20 OUT=/tmp/fj-rw bash jepsen/matrix.sh
 # BIN_DIR: take fenced and fenced-fence-check from there instead of this tree's target/debug
 # (e.g. a build of a clean checkout while the tree is being edited). SEED: the first seed
 # (default 1). PREFIX: the namespaces' prefix, lane L uses PREFIX$L (default fjm): give
@@ -78,6 +82,16 @@ jobs_list() {
     for n in none partition kill pause clock; do echo "fenced limiter $n"; done
     for n in none kill clock; do echo "fenced-lua limiter $n"; done
     for n in none restart-empty kill clock; do echo "redis limiter $n"; done
+    # Read-write locks (70 % reads) and 3-permit semaphores (5 clients; see docs/jepsen.md,
+    # "rwlock and semaphore").
+    for s in fenced-resp fenced; do
+        for w in rwlock semaphore; do
+            for n in partition kill pause clock; do echo "$s $w $n"; done
+        done
+    done
+    for w in rwlock semaphore; do
+        for n in none pause clock restart-empty; do echo "redis $w $n"; done
+    done
 }
 
 lane() { # lane number

@@ -13,7 +13,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fenced_backends::{
-    DistLock, LockError, RedisConfig, RedisLock, Redlock, RedlockConfig, RetryPolicy,
+    DistLock, LockError, LockMode, RedisConfig, RedisLock, Redisson, Redlock, RedlockConfig,
+    RetryPolicy,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -35,6 +36,21 @@ pub use probe::probe;
 /// The lock every lock/counter client contends for, and the storage key of the counter.
 pub const LOCK: &str = "L";
 pub const COUNTER: &str = "counter";
+/// `rwlock` workload: the share of acquires that ask for the read side (the rest write).
+pub const READ_PERCENT: u32 = 70;
+/// `semaphore` workload: the semaphore's permits (with the default 5 clients, 2 wait).
+pub const PERMITS: u32 = 3;
+
+/// The grant a lock cycle of `workload` asks for: `rwlock` reads 70 % of the time and writes
+/// otherwise, `semaphore` takes one of [`PERMITS`] permits, the others the exclusive lock.
+pub(crate) fn pick_mode(workload: &str, rng: &mut StdRng) -> LockMode {
+    match workload {
+        "rwlock" if rng.gen_range(0..100) < READ_PERCENT => LockMode::Read,
+        "rwlock" => LockMode::Write,
+        "semaphore" => LockMode::Permit { permits: PERMITS },
+        _ => LockMode::Exclusive,
+    }
+}
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ClientSpec {
@@ -280,14 +296,15 @@ fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, Client
                 .lock_endpoints
                 .first()
                 .ok_or_else(|| ClientError::Other("no redis address".into()))?;
-            Box::new(RedisLock::new(
-                "redis",
-                addr,
-                RedisConfig {
-                    timeout: Duration::from_millis(500),
-                    retry,
-                },
-            )?)
+            let cfg = RedisConfig {
+                timeout: Duration::from_millis(500),
+                retry,
+            };
+            if matches!(spec.workload.as_str(), "rwlock" | "semaphore") {
+                // Redisson's read-write lock and permit semaphore scripts.
+                return Ok(Box::new(Redisson::new("redis", addr, cfg)?));
+            }
+            Box::new(RedisLock::new("redis", addr, cfg)?)
         }
         System::FencedLua => {
             return Err(ClientError::Other(
@@ -467,7 +484,7 @@ pub async fn run(spec: ClientSpec) -> Result<(), ClientError> {
                 let pause = rng.gen_range(5..30);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
             }
-            "lock" | "counter" | "counter-unfenced" => {
+            "lock" | "counter" | "counter-unfenced" | "rwlock" | "semaphore" => {
                 if lock.is_none() {
                     // RESP clients: a fresh process id starts on the next node.
                     let node = spec.index as usize + incarnation as usize;
@@ -514,9 +531,15 @@ async fn lock_cycle(
     let (spec, op_timeout) = (cx.spec, cx.op_timeout);
     let ttl = Duration::from_millis(spec.ttl_ms);
     let wait = Duration::from_millis(spec.wait_ms);
-    let inv = rec.ev("acquire").key(LOCK).ttl_ms(spec.ttl_ms);
+    let mode = pick_mode(&spec.workload, rng);
+    let mut inv = rec.ev("acquire").key(LOCK).ttl_ms(spec.ttl_ms);
+    match mode {
+        LockMode::Exclusive => {}
+        LockMode::Permit { permits } => inv = inv.mode(mode.name(), Some(permits)),
+        m => inv = inv.mode(m.name(), None),
+    }
     rec.invoke(inv.clone())?;
-    let r = tokio::time::timeout(op_timeout + wait, lock.acquire(LOCK, ttl, wait)).await;
+    let r = tokio::time::timeout(op_timeout + wait, lock.acquire_mode(LOCK, mode, ttl, wait)).await;
     let grant = match acquire_res(cx.system, r) {
         Ok(Some(g)) => {
             rec.complete(&inv, &Res::Ok(None, g.token))?;
@@ -537,7 +560,7 @@ async fn lock_cycle(
         }
     };
     let fenced = spec.workload == "counter" && grant.token.is_some();
-    if spec.workload == "lock" {
+    if !spec.workload.starts_with("counter") {
         let hold = rng.gen_range(0..=spec.hold_ms);
         tokio::time::sleep(Duration::from_millis(hold)).await;
     } else {

@@ -84,6 +84,13 @@ pub struct Event {
     /// `throttle` (limiter workload), on the `ok`: whether the limiter admitted the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admitted: Option<bool>,
+    /// `acquire` (rwlock and semaphore workloads), on the invoke: the grant asked for —
+    /// `read`, `write` or `permit`. Absent: the exclusive lock (every history before them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// `acquire` of a `permit`, on the invoke: the semaphore's number of permits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
 }
 
 impl Event {
@@ -99,6 +106,8 @@ impl Event {
             time,
             error: None,
             admitted: None,
+            mode: None,
+            permits: None,
         }
     }
 
@@ -119,6 +128,13 @@ impl Event {
 
     pub fn ttl_ms(mut self, t: u64) -> Self {
         self.ttl_ms = Some(t);
+        self
+    }
+
+    /// The grant an `acquire` asks for (`read`, `write`, `permit` with `permits`).
+    pub fn mode(mut self, mode: &str, permits: Option<u32>) -> Self {
+        self.mode = Some(mode.to_owned());
+        self.permits = permits;
         self
     }
 
@@ -269,6 +285,27 @@ mod tests {
         assert!(std::fs::read_to_string(&p2)
             .expect("read")
             .contains(r#""value":null"#));
+    }
+
+    #[test]
+    fn modes_round_trip_and_old_lines_have_none() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("h.jsonl");
+        let e = Event::new(Process::Client(3), Kind::Invoke, "acquire", 7)
+            .key("L")
+            .ttl_ms(3000)
+            .mode("permit", Some(3));
+        write_all(&p, std::slice::from_ref(&e)).expect("write");
+        let text = std::fs::read_to_string(&p).expect("read");
+        assert!(text.contains(r#""mode":"permit","permits":3"#), "{text}");
+        assert_eq!(read(&p).expect("read"), vec![e]);
+        std::fs::write(
+            &p,
+            r#"{"process":0,"type":"invoke","f":"acquire","key":"L","ttl_ms":5000,"time":1}"#,
+        )
+        .expect("write");
+        let h = read(&p).expect("read");
+        assert_eq!((h[0].mode.as_deref(), h[0].permits), (None, None));
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use crate::checker::{
-    self, agreement, availability, counter, fencing, limiter, linear, mutex, watch, Op, Verdict,
+    self, agreement, availability, counter, fencing, holders, limiter, linear, mutex, watch, Op,
+    Verdict,
 };
 use crate::history::{Event, Kind};
 
@@ -41,6 +42,13 @@ pub fn check(events: &[Event], system: &str, workload: &str) -> (Vec<Op>, Vec<Ve
         "limiter" => {
             v.push(limiter::check(&ops));
             v.push(availability::check(&ops, &windows, &["throttle"]));
+        }
+        // Readers overlap, permits overlap up to the semaphore's size: holders per mode
+        // instead of mutual exclusion.
+        "rwlock" | "semaphore" => {
+            v.push(holders::check(&ops));
+            v.push(fencing::check(&ops, tokens));
+            v.push(availability::check(&ops, &windows, &["acquire"]));
         }
         _ => {
             v.push(mutex::check(&ops));

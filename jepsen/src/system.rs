@@ -19,6 +19,10 @@
 //! port, on the same cluster and schedules as the other fenced systems. `fenced-lua` runs
 //! only that workload.
 //!
+//! The `rwlock` and `semaphore` workloads (issue 26) run against `fenced` (gRPC, mode in the
+//! `Acquire`), `fenced-resp` (`LOCK.READ`/`LOCK.WRITE`/`LOCK.PERMIT`) and `redis`
+//! (`fenced_backends::Redisson`: Redisson's read-write lock and permit semaphore scripts).
+//!
 //! `etcd` is a 3-node etcd cluster (the `etcd` binary on PATH; Debian's `etcd-server`) for the
 //! `kv` and `watch` workloads only: the same clients through etcd's own API, for comparison.
 //! It takes the partition, kill and pause nemeses (node↔node partitions as for fenced).
@@ -128,6 +132,11 @@ impl System {
             (System::FencedLua, w) => Some(format!(
                 "fenced-lua runs only the limiter workload, not {w}"
             )),
+            (System::Fenced | System::FencedResp | System::Redis, "rwlock" | "semaphore") => None,
+            (_, "rwlock" | "semaphore") => Some(format!(
+                "the {workload} workload runs against fenced (gRPC), fenced-resp (LOCK.READ/WRITE/\
+                 PERMIT) or redis (Redisson-style Lua scripts), not {self}"
+            )),
             _ => None,
         }
     }
@@ -190,5 +199,12 @@ mod tests {
         assert!(System::Redis.limiter_uses_lua() && !System::Fenced.limiter_uses_lua());
         assert!(issues_tokens("fenced-setnx") && !issues_tokens("redlock"));
         assert!(System::FencedResp.is_fenced_resp() && !System::Fenced.is_fenced_resp());
+        for w in ["rwlock", "semaphore"] {
+            assert!(System::FencedResp.unsupported(w).is_none());
+            assert!(System::Fenced.unsupported(w).is_none());
+            assert!(System::Redis.unsupported(w).is_none());
+            assert!(System::FencedSetnx.unsupported(w).is_some());
+            assert!(System::Redlock.unsupported(w).is_some());
+        }
     }
 }

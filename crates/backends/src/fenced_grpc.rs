@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use fenced_client::{Client, ClientError, ClientOptions};
 
-use crate::{random_id, DistLock, Grant, LockError};
+use fenced_proto::v1 as pb;
+
+use crate::{random_id, DistLock, Grant, LockError, LockMode};
 
 /// One fenced client (its own connections and request numbering) with one owner identity.
 pub struct FencedGrpc {
@@ -81,10 +83,35 @@ impl DistLock for FencedGrpc {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Option<Grant>, LockError> {
+        self.acquire_mode(key, LockMode::Exclusive, ttl, wait).await
+    }
+
+    /// The gRPC `Acquire` with `mode` (and `permits`) set.
+    async fn acquire_mode(
+        &self,
+        key: &str,
+        mode: LockMode,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<Grant>, LockError> {
         let sent = Instant::now();
+        let (pb_mode, permits) = match mode {
+            LockMode::Exclusive => (pb::LockMode::Exclusive, 0),
+            LockMode::Read => (pb::LockMode::Read, 0),
+            LockMode::Write => (pb::LockMode::Write, 0),
+            LockMode::Permit { permits } => (pb::LockMode::Permit, permits),
+        };
         let g = self
             .client
-            .acquire(key, &self.owner, ttl, wait, 0)
+            .acquire_with(pb::AcquireRequest {
+                name: key.to_owned(),
+                owner: self.owner.clone(),
+                ttl_ms: ttl.as_millis() as u64,
+                wait_ms: wait.as_millis() as u64,
+                mode: pb_mode as i32,
+                permits,
+                ..Default::default()
+            })
             .await
             .map_err(map_err)?;
         match g {

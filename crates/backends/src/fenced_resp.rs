@@ -1,8 +1,9 @@
 //! fenced through its RESP front end (README, "Redis clients (RESP)"), with an unchanged Redis client:
 //!
 //! * [`FencedResp`]: the native commands `LOCK.ACQUIRE name owner ttl_ms [WAIT ms]` (waiting
-//!   server-side, FIFO; the reply is the fencing token), `LOCK.RELEASE name owner token`,
-//!   `LOCK.RENEW name owner token ttl_ms`;
+//!   server-side, FIFO; the reply is the fencing token) — or, through
+//!   [`DistLock::acquire_mode`], `LOCK.READ`, `LOCK.WRITE`, `LOCK.PERMIT name owner permits
+//!   ttl_ms` — `LOCK.RELEASE name owner token`, `LOCK.RENEW name owner token ttl_ms`;
 //! * the plain Redis pattern against fenced is [`RedisLock::fenced_setnx`](crate::RedisLock):
 //!   `SET NX PX` + Lua release/extend, plus `FENCE.TOKEN key value` for the token (the key's create
 //!   revision).
@@ -21,7 +22,7 @@ use async_trait::async_trait;
 use redis::aio::ConnectionManager;
 
 use crate::redis::{connect, map_redis, ttl_ms};
-use crate::{random_id, DistLock, Grant, LockError};
+use crate::{random_id, DistLock, Grant, LockError, LockMode};
 
 const NAME: &str = "fenced-resp";
 
@@ -84,11 +85,32 @@ impl DistLock for FencedResp {
         ttl: Duration,
         wait: Duration,
     ) -> Result<Option<Grant>, LockError> {
+        self.acquire_mode(key, LockMode::Exclusive, ttl, wait).await
+    }
+
+    /// `LOCK.ACQUIRE`, `LOCK.READ`, `LOCK.WRITE` or `LOCK.PERMIT name owner permits ttl`;
+    /// `LOCK.RELEASE`/`LOCK.RENEW` take every kind of grant.
+    async fn acquire_mode(
+        &self,
+        key: &str,
+        mode: LockMode,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<Grant>, LockError> {
         let ms = ttl_ms(ttl)?;
         let sent = Instant::now();
         let mut c = self.conn.clone();
-        let mut cmd = redis::cmd("LOCK.ACQUIRE");
-        cmd.arg(key).arg(&self.owner).arg(ms);
+        let mut cmd = redis::cmd(match mode {
+            LockMode::Exclusive => "LOCK.ACQUIRE",
+            LockMode::Read => "LOCK.READ",
+            LockMode::Write => "LOCK.WRITE",
+            LockMode::Permit { .. } => "LOCK.PERMIT",
+        });
+        cmd.arg(key).arg(&self.owner);
+        if let LockMode::Permit { permits } = mode {
+            cmd.arg(permits);
+        }
+        cmd.arg(ms);
         if !wait.is_zero() {
             cmd.arg("WAIT").arg(wait.as_millis() as u64);
         }
@@ -105,7 +127,7 @@ impl DistLock for FencedResp {
             })),
             Some(t) => Err(LockError::Backend {
                 backend: NAME,
-                message: format!("LOCK.ACQUIRE answered token {t}"),
+                message: format!("{mode} lock answered token {t}"),
             }),
             None => {
                 self.failed.fetch_add(1, Ordering::Relaxed);

@@ -8,9 +8,16 @@
 //!   end as [`RedisLock::fenced_setnx`] (token = `FENCE.TOKEN key value`); also the redis-rs
 //!   connection and scripts shared with [`fenced_resp`] and [`redlock`];
 //! * [`redlock`]: Redlock over N independent Redis masters ([`Redlock`]);
+//! * [`redisson`]: read-write locks and permit semaphores on one Redis with Lua scripts
+//!   modelled on Redisson's `RedissonReadLock`/`RedissonWriteLock` and
+//!   `RedissonPermitExpirableSemaphore` ([`Redisson`]);
 //! * [`etcd`]: etcd's session lease and mutex protocol ([`EtcdLock`]);
 //! * [`throttle`]: rate-limiter decisions (`CL.THROTTLE`, the Lua token bucket) for the load
 //!   generator's throttle workload ([`Throttle`]).
+//!
+//! Read-write locks and semaphores ([`LockMode`]) go through [`DistLock::acquire_mode`]
+//! (fenced over RESP and gRPC, [`Redisson`]); [`WithMode`] makes a backend's plain
+//! `acquire` take one mode, for load generators that only call `acquire`.
 //!
 //! The trait is object-safe (`Box<dyn DistLock>`), so a load generator or a fault-injection
 //! harness can hold any backend behind one type. A backend is one *client*: it owns its
@@ -29,6 +36,7 @@ pub mod etcd;
 pub mod fenced_grpc;
 pub mod fenced_resp;
 pub mod redis;
+pub mod redisson;
 pub mod redlock;
 pub mod throttle;
 
@@ -36,6 +44,7 @@ pub use crate::redis::{RedisConfig, RedisLock};
 pub use etcd::EtcdLock;
 pub use fenced_grpc::FencedGrpc;
 pub use fenced_resp::FencedResp;
+pub use redisson::Redisson;
 pub use redlock::{Redlock, RedlockConfig, Verdict};
 pub use throttle::Throttle;
 
@@ -89,6 +98,40 @@ impl Grant {
     }
 }
 
+/// What kind of grant an acquire asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockMode {
+    /// The exclusive lock ([`DistLock::acquire`]).
+    Exclusive,
+    /// The shared side of a read-write lock.
+    Read,
+    /// The exclusive side of a read-write lock.
+    Write,
+    /// One permit of a counting semaphore of `permits` permits, with its own lease.
+    Permit { permits: u32 },
+}
+
+impl LockMode {
+    /// `exclusive`, `read`, `write`, `permit` (histories and reports).
+    pub fn name(self) -> &'static str {
+        match self {
+            LockMode::Exclusive => "exclusive",
+            LockMode::Read => "read",
+            LockMode::Write => "write",
+            LockMode::Permit { .. } => "permit",
+        }
+    }
+}
+
+impl std::fmt::Display for LockMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LockMode::Permit { permits } => write!(f, "permit of {permits}"),
+            m => f.write_str(m.name()),
+        }
+    }
+}
+
 /// A distributed lock client.
 #[async_trait]
 pub trait DistLock: Send + Sync {
@@ -108,6 +151,26 @@ pub trait DistLock: Send + Sync {
         wait: Duration,
     ) -> Result<Option<Grant>, LockError>;
 
+    /// [`DistLock::acquire`] for a grant of `mode`. Backends without read-write locks or
+    /// semaphores answer [`LockError::Invalid`] for any mode but `Exclusive`. Release and
+    /// extend take the grant as for an exclusive one.
+    async fn acquire_mode(
+        &self,
+        key: &str,
+        mode: LockMode,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<Grant>, LockError> {
+        match mode {
+            LockMode::Exclusive => self.acquire(key, ttl, wait).await,
+            m => Err(LockError::Invalid(format!(
+                "{} offers no {} locks",
+                self.name(),
+                m.name()
+            ))),
+        }
+    }
+
     /// Give the lock up. `Ok(false)`: it was no longer held by this grant.
     async fn release(&self, grant: &Grant) -> Result<bool, LockError>;
 
@@ -119,6 +182,55 @@ pub trait DistLock: Send + Sync {
     /// attempts that gave up; cumulative over this client's life. Backends that queue
     /// waiters server-side count only acquires that returned `None`.
     fn failed_attempts(&self) -> u64;
+}
+
+/// A backend whose `acquire` takes grants of one [`LockMode`] (a load generator that calls
+/// only `acquire` then measures read locks or permits).
+pub struct WithMode {
+    pub inner: Box<dyn DistLock>,
+    pub mode: LockMode,
+}
+
+#[async_trait]
+impl DistLock for WithMode {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn issues_tokens(&self) -> bool {
+        self.inner.issues_tokens()
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<Grant>, LockError> {
+        self.inner.acquire_mode(key, self.mode, ttl, wait).await
+    }
+
+    async fn acquire_mode(
+        &self,
+        key: &str,
+        mode: LockMode,
+        ttl: Duration,
+        wait: Duration,
+    ) -> Result<Option<Grant>, LockError> {
+        self.inner.acquire_mode(key, mode, ttl, wait).await
+    }
+
+    async fn release(&self, grant: &Grant) -> Result<bool, LockError> {
+        self.inner.release(grant).await
+    }
+
+    async fn extend(&self, grant: &Grant, ttl: Duration) -> Result<bool, LockError> {
+        self.inner.extend(grant, ttl).await
+    }
+
+    fn failed_attempts(&self) -> u64 {
+        self.inner.failed_attempts()
+    }
 }
 
 /// How backends without server-side waiting retry a busy lock: sleep `delay` plus a uniformly

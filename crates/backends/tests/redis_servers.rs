@@ -407,3 +407,74 @@ async fn redlock_extend_needs_a_majority() {
     assert!(rl.release(&ng).await.unwrap());
     assert!(servers.iter().all(|s| !exists(s, "E")));
 }
+
+#[tokio::test]
+async fn redisson_read_write_lock_and_permit_semaphore() {
+    use fenced_backends::{LockMode, Redisson};
+    require_redis();
+    let srv = start_redis();
+    let cfg = RedisConfig {
+        timeout: Duration::from_secs(1),
+        retry: fast_retry(),
+    };
+    let c: Vec<Redisson> = (0..4)
+        .map(|_| Redisson::new("redis", &srv.addr(), cfg).unwrap())
+        .collect();
+    let ttl = Duration::from_secs(5);
+    let now = Duration::ZERO;
+    let take = |i: usize, m: LockMode| c[i].acquire_mode("rw", m, ttl, now);
+
+    // Readers share; a writer waits for every one of them.
+    let r0 = take(0, LockMode::Read)
+        .await
+        .unwrap()
+        .expect("first reader");
+    let r1 = take(1, LockMode::Read)
+        .await
+        .unwrap()
+        .expect("second reader");
+    assert_eq!(r0.token(), None, "no fencing tokens");
+    assert!(take(2, LockMode::Write).await.unwrap().is_none());
+    assert!(c[0].release(&r0).await.unwrap());
+    assert!(!c[0].release(&r0).await.unwrap(), "released once");
+    assert!(take(2, LockMode::Write).await.unwrap().is_none());
+    assert!(c[1].release(&r1).await.unwrap());
+    assert!(!exists(&srv, "rw"), "the last reader deletes the hash");
+    // A writer excludes readers and other writers until it lets go.
+    let w = take(2, LockMode::Write).await.unwrap().expect("writer");
+    assert!(take(0, LockMode::Read).await.unwrap().is_none());
+    assert!(take(3, LockMode::Write).await.unwrap().is_none());
+    assert!(c[2].release(&w).await.unwrap());
+    assert!(take(3, LockMode::Write).await.unwrap().is_some());
+
+    // Two permits: a third holder waits until one is released.
+    let p = LockMode::Permit { permits: 2 };
+    let sem = |i: usize| c[i].acquire_mode("sem", p, ttl, now);
+    let p0 = sem(0).await.unwrap().expect("permit 1");
+    let p1 = sem(1).await.unwrap().expect("permit 2");
+    assert_ne!(p0.handle, p1.handle, "each permit has its own id");
+    assert!(sem(2).await.unwrap().is_none());
+    assert!(c[0].release(&p0).await.unwrap());
+    assert!(!c[0].release(&p0).await.unwrap(), "released once");
+    let p2 = sem(2).await.unwrap().expect("the freed permit");
+    assert!(sem(3).await.unwrap().is_none());
+    // An expired permit goes back to the pool at the next acquire.
+    let short = c[3]
+        .acquire_mode(
+            "sem2",
+            LockMode::Permit { permits: 1 },
+            Duration::from_millis(50),
+            now,
+        )
+        .await
+        .unwrap()
+        .expect("permit");
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert!(c[0]
+        .acquire_mode("sem2", LockMode::Permit { permits: 1 }, ttl, now)
+        .await
+        .unwrap()
+        .is_some());
+    assert!(!c[3].release(&short).await.unwrap(), "expired: not held");
+    assert!(c[1].release(&p1).await.unwrap() && c[2].release(&p2).await.unwrap());
+}

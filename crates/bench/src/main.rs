@@ -10,6 +10,12 @@
 //! every backend, in an order rotated by r), so machine drift affects all alike. Prints a table
 //! per cell, then one markdown table with throughput ratios to the first backend.
 //!
+//! The lock family (issue 26): `fenced-resp-read`, `fenced-resp-permit` (`LOCK.READ`,
+//! `LOCK.PERMIT name owner --permits ttl`), `fenced-read`, `fenced-permit` (gRPC) and
+//! `redis-aof-read`, `redis-aof-permit` (Redisson's read-lock and permit-semaphore Lua
+//! scripts, `fenced_backends::Redisson`, on the Redis of `--redis-aof`): each pair is one read
+//! lock or one permit, acquired and released.
+//!
 //! `--kv put,txn,range,mixed,watch` runs etcd's v3 KV and Watch API instead of the lock
 //! workload (`fenced_bench::kvbench`), against `fenced` (its gRPC port, `--fenced`) and/or
 //! `etcd` (`--etcd`):
@@ -25,13 +31,13 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 use fenced_backends::{
-    random_id, DistLock, EtcdLock, FencedGrpc, FencedResp, RedisConfig, RedisLock, Redlock,
-    RedlockConfig, RetryPolicy, Throttle,
+    random_id, DistLock, EtcdLock, FencedGrpc, FencedResp, LockMode, RedisConfig, RedisLock,
+    Redisson, Redlock, RedlockConfig, RetryPolicy, Throttle, WithMode,
 };
 use fenced_bench::load::{run, Measured, Summary, Workload};
 use serde::Serialize;
 
-const BACKENDS: [&str; 12] = [
+const BACKENDS: [&str; 18] = [
     "fenced",
     "fenced-resp",
     "fenced-setnx",
@@ -45,6 +51,14 @@ const BACKENDS: [&str; 12] = [
     "fenced-lua",
     "redis-lua",
     "redis-aof-lua",
+    // The lock family (issue 26): a read lock or one semaphore permit per pair, fenced over
+    // RESP (LOCK.READ / LOCK.PERMIT) and gRPC, and Redisson's Lua scripts on Redis (AOF).
+    "fenced-resp-read",
+    "fenced-resp-permit",
+    "fenced-read",
+    "fenced-permit",
+    "redis-aof-read",
+    "redis-aof-permit",
 ];
 
 /// Backends of the throttle workload: each "pair" is one rate-limit decision.
@@ -130,6 +144,10 @@ struct Cli {
     throttle_burst: u64,
     #[arg(long, default_value_t = 10_000)]
     throttle_rate: u64,
+    /// `*-permit` backends: the semaphore's permits (`--keys 1`: every client contends for
+    /// them; `--keys c`: one semaphore per client).
+    #[arg(long, default_value_t = 4)]
+    permits: u32,
     /// Write every cell's results as JSON here.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
@@ -226,6 +244,27 @@ fn make(cli: &Cli, backend: &str, i: usize) -> anyhow::Result<Box<dyn DistLock>>
                 .get(i % cli.etcd.len().max(1))
                 .context("no --etcd")?;
             Box::new(EtcdLock::connect(ep)?)
+        }
+        "fenced-resp-read" | "fenced-resp-permit" | "fenced-read" | "fenced-permit"
+        | "redis-aof-read" | "redis-aof-permit" => {
+            let mode = if backend.ends_with("-read") {
+                LockMode::Read
+            } else {
+                LockMode::Permit {
+                    permits: cli.permits,
+                }
+            };
+            let inner: Box<dyn DistLock> = if backend.starts_with("fenced-resp") {
+                Box::new(FencedResp::new(
+                    pick(&cli.fenced_resp, i)?,
+                    Duration::from_secs(10),
+                )?)
+            } else if backend.starts_with("fenced") {
+                Box::new(FencedGrpc::connect(rotate(&cli.fenced, i))?)
+            } else {
+                Box::new(Redisson::new("redis-aof", &cli.redis_aof, rcfg)?)
+            };
+            Box::new(WithMode { inner, mode })
         }
         "fenced-throttle" => Box::new(Throttle::cl_throttle(
             "fenced-throttle",
@@ -451,7 +490,17 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
             work_us: cli.work_us,
             wait_ms: cli.wait_ms,
             rounds: cli.rounds,
-            tokens: matches!(name, "fenced" | "fenced-resp" | "fenced-setnx" | "etcd"),
+            tokens: matches!(
+                name,
+                "fenced"
+                    | "fenced-resp"
+                    | "fenced-setnx"
+                    | "etcd"
+                    | "fenced-resp-read"
+                    | "fenced-resp-permit"
+                    | "fenced-read"
+                    | "fenced-permit"
+            ),
             server_cpu_us_per_pair: server_cpu,
             bench_cpu_us_per_pair: bench_cpu,
             summary: s,

@@ -47,22 +47,28 @@ fn max_completed_before(items: &[(u64, u64, u64)]) -> Vec<Option<(u64, u64)>> {
 /// The second rule catches what the first cannot when the grants overlap in time: a client
 /// that reads its token in a second round trip (`SET NX`, then `FENCE.TOKEN`) after its lease
 /// ran out and someone else took the lock is handed the new holder's token; both then pass
-/// storage's check.
+/// storage's check. Shared grants (`read`, `permit`: rwlock and semaphore workloads) are the
+/// exception: fenced admits queued readers, or queued permits, together in one command, whose
+/// revision is then the token of each — so two shared grants may carry one token (the first
+/// rule still requires them to have been in flight at the same time). A writer's or an
+/// exclusive holder's token is its own.
 pub fn check(ops: &[Op], issues_tokens: bool) -> Verdict {
     if !issues_tokens {
         return Verdict::not_applicable("fencing", "the lock issues no fencing tokens");
     }
     let mut anomalies = 0u64;
     let mut examples = Vec::new();
-    // 1. Grants per lock: (invoke, ok, token, process).
-    let mut grants: BTreeMap<&str, Vec<(u64, u64, u64, u64)>> = BTreeMap::new();
+    // 1. Grants per lock: (invoke, ok, token, process, shared).
+    type Grants<'a> = BTreeMap<&'a str, Vec<(u64, u64, u64, u64, bool)>>;
+    let mut grants: Grants = BTreeMap::new();
     let mut missing = 0u64;
     for op in ops.iter().filter(|o| o.f == "acquire" && o.is_ok()) {
+        let shared = matches!(op.mode.as_deref(), Some("read" | "permit"));
         match (op.key.as_deref(), op.complete, op.token) {
             (Some(k), Some(c), Some(t)) => grants
                 .entry(k)
                 .or_default()
-                .push((op.invoke, c, t, op.process)),
+                .push((op.invoke, c, t, op.process, shared)),
             _ => missing += 1,
         }
     }
@@ -73,20 +79,21 @@ pub fn check(ops: &[Op], issues_tokens: bool) -> Verdict {
     let mut n_grants = 0;
     for (key, items) in &grants {
         n_grants += items.len();
-        // The first acknowledged grant of each token: (ok, process).
-        let mut first: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-        for &(_, c, t, p) in items {
-            let e = first.entry(t).or_insert((c, p));
+        // The first acknowledged grant of each token: (ok, process, shared).
+        let mut first: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
+        for &(_, c, t, p, sh) in items {
+            let e = first.entry(t).or_insert((c, p, sh));
             if c < e.0 {
-                *e = (c, p);
+                *e = (c, p, sh);
             }
         }
-        let triples: Vec<(u64, u64, u64)> = items.iter().map(|&(i, c, t, _)| (i, c, t)).collect();
+        let triples: Vec<(u64, u64, u64)> =
+            items.iter().map(|&(i, c, t, _, _)| (i, c, t)).collect();
         for (i, prev) in max_completed_before(&triples).into_iter().enumerate() {
-            let (inv, c, t, p) = items[i];
+            let (inv, c, t, p, shared) = items[i];
             // A reentrant acquire (the holder asking again, e.g. after its release was
             // refused) is handed the token it holds: not a new grant.
-            let reentrant = |pt: u64| t == pt && first.get(&t).is_some_and(|(_, fp)| *fp == p);
+            let reentrant = |pt: u64| t == pt && first.get(&t).is_some_and(|(_, fp, _)| *fp == p);
             if let Some((pt, pc)) = prev.filter(|(pt, _)| t <= *pt && !reentrant(*pt)) {
                 anomalies += 1;
                 if examples.len() < MAX_EXAMPLES {
@@ -97,7 +104,10 @@ pub fn check(ops: &[Op], issues_tokens: bool) -> Verdict {
                         ms(pc)
                     ));
                 }
-            } else if let Some(&(fc, fp)) = first.get(&t).filter(|(_, fp)| *fp != p) {
+            } else if let Some(&(fc, fp, _)) = first
+                .get(&t)
+                .filter(|(_, fp, fsh)| *fp != p && !(shared && *fsh))
+            {
                 anomalies += 1;
                 if examples.len() < MAX_EXAMPLES {
                     examples.push(format!(

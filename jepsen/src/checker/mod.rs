@@ -16,6 +16,7 @@ pub mod agreement;
 pub mod availability;
 pub mod counter;
 pub mod fencing;
+pub mod holders;
 pub mod limiter;
 pub mod linear;
 pub mod mutex;
@@ -42,6 +43,10 @@ pub struct Op {
     pub error: Option<String>,
     /// `throttle` ops that completed `ok`: admitted by the limiter or not.
     pub admitted: Option<bool>,
+    /// `acquire`: the grant asked for (`read`, `write`, `permit`); `None`: exclusive.
+    pub mode: Option<String>,
+    /// `acquire` of a permit: the semaphore's number of permits.
+    pub permits: Option<u32>,
 }
 
 impl Op {
@@ -82,6 +87,8 @@ pub fn pair(history: &[Event]) -> Vec<Op> {
                     ttl_ms: e.ttl_ms,
                     error: None,
                     admitted: None,
+                    mode: e.mode.clone(),
+                    permits: e.permits,
                 };
                 if let Some(prev) = open.insert(p, op) {
                     // A process with two outstanding ops breaks the contract; keep the first as

@@ -22,6 +22,10 @@ pub struct Window {
     pub token: Option<u64>,
     pub start: u64,
     pub end: u64,
+    /// The grant's mode as the acquire asked (`None`: exclusive) and, for a permit, the
+    /// semaphore's size (see `holders`).
+    pub mode: Option<String>,
+    pub permits: Option<u32>,
 }
 
 /// The validity window of every acknowledged grant, per lock.
@@ -69,6 +73,8 @@ pub fn windows(ops: &[Op]) -> BTreeMap<String, Vec<Window>> {
                 token: op.token,
                 start,
                 end,
+                mode: op.mode.clone(),
+                permits: op.permits,
             });
         }
     }

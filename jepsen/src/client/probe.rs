@@ -99,6 +99,18 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
                     .await
                     .map_err(|_| format!("{ep}: probe lock timed out"))?
                     .map_err(|e| format!("{ep}: probe lock: {e}"))?;
+                if matches!(spec.workload.as_str(), "rwlock" | "semaphore") {
+                    // A build without the lock family answers `unknown command`.
+                    let mode = fenced_backends::LockMode::Read;
+                    let key = format!("probe-read-{i}");
+                    tokio::time::timeout(
+                        t,
+                        l.acquire_mode(&key, mode, Duration::from_secs(1), Duration::ZERO),
+                    )
+                    .await
+                    .map_err(|_| format!("{ep}: probe read lock timed out"))?
+                    .map_err(|e| format!("{ep}: probe read lock: {e}"))?;
+                }
             }
         }
         _ => {
