@@ -1,7 +1,7 @@
 """fenced: a Python client for fenced's RESP lock family, on top of redis-py.
 
 Locks with **fencing tokens** that survive failover: :class:`Lock` (exclusive, FIFO),
-:class:`RWLock` (read-write), :class:`Semaphore` (permits, each with its own token),
+:class:`RWLock` (read-write), :class:`Semaphore` (permits, each with its own lease),
 :class:`MultiLock` (all or none, one token), :class:`Session` (keep-alive on a thread);
 retries that act once (``REQID``); lock-loss events (:class:`LossListener`); the token check
 at an SQLite storage (:mod:`fenced.storage`).

@@ -418,7 +418,8 @@ class RWLock:
 
 
 class Permit(Lock):
-    """One permit of a :class:`Semaphore`: ``LOCK.PERMIT``, with its own lease and token."""
+    """One permit of a :class:`Semaphore`: ``LOCK.PERMIT``, with its own lease and token (permits
+    handed over by one release share that command's token)."""
 
     def __init__(self, client: ClientLike, name: str, permits: int, **kwargs: Any) -> None:
         self.permits = int(permits)

@@ -326,7 +326,8 @@ pub enum Mode {
     /// Exclusive side of a read-write lock.
     Write,
     /// One permit of a counting semaphore with `permits` permits in all; each permit has its
-    /// own lease and token (like Redisson's PermitExpirableSemaphore).
+    /// own lease (like Redisson's PermitExpirableSemaphore). Its token is the revision of the
+    /// command that granted it: permits (and readers) handed over by one release share it.
     Permit { permits: u32 },
 }
 
