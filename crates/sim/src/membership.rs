@@ -658,6 +658,8 @@ pub fn check(ops: &[Op], backup: &Backup, probe: &Probe) -> Verdict {
                 ttl_ms: None,
                 error: None,
                 admitted: None,
+                mode: None,
+                permits: None,
             }),
             Err(e) => examples.push(format!("{key}: no read after the restore: {e}")),
         }
@@ -696,6 +698,8 @@ mod tests {
             ttl_ms: None,
             error: None,
             admitted: None,
+            mode: None,
+            permits: None,
         }
     }
 
