@@ -3,7 +3,8 @@
 # and clients) on the counter workload, against fenced (gRPC client), fenced through its RESP
 # front end (LOCK.ACQUIRE/RELEASE, client pinned to one node, failing over) and Redlock; and
 # one short kv run (etcd Range/Put/Txn through fenced's etcd API, checked for
-# linearizability) under the same nemesis.
+# linearizability) and one short semaphore run (3 permits over RESP's LOCK.PERMIT, checked
+# for holders per mode and tokens) under the same nemesis.
 #  - the fenced runs must come out valid (exit 0): an anomaly there is a real bug.
 #  - Redlock may show anomalies (exit 1: that is the point of the comparison); only a
 #    harness error (exit 2) fails the smoke.
@@ -46,6 +47,8 @@ run fenced 2
 run fenced-resp 2
 "$BIN" test --system fenced --workload kv --nemesis pause --time-limit 12 \
     --seed 2 --clients 4 --net "$NET" --prefix "$PREFIX" --out "$OUT/fenced-kv"
+"$BIN" test --system fenced-resp --workload semaphore --nemesis pause --time-limit 12 \
+    --seed 2 --net "$NET" --prefix "$PREFIX" --out "$OUT/fenced-resp-semaphore"
 set +e
 run redlock 2
 rc=$?
@@ -54,4 +57,4 @@ if [ "$rc" -gt 1 ]; then
     echo "jepsen smoke: the Redlock run failed to run (rc $rc)" >&2
     exit "$rc"
 fi
-echo "jepsen smoke: fenced, fenced-resp and fenced kv valid under pause; Redlock run completed (exit $rc: 1 = anomalies found)"
+echo "jepsen smoke: fenced, fenced-resp, fenced kv and the RESP semaphore valid under pause; Redlock run completed (exit $rc: 1 = anomalies found)"
