@@ -275,9 +275,18 @@ async fn acl_users_on_a_cluster() {
             "fence.set",
             "fence.token",
             "lock.acquire",
+            "lock.read",
+            "lock.write",
+            "lock.permit",
+            "lock.macquire",
             "lock.release",
+            "lock.mrelease",
             "lock.renew",
-            "lock.info"
+            "lock.info",
+            "session.open",
+            "session.keepalive",
+            "session.close",
+            "session.info"
         ]
     );
     let mut raw_admin = Raw::connect(&addr);
