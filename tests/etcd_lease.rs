@@ -2,7 +2,8 @@
 //! fenced session. Against a real 3-node cluster, with Debian's `etcdctl` (3.4) — `lease
 //! grant`, `put --lease`, `lease keep-alive`, `lease timetolive --keys`, `lease list`, `lease
 //! revoke` — and the generated tonic client: a revoked lease's key is gone and a watcher saw
-//! the delete; a lease not kept alive lapses and its key is deleted (the watcher sees it); a
+//! the delete; a session opened over RESP is a lease whose keys `SESSION.CLOSE` deletes; a
+//! lease not kept alive lapses and its key is deleted (the watcher sees it); a
 //! lease's time left is not reset by a leader SIGKILL; a client-chosen ID and a TTL above
 //! etcd's maximum are refused with their reasons.
 //!
@@ -340,6 +341,19 @@ async fn etcd_leases_are_fenced_sessions() {
         .expect("leases")
         .into_inner();
     assert!(leases.leases.iter().any(|l| l.id == kept.id), "{leases:?}");
+
+    // A session opened over RESP is a lease: keys attached to it go with SESSION.CLOSE.
+    let mut con = support::resp_connect(&c, f).await;
+    let s: i64 = support::resp_cmd(&mut con, &["SESSION.OPEN", "60000"]).await;
+    let rev = put(&c, leader, "resp/k", s).await;
+    let ttl = time_to_live(&c, leader, s).await;
+    assert_eq!((ttl.granted_ttl, ttl.keys.clone()), (60, vec![b"resp/k".to_vec()]));
+    let mut watch = Watch::open(&c, f, "resp/", rev).await;
+    let closed: i64 = support::resp_cmd(&mut con, &["SESSION.CLOSE", &s.to_string()]).await;
+    assert_eq!(closed, 1);
+    let events = watch.events(2).await;
+    assert_eq!(kind(&events[1]).0, DELETE, "{events:?}");
+    assert_eq!(get(&c, f, "resp/k").await, None);
 
     // TimeToLive across a leader SIGKILL: never reset to the full TTL.
     let long = grant(&c, leader, 60).await;
