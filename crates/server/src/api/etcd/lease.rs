@@ -182,7 +182,9 @@ impl Lease for EtcdApi {
                 .node
                 .read_timed(|sm, _| {
                     (
-                        sm.session_info(session).map(|i| i.locks).unwrap_or_default(),
+                        sm.session_info(session)
+                            .map(|i| i.locks)
+                            .unwrap_or_default(),
                         sm.lease_keys(session),
                     )
                 })
