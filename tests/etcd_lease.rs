@@ -185,7 +185,11 @@ impl Watch {
 
 fn kind(e: &mvccpb::Event) -> (i32, String, i64) {
     let kv = e.kv.clone().unwrap_or_default();
-    (e.r#type, String::from_utf8_lossy(&kv.key).into_owned(), kv.mod_revision)
+    (
+        e.r#type,
+        String::from_utf8_lossy(&kv.key).into_owned(),
+        kv.mod_revision,
+    )
 }
 
 const PUT: i32 = mvccpb::event::EventType::Put as i32;
@@ -204,7 +208,10 @@ async fn etcd_leases_are_fenced_sessions() {
     let id = hex_id(&hex);
     let mut watch = Watch::open(&c, f, "ctl/", 1).await;
     let lease_arg = format!("--lease={hex}");
-    assert_eq!(etcdctl_ok(&all, &["put", "ctl/k", "v", &lease_arg]).trim(), "OK");
+    assert_eq!(
+        etcdctl_ok(&all, &["put", "ctl/k", "v", &lease_arg]).trim(),
+        "OK"
+    );
     let kv = get(&c, f, "ctl/k").await.expect("ctl/k is there");
     assert_eq!(kv.lease, id, "range shows the key's lease");
     let ttl = etcdctl_ok(&all, &["lease", "timetolive", &hex, "--keys"]);
@@ -242,14 +249,21 @@ async fn etcd_leases_are_fenced_sessions() {
     }
     let _ = child.kill();
     let _ = child.wait();
-    assert!(renewals >= 2, "etcdctl lease keep-alive renewed {renewals} times");
+    assert!(
+        renewals >= 2,
+        "etcdctl lease keep-alive renewed {renewals} times"
+    );
     let list = etcdctl_ok(&all, &["lease", "list"]);
     assert!(list.lines().any(|l| l.trim() == hex), "{list}");
     assert_eq!(
         etcdctl_ok(&all, &["lease", "revoke", &hex]).trim(),
         format!("lease {hex} revoked")
     );
-    assert_eq!(get(&c, f, "ctl/k").await, None, "a revoked lease's key is deleted");
+    assert_eq!(
+        get(&c, f, "ctl/k").await,
+        None,
+        "a revoked lease's key is deleted"
+    );
     let events = watch.events(2).await;
     assert_eq!(kind(&events[0]).0, PUT);
     assert_eq!(kind(&events[1]).0, DELETE);
@@ -347,7 +361,10 @@ async fn etcd_leases_are_fenced_sessions() {
     let s: i64 = support::resp_cmd(&mut con, &["SESSION.OPEN", "60000"]).await;
     let rev = put(&c, leader, "resp/k", s).await;
     let ttl = time_to_live(&c, leader, s).await;
-    assert_eq!((ttl.granted_ttl, ttl.keys.clone()), (60, vec![b"resp/k".to_vec()]));
+    assert_eq!(
+        (ttl.granted_ttl, ttl.keys.clone()),
+        (60, vec![b"resp/k".to_vec()])
+    );
     let mut watch = Watch::open(&c, f, "resp/", rev).await;
     let closed: i64 = support::resp_cmd(&mut con, &["SESSION.CLOSE", &s.to_string()]).await;
     assert_eq!(closed, 1);
