@@ -4,7 +4,8 @@
 //! revoke` — and the generated tonic client: a revoked lease's key is gone and a watcher saw
 //! the delete; a session opened over RESP is a lease whose keys `SESSION.CLOSE` deletes; a
 //! lease not kept alive lapses and its key is deleted (the watcher sees it); a
-//! lease's time left is not reset by a leader SIGKILL; a client-chosen ID and a TTL above
+//! lease's time left is not reset by a leader SIGKILL; keep-alives of 100 leases on 100
+//! streams at once take a few commands (coalesced), not 100; a client-chosen ID and a TTL above
 //! etcd's maximum are refused with their reasons.
 //!
 //! Run: `cargo test -p fenced-server --test etcd_lease` (needs `etcdctl`: `apt-get install -y
@@ -133,6 +134,21 @@ async fn get(c: &TestCluster, node: u64, key: &str) -> Option<mvccpb::KeyValue> 
         .into_inner()
         .kvs
         .pop()
+}
+
+/// The store revision now (a linearizable read's header).
+async fn get_revision(c: &TestCluster, node: u64) -> i64 {
+    KvClient::new(c.raw_channel(node))
+        .range(epb::RangeRequest {
+            key: b"none".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("range: {e}"))
+        .into_inner()
+        .header
+        .unwrap_or_default()
+        .revision
 }
 
 /// A watch of one prefix from a revision on.
@@ -355,6 +371,49 @@ async fn etcd_leases_are_fenced_sessions() {
         .expect("leases")
         .into_inner();
     assert!(leases.leases.iter().any(|l| l.id == kept.id), "{leases:?}");
+
+    // Coalescing: keep-alives of many leases on many streams at once become a few
+    // KeepAliveMany commands (each command takes a revision), not one each.
+    const MANY: usize = 100;
+    let mut ids = Vec::new();
+    for _ in 0..MANY {
+        ids.push(grant(&c, f, 60).await.id);
+    }
+    let mut streams = Vec::new();
+    for _ in 0..MANY {
+        let (tx, req_rx) = mpsc::channel(1);
+        let rx = LeaseClient::new(c.raw_channel(f))
+            .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(req_rx))
+            .await
+            .expect("keep-alive stream")
+            .into_inner();
+        streams.push((tx, rx));
+    }
+    let before = get_revision(&c, f).await;
+    let sends = streams
+        .iter()
+        .zip(&ids)
+        .map(|((tx, _), id)| tx.send(epb::LeaseKeepAliveRequest { id: *id }));
+    for r in futures::future::join_all(sends).await {
+        r.expect("send");
+    }
+    let answers = streams.iter_mut().map(|(_, rx)| async move {
+        tokio::time::timeout(RESPONSE, rx.message())
+            .await
+            .expect("a keep-alive answer in time")
+            .expect("stream ok")
+            .expect("an answer")
+    });
+    let answers = futures::future::join_all(answers).await;
+    assert!(answers.iter().all(|a| a.ttl == 60), "{answers:?}");
+    let after = get_revision(&c, f).await;
+    eprintln!("{MANY} keep-alives on {MANY} streams: {} revisions", after - before);
+    assert!(
+        after - before <= (MANY / 4) as i64,
+        "{MANY} keep-alives took {} revisions: not coalesced",
+        after - before
+    );
+    drop(streams);
 
     // A session opened over RESP is a lease: keys attached to it go with SESSION.CLOSE.
     let mut con = support::resp_connect(&c, f).await;
