@@ -407,7 +407,10 @@ async fn etcd_leases_are_fenced_sessions() {
     let answers = futures::future::join_all(answers).await;
     assert!(answers.iter().all(|a| a.ttl == 60), "{answers:?}");
     let after = get_revision(&c, f).await;
-    eprintln!("{MANY} keep-alives on {MANY} streams: {} revisions", after - before);
+    eprintln!(
+        "{MANY} keep-alives on {MANY} streams: {} revisions",
+        after - before
+    );
     assert!(
         after - before <= (MANY / 4) as i64,
         "{MANY} keep-alives took {} revisions: not coalesced",

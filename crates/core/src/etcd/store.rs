@@ -313,10 +313,8 @@ impl EtcdStore {
                 last: self.last_write,
             });
         }
-        let mut sub = self.next_sub(main);
-        for key in &keys {
+        for (sub, key) in (self.next_sub(main)..).zip(keys.iter()) {
             self.write(key, Rev { main, sub }, Stored::Tombstone);
-            sub += 1;
         }
         Ok(keys.len() as u64)
     }
