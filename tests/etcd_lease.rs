@@ -6,7 +6,9 @@
 //! lease not kept alive lapses and its key is deleted (the watcher sees it); a
 //! lease's time left is not reset by a leader SIGKILL; keep-alives of 100 leases on 100
 //! streams at once take a few commands (coalesced), not 100; a client-chosen ID and a TTL above
-//! etcd's maximum are refused with their reasons.
+//! etcd's maximum are refused with their reasons. As fenced users, a restricted user may not
+//! revoke a lease whose keys it may not delete; while a member runs older apply rules, lease
+//! grants and puts naming a lease wait for the upgrade.
 //!
 //! Run: `cargo test -p fenced-server --test etcd_lease` (needs `etcdctl`: `apt-get install -y
 //! etcd-client`).
@@ -55,16 +57,20 @@ fn etcdctl_ok(endpoints: &[String], args: &[&str]) -> String {
 
 /// Grant a lease through etcdctl (retrying until the cluster takes lease commands): its id
 /// in hex, as etcdctl prints and takes it.
-async fn grant_etcdctl(endpoints: &[String], ttl: u64) -> String {
+async fn grant_etcdctl(endpoints: &[String], user: Option<&str>, ttl: u64) -> String {
     let eps = endpoints.to_vec();
+    let user = user.map(|u| format!("--user={u}"));
     wait_for("etcdctl lease grant to succeed", READY, || {
-        let eps = eps.clone();
+        let (eps, user) = (eps.clone(), user.clone());
         async move {
             let ttl = ttl.to_string();
-            let (ok, out, err) =
-                tokio::task::spawn_blocking(move || etcdctl(&eps, &["lease", "grant", &ttl]))
-                    .await
-                    .map_err(|e| e.to_string())?;
+            let (ok, out, err) = tokio::task::spawn_blocking(move || {
+                let mut args: Vec<&str> = user.iter().map(String::as_str).collect();
+                args.extend(["lease", "grant", &ttl]);
+                etcdctl(&eps, &args)
+            })
+            .await
+            .map_err(|e| e.to_string())?;
             // "lease 694d7a0c1f6c5e0a granted with TTL(30s)"
             let id = out
                 .split_whitespace()
@@ -220,7 +226,7 @@ async fn etcd_leases_are_fenced_sessions() {
     let all = c.endpoints();
 
     // etcdctl: grant, put --lease, keep-alive, timetolive --keys, list, revoke.
-    let hex = grant_etcdctl(&all, 30).await;
+    let hex = grant_etcdctl(&all, None, 30).await;
     let id = hex_id(&hex);
     let mut watch = Watch::open(&c, f, "ctl/", 1).await;
     let lease_arg = format!("--lease={hex}");
@@ -282,6 +288,8 @@ async fn etcd_leases_are_fenced_sessions() {
     );
     let events = watch.events(2).await;
     assert_eq!(kind(&events[0]).0, PUT);
+    let put_kv = events[0].kv.clone().unwrap_or_default();
+    assert_eq!(put_kv.lease, id, "the watch shows the key's lease");
     assert_eq!(kind(&events[1]).0, DELETE);
     assert_eq!(kind(&events[1]).1, "ctl/k");
     let ttl = etcdctl_ok(&all, &["lease", "timetolive", &hex]);
@@ -451,4 +459,85 @@ async fn etcd_leases_are_fenced_sessions() {
     c.wait_for_leader(LEADER_TIMEOUT).await;
     let again = time_to_live(&c, leader, long.id).await;
     assert!(again.ttl <= after.ttl, "{again:?} after {after:?}");
+}
+
+const USERS: &str = "\
+user default off
+user app on >apppw ~app/* -@all +get +set +del +@fencing
+user admin on >adminpw +@all ~*
+";
+
+/// Lease calls as fenced users (a restricted user may not revoke a lease whose keys it may
+/// not delete), and the apply-rules gate: while a member runs rules older than 5, a grant and
+/// a put naming a lease are refused "cluster not upgraded", a plain put is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_permissions_and_the_apply_rules_gate() {
+    require("etcdctl", &["version"]);
+    // The test-only flag that makes a member advertise older apply rules.
+    std::env::set_var("FENCED_UNSAFE_TEST_HOOKS", "1");
+    let c = TestCluster::start_with("etcd_lease-auth", |dir, _| {
+        let path = dir.join("users.acl");
+        std::fs::write(&path, USERS).expect("writing the ACL file");
+        (vec!["--acl-file".into(), path.display().to_string()], None)
+    });
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let f = follower_of(leader);
+    let all = c.endpoints();
+    let as_app = |args: &[&str]| {
+        let mut a = vec!["--user=app:apppw"];
+        a.extend_from_slice(args);
+        etcdctl(&all, &a)
+    };
+    let as_admin = |args: &[&str]| {
+        let mut a = vec!["--user=admin:adminpw"];
+        a.extend_from_slice(args);
+        etcdctl_ok(&all, &a)
+    };
+    let hex = grant_etcdctl(&all, Some("app:apppw"), 60).await;
+    let lease_arg = format!("--lease={hex}");
+    assert!(as_app(&["put", "app/k", "v", &lease_arg]).0);
+    // Another user attaches a key outside app's patterns to app's lease.
+    assert_eq!(as_admin(&["put", "other", "v", &lease_arg]).trim(), "OK");
+    let (ok, _, err) = as_app(&["lease", "revoke", &hex]);
+    assert!(
+        !ok && err.contains("no permissions") && err.contains("other"),
+        "{err}"
+    );
+    assert_eq!(
+        as_admin(&["lease", "revoke", &hex]).trim(),
+        format!("lease {hex} revoked")
+    );
+    assert_eq!(
+        as_admin(&["get", "", "--from-key", "--keys-only"]).trim(),
+        ""
+    );
+
+    // A member on rules 4: leases wait, plain etcd writes do not.
+    let live = grant_etcdctl(&all, Some("admin:adminpw"), 60).await;
+    c.kill(f);
+    c.restart_with(f, &["--unsafe-test-advertise-semantics", "4"]);
+    wait_for("the leader back on rules 4", READY, || async {
+        let s = c.status(leader).await?;
+        if s.semantics == 4 {
+            Ok(())
+        } else {
+            Err(format!("stamps {}", s.semantics))
+        }
+    })
+    .await;
+    let via_leader = c.endpoints_of(&[leader]);
+    let admin = |args: &[&str]| {
+        let mut a = vec!["--user=admin:adminpw"];
+        a.extend_from_slice(args);
+        etcdctl(&via_leader, &a)
+    };
+    let (ok, _, err) = admin(&["lease", "grant", "10"]);
+    assert!(!ok && err.contains("cluster not upgraded"), "{err}");
+    let (ok, _, err) = admin(&["put", "k", "v", &format!("--lease={live}")]);
+    assert!(!ok && err.contains("cluster not upgraded"), "{err}");
+    let (ok, out, err) = admin(&["put", "k", "v"]);
+    assert!(ok && out.trim() == "OK", "{err}{out}");
+    c.kill(f);
+    c.restart(f);
+    grant_etcdctl(&via_leader, Some("admin:adminpw"), 10).await;
 }
