@@ -465,6 +465,7 @@ const USERS: &str = "\
 user default off
 user app on >apppw ~app/* -@all +get +set +del +@fencing
 user admin on >adminpw +@all ~*
+user locker on >lockpw ~lock/* -@all +@fencing
 ";
 
 /// Lease calls as fenced users (a restricted user may not revoke a lease whose keys it may
@@ -511,6 +512,10 @@ async fn lease_permissions_and_the_apply_rules_gate() {
         as_admin(&["get", "", "--from-key", "--keys-only"]).trim(),
         ""
     );
+    // A lock-only user (no DEL) grants and revokes a lease without keys.
+    let locker = grant_etcdctl(&all, Some("locker:lockpw"), 60).await;
+    let (ok, out, err) = etcdctl(&all, &["--user=locker:lockpw", "lease", "revoke", &locker]);
+    assert!(ok && out.contains("revoked"), "{err}{out}");
 
     // A member on rules 4: leases wait, plain etcd writes do not.
     let live = grant_etcdctl(&all, Some("admin:adminpw"), 60).await;

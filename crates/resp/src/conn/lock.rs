@@ -442,6 +442,10 @@ async fn may_close(
     let locks: Vec<&[u8]> = locks.iter().map(Vec::as_slice).collect();
     user.permit("LOCK.RELEASE", &locks)
         .map_err(|e| Reply::Error(e.resp_text()))?;
+    if keys.is_empty() {
+        // A lock-only user (no `DEL`) closes a session without keys.
+        return Ok(());
+    }
     let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
     user.permit("DEL", &keys)
         .map_err(|e| Reply::Error(e.resp_text()))

@@ -152,9 +152,13 @@ impl Session for Api {
             let keys: Vec<&[u8]> = locks.iter().map(|l| l.as_bytes()).collect();
             user.permit("LOCK.RELEASE", &keys)
                 .map_err(crate::users::denied)?;
-            let attached: Vec<&[u8]> = attached.iter().map(Vec::as_slice).collect();
-            user.permit("DEL", &attached)
-                .map_err(crate::users::denied)?;
+            // Only when there are some: a lock-only user (no `DEL`) closes a session
+            // without keys.
+            if !attached.is_empty() {
+                let attached: Vec<&[u8]> = attached.iter().map(Vec::as_slice).collect();
+                user.permit("DEL", &attached)
+                    .map_err(crate::users::denied)?;
+            }
         }
         let rid = request_id(&user, r.request)?;
         let closed = match self

@@ -193,8 +193,10 @@ impl Lease for EtcdApi {
             let names: Vec<&[u8]> = locks.iter().map(|l| l.as_bytes()).collect();
             user.permit("LOCK.RELEASE", &names)
                 .map_err(crate::users::denied)?;
-            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
-            user.permit("DEL", &keys).map_err(crate::users::denied)?;
+            if !keys.is_empty() {
+                let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                user.permit("DEL", &keys).map_err(crate::users::denied)?;
+            }
         }
         match self
             .node
