@@ -16,7 +16,7 @@ def leader_id() -> int:
             info = node_redis(i, socket_timeout=2).info()
         except Exception:
             continue
-        leader = info.get("fenced_leader")
+        leader = info.get("fenced_leader_id")  # INFO's # Fenced section
         if isinstance(leader, int) and leader in ADDRS and leader not in KILLED:
             return leader
     return 0
