@@ -77,8 +77,16 @@ impl Semantics {
     /// refused and raises the alarm — which changes what a `Put` or `Txn` computes, so only
     /// entries stamped with these rules are judged so (an older entry replays as it applied).
     pub const QUOTA: Semantics = Semantics(4);
+    /// The quota rules, and etcd's leases as fenced sessions: [`Command::OpenLease`] and
+    /// [`Command::KeepAliveMany`] exist (a log format older nodes cannot decode); an etcd
+    /// `Put` (alone or in a `Txn`) may name a live session as its lease, attaching the key to
+    /// it; and a session that ends — closed, revoked or expired — deletes every etcd key
+    /// still attached to it, at the revision of the command (or expiry step) that ended it.
+    /// Under older rules a put naming a lease is refused as "requested lease not found" and a
+    /// session's end touches no etcd key, as before.
+    pub const LEASES: Semantics = Semantics(5);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::QUOTA;
+    pub const NEWEST: Semantics = Semantics::LEASES;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -100,9 +108,29 @@ impl Semantics {
         self.0 >= Semantics::QUOTA.0
     }
 
-    /// The oldest rules under which `cmd` exists.
+    /// etcd keys may be attached to sessions as leases ([`Semantics::LEASES`]).
+    pub fn leases(self) -> bool {
+        self.0 >= Semantics::LEASES.0
+    }
+
+    /// The oldest rules under which `cmd` does what its caller means: the rules it exists
+    /// under ([`Semantics::defined_by`]), and [`Semantics::LEASES`] for an etcd put naming a
+    /// lease (older rules refuse it). The leader's gate ([`crate::gate::admit`]) asks this.
     pub fn needed_by(cmd: &Command) -> Semantics {
         match cmd {
+            Command::Etcd(EtcdCommand::Put(p)) if p.lease != 0 => Semantics::LEASES,
+            Command::Etcd(EtcdCommand::Txn(t)) if t.names_a_lease() => Semantics::LEASES,
+            _ => Semantics::defined_by(cmd),
+        }
+    }
+
+    /// The oldest rules under which `cmd` exists at all (a log format older nodes cannot
+    /// decode): apply refuses it in an entry stamped older. A put naming a lease exists
+    /// since [`Semantics::ETCD`] (refused then as "requested lease not found"), so an old
+    /// entry carrying one replays as it applied.
+    pub fn defined_by(cmd: &Command) -> Semantics {
+        match cmd {
+            Command::OpenLease { .. } | Command::KeepAliveMany { .. } => Semantics::LEASES,
             Command::Etcd(EtcdCommand::Quota { .. } | EtcdCommand::Alarm { .. }) => {
                 Semantics::QUOTA
             }
@@ -232,6 +260,20 @@ pub enum Command {
     /// Reads (`Range`, a read-only `Txn`) take the read path instead
     /// ([`crate::StateMachine::etcd_range`]). Appended last.
     Etcd(EtcdCommand),
+    /// Open a session as an etcd lease (`Lease.LeaseGrant`): [`Response::SessionOpened`],
+    /// its id being the lease id. Like [`Command::OpenSession`] but with etcd's TTL limits
+    /// (up to [`crate::etcd::MAX_LEASE_TTL_S`] seconds; the front end raises a TTL below
+    /// [`crate::etcd::MIN_LEASE_TTL_S`] first) instead of the sessions' one-day cap.
+    /// Appended last; needs [`Semantics::LEASES`].
+    OpenLease {
+        ttl_ms: Millis,
+    },
+    /// Keep several sessions alive in one command (etcd's `LeaseKeepAlive` streams,
+    /// coalesced): [`Response::SessionsAlive`], one answer per id in order. Appended last;
+    /// needs [`Semantics::LEASES`].
+    KeepAliveMany {
+        sessions: Vec<SessionId>,
+    },
 }
 
 /// The etcd v3 calls that go through the log (etcd's `KV.Put`, `KV.DeleteRange`, `KV.Txn`,
@@ -310,6 +352,8 @@ impl Command {
             Command::FencedPut { .. } => "fenced_put",
             Command::Limit { .. } => "limit",
             Command::Etcd(cmd) => cmd.kind(),
+            Command::OpenLease { .. } => "open_lease",
+            Command::KeepAliveMany { .. } => "keep_alive_many",
         }
     }
 }
@@ -398,6 +442,18 @@ pub enum Response {
         wrote: bool,
         reply: EtcdReply,
     },
+    /// The answer to [`Command::KeepAliveMany`]: per session in the command's order, its
+    /// new deadline and TTL, or `None` for a session that does not exist. Appended last.
+    SessionsAlive {
+        alive: Vec<Option<SessionLife>>,
+    },
+}
+
+/// A session's deadline (log time) and TTL after a keep-alive.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SessionLife {
+    pub deadline_ms: Millis,
+    pub ttl_ms: Millis,
 }
 
 /// Why a grant ended.

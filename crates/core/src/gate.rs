@@ -47,7 +47,7 @@ pub fn admit(cmd: &Command, stamp: Semantics, members: &[MemberRules]) -> Result
 
 /// Apply's side: `cmd` in an entry stamped `stamp` it is too new for.
 pub(crate) fn refused_by_entry(cmd: &Command, stamp: Semantics) -> Option<CoreError> {
-    let needs = Semantics::needed_by(cmd);
+    let needs = Semantics::defined_by(cmd);
     (stamp.0 < needs.0).then(|| CoreError::NotUpgraded {
         needs: needs.0,
         detail: format!(

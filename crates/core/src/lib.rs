@@ -24,7 +24,7 @@ pub mod small_map;
 pub use command::{
     AcquireSpec, Applied, AppliedBatch, Batch, Command, EtcdCommand, EtcdReply, Event, Index,
     Millis, Mode, ReleaseReason, Request, RequestId, Response, Revision, Semantics, SessionId,
-    Token,
+    SessionLife, Token,
 };
 pub use digest::StateDigest;
 pub use kv::limit::{Decision, LimitError, LimitMode, LogPolicy, Policy};

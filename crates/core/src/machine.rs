@@ -37,6 +37,8 @@ mod etcd_tests;
 mod expiry;
 mod grants;
 mod invariants;
+#[cfg(test)]
+mod lease_tests;
 mod locks;
 #[cfg(test)]
 mod quota_tests;
@@ -213,7 +215,7 @@ impl StateMachine {
         self.now = self.now.max(req.time_ms);
         if self.next_deadline().is_some_and(|t| t <= self.now) {
             self.revision += 1;
-            self.expire_due(events);
+            self.expire_due(semantics, events);
             self.kv.expire_due(self.now);
             self.hand_over(self.revision, events);
         }
@@ -242,7 +244,7 @@ impl StateMachine {
             self.revision + 1
         };
         self.now = self.now.max(req.time_ms);
-        self.expire_due(events);
+        self.expire_due(Semantics::INDEX_TOKENS, events);
         self.kv.expire_due(self.now);
         let response = match req.client {
             None => self.execute(None, &req.cmd, Semantics::INDEX_TOKENS, events),
@@ -311,8 +313,18 @@ impl StateMachine {
             Command::OpenSession { ttl_ms } => self.open_session(revision, *ttl_ms),
             Command::KeepAlive { session } => Ok(self.keep_alive(*session)),
             Command::CloseSession { session } => {
-                Ok(self.close_session(*session, ReleaseReason::SessionClosed, events))
+                Ok(self.close_session(*session, ReleaseReason::SessionClosed, semantics, events))
             }
+            Command::OpenLease { .. } | Command::KeepAliveMany { .. } if !semantics.leases() => {
+                Err(crate::gate::refused_by_entry(cmd, semantics).unwrap_or(
+                    CoreError::NotUpgraded {
+                        needs: Semantics::LEASES.0,
+                        detail: "a lease command in an older entry".into(),
+                    },
+                ))
+            }
+            Command::OpenLease { ttl_ms } => self.open_lease(revision, *ttl_ms),
+            Command::KeepAliveMany { sessions } => Ok(self.keep_alive_many(sessions)),
             Command::Tick => Ok(Response::Ticked),
             Command::Kv(cmd) => {
                 // A pipeline (`KvCommand::Batch`) takes one more revision per command after

@@ -24,6 +24,13 @@ pub enum EtcdError {
     LeaseProvided,
     #[error("etcdserver: requested lease not found")]
     LeaseNotFound { lease: i64 },
+    /// A `LeaseGrant` above [`super::MAX_LEASE_TTL_S`].
+    #[error("etcdserver: too large lease TTL")]
+    LeaseTtlTooLarge,
+    /// A `LeaseGrant` naming its own id: fenced assigns lease ids (the session id, the
+    /// revision that opened it), so a client-chosen one could collide with them.
+    #[error("etcdserver: fenced assigns lease ids: grant with ID 0 and use the ID answered (lease {lease} requested)")]
+    LeaseIdChosen { lease: i64 },
     /// More than [`super::MAX_TXN_OPS`] compares, success or failure ops in one txn.
     #[error("etcdserver: too many operations in txn request")]
     TooManyOps { max: usize },

@@ -22,9 +22,13 @@
 //! nothing at all and says so ([`Outcome::wrote`] is false): the caller may then leave its
 //! counter where it was.
 //!
-//! Keys never expire by time. They will go with their lease (next issue); until then a put
-//! naming a lease is refused as "requested lease not found" unless the caller's lease check
-//! says otherwise. A range needs the read barrier, not a committed-time tick.
+//! Keys never expire by time. They go with their lease: a put naming a lease attaches the key
+//! to it (the caller's `lease_exists` says which leases are live — the state machine's
+//! sessions, under [`Semantics::LEASES`](crate::Semantics::LEASES)), a later put with
+//! another lease or none moves or detaches it (`ignore_lease` keeps it), and
+//! [`EtcdStore::delete_lease_keys`] deletes what is attached when the lease ends. The index
+//! lease → keys is derived from the live keys' newest versions (never encoded). A range
+//! needs the read barrier, not a committed-time tick.
 //!
 //! # Layout, and why
 //! * `versions: CowMap<(key, main, sub), Stored>` — every version of every key (a put, or the
@@ -102,8 +106,30 @@ use crate::Revision;
 /// Keys and values are byte strings.
 pub type Bytes = Vec<u8>;
 
-/// A lease id (etcd's `int64`; 0 = no lease).
+/// A lease id (etcd's `int64`; 0 = no lease). A lease is a fenced session: its id is the
+/// session's ([`crate::SessionId`], the revision that opened it).
 pub type LeaseId = i64;
+
+/// etcd's longest lease TTL (`MaxLeaseTTL`), in seconds: a longer grant is refused with
+/// [`EtcdError::LeaseTtlTooLarge`].
+pub const MAX_LEASE_TTL_S: i64 = 9_000_000_000;
+/// etcd's shortest lease TTL with its default election timeout (1 s: ⌈1.5 × 1 s⌉): a grant
+/// asking less is raised to it, as etcd's lessor does.
+pub const MIN_LEASE_TTL_S: i64 = 2;
+
+/// The TTL a `LeaseGrant` asking `ttl_s` seconds is granted (etcd's rules): raised to
+/// [`MIN_LEASE_TTL_S`], refused above [`MAX_LEASE_TTL_S`].
+pub fn lease_ttl(ttl_s: i64) -> Result<i64, EtcdError> {
+    if ttl_s > MAX_LEASE_TTL_S {
+        return Err(EtcdError::LeaseTtlTooLarge);
+    }
+    Ok(ttl_s.max(MIN_LEASE_TTL_S))
+}
+
+/// A lease id as the session it names (`None`: 0 or negative, no session).
+pub fn lease_session(lease: LeaseId) -> Option<crate::SessionId> {
+    u64::try_from(lease).ok().filter(|s| *s != 0)
+}
 
 /// Most operations in one level of a txn (compares, success ops or failure ops each), etcd's
 /// `--max-txn-ops` default.

@@ -8,7 +8,7 @@ use super::{
     Bytes, DeleteRangeRequest, DeleteRangeResponse, EtcdError, KeyValue, LeaseId, Outcome,
     PutRequest, PutResponse, Rev, Span, MAX_REQUEST_BYTES, OP_OVERHEAD, VERSION_OVERHEAD,
 };
-use crate::cow::CowMap;
+use crate::cow::{CowMap, CowSet};
 use crate::Revision;
 
 /// One stored version of a key: a put, or the tombstone a delete writes.
@@ -55,6 +55,9 @@ pub struct EtcdStore {
     /// compacted; those above it up to the compact revision remain to walk.
     pub(super) compact_cursor: Option<Rev>,
     pub(super) history_bytes: u64,
+    /// `(lease, key)` for every live key whose newest version names a lease: the keys a
+    /// lease's end deletes. Derived from `latest` (rebuilt on decode, never encoded).
+    pub(super) by_lease: CowSet<(LeaseId, Bytes)>,
 }
 
 #[derive(Serialize)]
@@ -162,6 +165,14 @@ impl EtcdStore {
     fn index(&mut self, key: &Bytes, rev: Rev, stored: &Stored) {
         self.by_rev.insert(rev, key.clone());
         self.history_bytes += version_bytes(key, stored);
+        if let Some(old) = self.latest.get(key).map(|l| l.lease).filter(|l| *l != 0) {
+            self.by_lease.remove(&(old, key.clone()));
+        }
+        if let Stored::Put { lease, .. } = stored {
+            if *lease != 0 {
+                self.by_lease.insert((*lease, key.clone()));
+            }
+        }
         match stored {
             Stored::Put {
                 create_revision,
@@ -268,6 +279,57 @@ impl EtcdStore {
             });
         }
         Ok(())
+    }
+
+    /// The live keys attached to `lease` (their newest version names it), in key order.
+    pub fn lease_keys(&self, lease: LeaseId) -> impl Iterator<Item = &Bytes> + '_ {
+        let from = (lease, Vec::new());
+        self.by_lease
+            .range::<_, (LeaseId, Bytes)>((Bound::Included(from), Bound::Unbounded))
+            .take_while(move |(l, _)| *l == lease)
+            .map(|(_, k)| k)
+    }
+
+    /// The leases some live key is attached to, ascending.
+    pub fn attached_leases(&self) -> Vec<LeaseId> {
+        let mut out: Vec<LeaseId> = self.by_lease.iter().map(|(l, _)| *l).collect();
+        out.dedup();
+        out
+    }
+
+    /// Delete every live key attached to `lease` at main revision `main` (a lease ended: its
+    /// session closed or expired), in key order, one tombstone each. Several leases may end
+    /// at one revision (an expiry step): their deletes continue the sub indexes already
+    /// written at `main`. `main` must be at least the last write's. Returns how many keys
+    /// were deleted (0: nothing written).
+    pub fn delete_lease_keys(&mut self, lease: LeaseId, main: Revision) -> Result<u64, EtcdError> {
+        let keys: Vec<Bytes> = self.lease_keys(lease).cloned().collect();
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        if main < self.last_write || main == 0 {
+            return Err(EtcdError::RevisionNotIncreasing {
+                rev: main,
+                last: self.last_write,
+            });
+        }
+        for (sub, key) in (self.next_sub(main)..).zip(keys.iter()) {
+            self.write(key, Rev { main, sub }, Stored::Tombstone);
+        }
+        Ok(keys.len() as u64)
+    }
+
+    /// The first sub index free at main revision `main`.
+    fn next_sub(&self, main: Revision) -> u32 {
+        let lo = Rev { main, sub: 0 };
+        let hi = Rev {
+            main,
+            sub: u32::MAX,
+        };
+        self.by_rev
+            .range((Bound::Included(lo), Bound::Included(hi)))
+            .next_back()
+            .map_or(0, |(r, _)| r.sub + 1)
     }
 
     /// `put`: store `req.value` under `req.key` at `rev`. Always writes.

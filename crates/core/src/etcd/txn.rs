@@ -57,6 +57,16 @@ impl TxnRequest {
             RequestOp::Txn(t) => t.is_read_only(),
         })
     }
+
+    /// Whether a put of either branch, nested txns included, names a lease (needs
+    /// [`Semantics::LEASES`](crate::Semantics::LEASES)).
+    pub fn names_a_lease(&self) -> bool {
+        self.success.iter().chain(&self.failure).any(|op| match op {
+            RequestOp::Put(p) => p.lease != 0,
+            RequestOp::Txn(t) => t.names_a_lease(),
+            RequestOp::Range(_) | RequestOp::DeleteRange(_) => false,
+        })
+    }
 }
 
 impl super::EtcdStore {

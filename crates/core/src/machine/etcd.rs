@@ -28,15 +28,16 @@
 use super::StateMachine;
 use crate::command::*;
 use crate::etcd::{
-    put_cost, txn_cost, EtcdError, EtcdStore, Events, KeyRange, LeaseId, Quota, RangeRequest,
-    RangeResponse, TxnRequest, TxnResponse,
+    lease_session, put_cost, txn_cost, Bytes, EtcdError, EtcdStore, Events, KeyRange, LeaseId,
+    Quota, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
 
 /// Work units of compaction done per command while a compaction is pending
 /// ([`EtcdStore::compact_step`]): about 1–2 ms (release build).
 pub const COMPACT_STEP_BUDGET: usize = 2_000;
 
-/// No leases yet (the next issue): a put naming one is refused as "requested lease not found".
+/// Before [`Semantics::LEASES`]: a put naming a lease is refused as "requested lease not
+/// found".
 fn no_lease(_: LeaseId) -> bool {
     false
 }
@@ -67,7 +68,14 @@ impl StateMachine {
                 if semantics.quota() {
                     self.check_space(put_cost(req))?;
                 }
-                let out = self.etcd.put(req, revision, &no_lease)?;
+                let out = if semantics.leases() {
+                    let sessions = &self.sessions;
+                    let live =
+                        |l: LeaseId| lease_session(l).is_some_and(|s| sessions.contains_key(&s));
+                    self.etcd.put(req, revision, &live)?
+                } else {
+                    self.etcd.put(req, revision, &no_lease)?
+                };
                 (out.wrote, EtcdReply::Put(out.response))
             }
             EtcdCommand::DeleteRange(req) => {
@@ -78,7 +86,14 @@ impl StateMachine {
                 if semantics.quota() {
                     self.check_space(txn_cost(req))?;
                 }
-                let out = self.etcd.txn(req, revision, &no_lease)?;
+                let out = if semantics.leases() {
+                    let sessions = &self.sessions;
+                    let live =
+                        |l: LeaseId| lease_session(l).is_some_and(|s| sessions.contains_key(&s));
+                    self.etcd.txn(req, revision, &live)?
+                } else {
+                    self.etcd.txn(req, revision, &no_lease)?
+                };
                 (out.wrote, EtcdReply::Txn(out.response))
             }
             EtcdCommand::Compact { revision: at } => {
@@ -118,6 +133,34 @@ impl StateMachine {
             wrote,
             reply,
         })
+    }
+
+    /// Delete the etcd keys attached to session `id` (its lease ended) at the current
+    /// revision, waking watches if there were any. Apply's revisions only grow, so this
+    /// cannot be refused; should it be, nothing is deleted and the keys stay attached to a
+    /// lease that no longer exists (replicas still agree).
+    pub(super) fn delete_lease_keys(&mut self, id: SessionId, events: &mut Vec<Event>) {
+        let Ok(lease) = LeaseId::try_from(id) else {
+            return;
+        };
+        let revision = self.revision;
+        if let Ok(n) = self.etcd.delete_lease_keys(lease, revision) {
+            if n > 0 && !events.contains(&Event::EtcdChanged { revision }) {
+                events.push(Event::EtcdChanged { revision });
+            }
+        }
+    }
+
+    /// The live etcd keys attached to lease (session) `id`, in key order.
+    pub fn lease_keys(&self, id: SessionId) -> Vec<Bytes> {
+        LeaseId::try_from(id)
+            .map(|l| self.etcd.lease_keys(l).cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every live session's id (every etcd lease), ascending.
+    pub fn session_ids(&self) -> Vec<SessionId> {
+        self.sessions.keys().copied().collect()
     }
 
     /// May a write that adds up to `cost` bytes to the stored history run? Not while the

@@ -32,7 +32,9 @@ impl StateMachine {
     }
 
     /// Expire everything whose deadline is at or before `now`, oldest first.
-    pub(super) fn expire_due(&mut self, events: &mut Vec<Event>) {
+    /// A session that expires deletes its etcd keys under [`Semantics::LEASES`] (`semantics`
+    /// is the entry's), at the expiry step's revision.
+    pub(super) fn expire_due(&mut self, semantics: Semantics, events: &mut Vec<Event>) {
         while let Some((t, due)) = self.deadlines.first().cloned() {
             if t > self.now {
                 break;
@@ -51,7 +53,7 @@ impl StateMachine {
                     }
                 }
                 Due::Session(id) => {
-                    self.close_session(id, ReleaseReason::SessionExpired, events);
+                    self.close_session(id, ReleaseReason::SessionExpired, semantics, events);
                 }
                 Due::Wait(rid) => self.remove_waiter(rid, events),
                 Due::Delay(name) => {

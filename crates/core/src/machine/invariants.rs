@@ -114,6 +114,16 @@ impl StateMachine {
                 }
             }
         }
+        // Under Semantics::LEASES a session's end deletes its keys: no key outlives its lease.
+        for lease in self.etcd.attached_leases() {
+            let live =
+                crate::etcd::lease_session(lease).is_some_and(|s| self.sessions.contains_key(&s));
+            if !live {
+                return Err(format!(
+                    "etcd keys attached to lease {lease}, which is no session"
+                ));
+            }
+        }
         for (id, c) in &self.clients {
             expected.insert((c.last_seen + CLIENT_IDLE_MS, Due::ClientIdle(*id)));
         }

@@ -20,7 +20,8 @@
 //!   revision (`etcdutl snapshot restore --mark-compacted`): a watch or a read at an older
 //!   revision gets "required revision has been compacted" and starts over from the current
 //!   state, instead of resuming across revisions the old cluster may have used differently.
-//!   (Done at once, not in steps: a restore is offline.)
+//!   (Done at once, not in steps: a restore is offline.) Keys attached to a lease (a
+//!   session) are deleted at the bumped revision first, since their sessions are dropped.
 
 use super::StateMachine;
 use crate::Revision;
@@ -67,10 +68,16 @@ impl StateMachine {
             sessions_dropped: self.sessions.len(),
             waiters_dropped: self.waiters.len(),
             keys: self.kv.len(self.now),
-            etcd_keys: self.etcd.key_count(),
+            etcd_keys: 0,
             etcd_compact_revision: 0,
         };
         let mut out = out;
+        // Every session is dropped, so every key attached to one goes (at the new revision,
+        // which the compaction below then marks compacted).
+        for lease in self.etcd.attached_leases() {
+            let _ = self.etcd.delete_lease_keys(lease, revision_after);
+        }
+        out.etcd_keys = self.etcd.key_count();
         self.revision = revision_after;
         self.last_index = 0;
         self.locks.clear();

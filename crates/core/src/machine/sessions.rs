@@ -1,5 +1,7 @@
 //! Sessions: a lease that many grants and waits share, kept alive by one keep-alive and
-//! ended (releasing its grants and withdrawing its waits) by a close or its expiry.
+//! ended (releasing its grants and withdrawing its waits) by a close or its expiry. A session
+//! is also an etcd lease (its id the lease id): under [`Semantics::LEASES`] etcd keys may be
+//! attached to it, and its end deletes them at the revision of the command that ended it.
 
 use std::collections::BTreeSet;
 
@@ -9,6 +11,7 @@ use super::expiry::Due;
 use super::locks::check_ttl;
 use super::StateMachine;
 use crate::command::*;
+use crate::etcd::MAX_LEASE_TTL_S;
 use crate::limits::*;
 use crate::CoreError;
 
@@ -29,13 +32,31 @@ impl StateMachine {
         ttl_ms: Millis,
     ) -> Result<Response, CoreError> {
         check_ttl(ttl_ms)?;
+        self.insert_session(id, ttl_ms)
+    }
+
+    /// A session opened as an etcd lease (`Command::OpenLease`): etcd's TTL limit rather
+    /// than the sessions' one-day cap.
+    pub(super) fn open_lease(
+        &mut self,
+        id: SessionId,
+        ttl_ms: Millis,
+    ) -> Result<Response, CoreError> {
+        let max = MAX_LEASE_TTL_S as u64 * 1000;
+        if ttl_ms == 0 || ttl_ms > max {
+            return Err(CoreError::InvalidTtl { ttl_ms, max });
+        }
+        self.insert_session(id, ttl_ms)
+    }
+
+    fn insert_session(&mut self, id: SessionId, ttl_ms: Millis) -> Result<Response, CoreError> {
         if self.sessions.len() >= MAX_SESSIONS {
             return Err(CoreError::LimitReached {
                 what: "sessions".into(),
                 max: MAX_SESSIONS,
             });
         }
-        let deadline = self.now + ttl_ms;
+        let deadline = self.now.saturating_add(ttl_ms);
         self.sessions.insert(
             id,
             Session {
@@ -58,22 +79,44 @@ impl StateMachine {
             return Response::NoSuchSession;
         };
         let old = s.deadline;
-        s.deadline = old.max(now + s.ttl_ms);
+        s.deadline = old.max(now.saturating_add(s.ttl_ms));
         let new = s.deadline;
         self.deadlines.remove(&(old, Due::Session(id)));
         self.deadlines.insert((new, Due::Session(id)));
         Response::SessionAlive { deadline_ms: new }
     }
 
+    /// Keep each of `ids` alive (`Command::KeepAliveMany`): one answer per id, in order.
+    pub(super) fn keep_alive_many(&mut self, ids: &[SessionId]) -> Response {
+        let alive = ids
+            .iter()
+            .map(|id| match self.keep_alive(*id) {
+                Response::SessionAlive { deadline_ms } => Some(SessionLife {
+                    deadline_ms,
+                    ttl_ms: self.sessions.get(id).map_or(0, |s| s.ttl_ms),
+                }),
+                _ => None,
+            })
+            .collect();
+        Response::SessionsAlive { alive }
+    }
+
+    /// End session `id`: its waits withdrawn, its grants ended, and under
+    /// [`Semantics::LEASES`] every etcd key attached to it deleted at the current revision
+    /// (the command's, or the expiry step's), with an [`Event::EtcdChanged`].
     pub(super) fn close_session(
         &mut self,
         id: SessionId,
         reason: ReleaseReason,
+        semantics: Semantics,
         events: &mut Vec<Event>,
     ) -> Response {
         let Some(s) = self.sessions.remove(&id) else {
             return Response::NoSuchSession;
         };
+        if semantics.leases() {
+            self.delete_lease_keys(id, events);
+        }
         self.deadlines.remove(&(s.deadline, Due::Session(id)));
         for rid in &s.waiting {
             self.remove_waiter(*rid, events);

@@ -398,7 +398,8 @@ impl Connection {
 }
 
 /// A user restricted by key patterns closes a session only if it may `LOCK.RELEASE`
-/// every lock the session holds (as of a linearizable read), as over gRPC.
+/// every lock the session holds and `DEL` every etcd key attached to it as a lease (as of a
+/// linearizable read), as over gRPC (etcd's rule for revoking a lease).
 async fn may_close(
     backend: &dyn crate::Backend,
     user: Option<std::sync::Arc<crate::acl::User>>,
@@ -410,26 +411,43 @@ async fn may_close(
     if user.all_keys() {
         return Ok(());
     }
-    let locks = read_one(
-        backend,
-        Box::new(move |sm, _| {
+    let read = backend
+        .read(Box::new(move |sm, _| {
             let names = sm.session_info(session).map_or(Vec::new(), |i| i.locks);
-            vec![Reply::Array(names.into_iter().map(Reply::bulk).collect())]
-        }),
-    )
-    .await
-    .map_err(backend_error)?;
-    let Reply::Array(names) = locks else {
-        return Ok(());
+            vec![
+                Reply::Array(names.into_iter().map(Reply::bulk).collect()),
+                Reply::Array(
+                    sm.lease_keys(session)
+                        .into_iter()
+                        .map(Reply::bulk)
+                        .collect(),
+                ),
+            ]
+        }))
+        .await
+        .map_err(backend_error)?;
+    let bytes = |r: Option<&Reply>| -> Vec<Vec<u8>> {
+        match r {
+            Some(Reply::Array(items)) => items
+                .iter()
+                .filter_map(|n| match n {
+                    Reply::Bulk(b) => Some(b.clone()),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
     };
-    let keys: Vec<&[u8]> = names
-        .iter()
-        .filter_map(|n| match n {
-            Reply::Bulk(b) => Some(b.as_slice()),
-            _ => None,
-        })
-        .collect();
-    user.permit("LOCK.RELEASE", &keys)
+    let (locks, keys) = (bytes(read.first()), bytes(read.get(1)));
+    let locks: Vec<&[u8]> = locks.iter().map(Vec::as_slice).collect();
+    user.permit("LOCK.RELEASE", &locks)
+        .map_err(|e| Reply::Error(e.resp_text()))?;
+    if keys.is_empty() {
+        // A lock-only user (no `DEL`) closes a session without keys.
+        return Ok(());
+    }
+    let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+    user.permit("DEL", &keys)
         .map_err(|e| Reply::Error(e.resp_text()))
 }
 

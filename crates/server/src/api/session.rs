@@ -136,15 +136,29 @@ impl Session for Api {
         let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let r = req.into_inner();
         if !user.all_keys() {
-            // Its locks as of a linearizable read (one taken meanwhile is released too).
-            let locks = self
+            // Its locks and the etcd keys attached to it as a lease, as of a linearizable
+            // read (one taken meanwhile goes too): etcd's rule for revoking a lease.
+            let (locks, attached) = self
                 .node
-                .read_timed(|sm, _| sm.session_info(r.session).map(|i| i.locks))
-                .await?
-                .unwrap_or_default();
+                .read_timed(|sm, _| {
+                    (
+                        sm.session_info(r.session)
+                            .map(|i| i.locks)
+                            .unwrap_or_default(),
+                        sm.lease_keys(r.session),
+                    )
+                })
+                .await?;
             let keys: Vec<&[u8]> = locks.iter().map(|l| l.as_bytes()).collect();
             user.permit("LOCK.RELEASE", &keys)
                 .map_err(crate::users::denied)?;
+            // Only when there are some: a lock-only user (no `DEL`) closes a session
+            // without keys.
+            if !attached.is_empty() {
+                let attached: Vec<&[u8]> = attached.iter().map(Vec::as_slice).collect();
+                user.permit("DEL", &attached)
+                    .map_err(crate::users::denied)?;
+            }
         }
         let rid = request_id(&user, r.request)?;
         let closed = match self

@@ -2,8 +2,9 @@
 //! state machine ([`fenced_core::etcd`]): `etcdctl --endpoints=<any node's gRPC address>` and
 //! etcd client libraries work unchanged. One file per service: [`kv`] (`KV`), [`maintenance`]
 //! (`Maintenance.Status`/`Alarm`), [`cluster`] (`Cluster.MemberList`), [`auth`]
-//! (`Auth.Authenticate`), [`watch`] (`Watch`); [`convert`] translates messages, [`perm`] asks
-//! fenced's users. `Lease`, `v3lockpb.Lock` and `v3electionpb.Election` come with issue 27.
+//! (`Auth.Authenticate`), [`watch`] (`Watch`), [`lease`] (`Lease`: a lease is a fenced
+//! session); [`convert`] translates messages, [`perm`] asks fenced's users.
+//! `v3lockpb.Lock` and `v3electionpb.Election` come with issue 27.
 //!
 //! * **Headers.** Every answer's `header` is [`EtcdApi::header`]: `cluster_id` = fenced's
 //!   persisted cluster id, `member_id` = this node's id, `raft_term` = its current term,
@@ -31,6 +32,7 @@ mod auth;
 mod cluster;
 mod convert;
 mod kv;
+mod lease;
 mod maintenance;
 mod perm;
 mod watch;
@@ -63,10 +65,33 @@ pub struct EtcdApi {
     users: Arc<Users>,
     /// Whether clients reach this port with TLS (the scheme of the member URLs).
     tls: bool,
+    /// The `LeaseKeepAlive` coalescer (`lease`), shared by the clones of one service.
+    keep_alives: lease::SharedKeepAlives,
+}
+
+impl EtcdApi {
+    fn new(node: Node, users: Arc<Users>, tls: bool) -> EtcdApi {
+        let keep_alives = Arc::new(lease::KeepAlives::new(node.clone()));
+        EtcdApi {
+            node,
+            users,
+            tls,
+            keep_alives,
+        }
+    }
+}
+
+pub fn lease_server(
+    node: Node,
+    users: Arc<Users>,
+    tls: bool,
+) -> epb::lease_server::LeaseServer<EtcdApi> {
+    epb::lease_server::LeaseServer::new(EtcdApi::new(node, users, tls))
+        .max_decoding_message_size(MAX_ETCD_MESSAGE)
 }
 
 pub fn kv_server(node: Node, users: Arc<Users>, tls: bool) -> epb::kv_server::KvServer<EtcdApi> {
-    epb::kv_server::KvServer::new(EtcdApi { node, users, tls })
+    epb::kv_server::KvServer::new(EtcdApi::new(node, users, tls))
         .max_decoding_message_size(MAX_ETCD_MESSAGE)
 }
 
@@ -75,7 +100,7 @@ pub fn maintenance_server(
     users: Arc<Users>,
     tls: bool,
 ) -> epb::maintenance_server::MaintenanceServer<EtcdApi> {
-    epb::maintenance_server::MaintenanceServer::new(EtcdApi { node, users, tls })
+    epb::maintenance_server::MaintenanceServer::new(EtcdApi::new(node, users, tls))
         .max_decoding_message_size(MAX_ETCD_MESSAGE)
 }
 
@@ -84,7 +109,7 @@ pub fn cluster_server(
     users: Arc<Users>,
     tls: bool,
 ) -> epb::cluster_server::ClusterServer<EtcdApi> {
-    epb::cluster_server::ClusterServer::new(EtcdApi { node, users, tls })
+    epb::cluster_server::ClusterServer::new(EtcdApi::new(node, users, tls))
         .max_decoding_message_size(MAX_ETCD_MESSAGE)
 }
 
@@ -93,7 +118,7 @@ pub fn watch_server(
     users: Arc<Users>,
     tls: bool,
 ) -> epb::watch_server::WatchServer<EtcdApi> {
-    epb::watch_server::WatchServer::new(EtcdApi { node, users, tls })
+    epb::watch_server::WatchServer::new(EtcdApi::new(node, users, tls))
         .max_decoding_message_size(MAX_ETCD_MESSAGE)
 }
 
@@ -102,7 +127,7 @@ pub fn auth_server(
     users: Arc<Users>,
     tls: bool,
 ) -> epb::auth_server::AuthServer<EtcdApi> {
-    epb::auth_server::AuthServer::new(EtcdApi { node, users, tls })
+    epb::auth_server::AuthServer::new(EtcdApi::new(node, users, tls))
         .max_decoding_message_size(MAX_ETCD_MESSAGE)
 }
 
@@ -147,6 +172,9 @@ pub fn etcd_status(e: &EtcdError) -> Status {
             "etcdserver: mvcc: required revision is a future revision".into(),
         ),
         EtcdError::LeaseNotFound { .. } => (Code::NotFound, e.to_string()),
+        // etcd's ErrGRPCLeaseTTLTooLarge.
+        EtcdError::LeaseTtlTooLarge => (Code::OutOfRange, e.to_string()),
+        EtcdError::LeaseIdChosen { .. } => (Code::InvalidArgument, e.to_string()),
         EtcdError::EmptyKey
         | EtcdError::KeyNotFound
         | EtcdError::ValueProvided

@@ -1,0 +1,327 @@
+//! `etcdserverpb.Lease`: an etcd lease **is** a fenced session. Its id is the session id
+//! (the revision of the command that opened it), its TTL runs in log time like every session
+//! (decided by the leader's `Tick`s, never reset by a leader change), and the etcd keys a
+//! `Put` attached to it are deleted, as delete events at one revision, by whatever ends it:
+//! `LeaseRevoke`, `Session.Close`/`SESSION.CLOSE`, or its expiry. A session opened over
+//! fenced's gRPC or RESP is a lease etcd clients see (`LeaseLeases`, `LeaseTimeToLive`) and
+//! may attach keys to.
+//!
+//! * `LeaseGrant` proposes [`Command::OpenLease`] with etcd's TTL rules
+//!   ([`core::lease_ttl`]): raised to [`core::MIN_LEASE_TTL_S`], refused above
+//!   [`core::MAX_LEASE_TTL_S`]. A client-chosen ID is refused: fenced assigns lease ids.
+//! * `LeaseKeepAlive` streams' requests (of every stream on this node) are **coalesced**: a
+//!   single task collects what arrived while its previous proposal was in flight and keeps
+//!   them all alive in one [`Command::KeepAliveMany`] ([`KeepAlives`]).
+//! * `LeaseTimeToLive` and `LeaseLeases` take the read path with the committed time
+//!   ([`crate::node::Node::read_timed`]): a lease's time left is judged at a log time the log
+//!   holds, so it counts down across a leader change.
+//! * Like every etcd write, a grant or revoke is proposed without a request id.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use fenced_core::etcd::{self as core, EtcdError};
+use fenced_core::{Command, Response, SessionId, SessionLife};
+use fenced_proto::etcd::etcdserverpb as epb;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::Stream;
+use tonic::{Request, Status, Streaming};
+
+use epb::lease_server::Lease;
+
+use super::{etcd_status, not_etcd, status_of, EtcdApi, Reply};
+use crate::node::Node;
+
+/// Most sessions one [`Command::KeepAliveMany`] keeps alive (8 bytes each in the entry).
+pub const MAX_KEEPALIVE_BATCH: usize = 16_384;
+
+/// Queued keep-alives waiting for the coalescer.
+const QUEUE: usize = 65_536;
+
+type KeepAliveStream =
+    Pin<Box<dyn Stream<Item = Result<epb::LeaseKeepAliveResponse, Status>> + Send>>;
+
+type Answer = oneshot::Sender<Result<Option<SessionLife>, Status>>;
+
+/// The keep-alive coalescer of a node: one task, started on first use, that proposes the
+/// keep-alives of every `LeaseKeepAlive` stream in [`Command::KeepAliveMany`] commands, one
+/// at a time — what arrives while one is in flight goes into the next.
+pub struct KeepAlives {
+    node: Node,
+    tx: Mutex<Option<mpsc::Sender<(SessionId, Answer)>>>,
+}
+
+impl KeepAlives {
+    pub fn new(node: Node) -> KeepAlives {
+        KeepAlives {
+            node,
+            tx: Mutex::new(None),
+        }
+    }
+
+    /// Keep session `id` alive: its new deadline and TTL, `None` if it does not exist.
+    pub async fn keep_alive(&self, id: SessionId) -> Result<Option<SessionLife>, Status> {
+        let tx = {
+            let mut guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+            match guard.as_ref() {
+                Some(tx) if !tx.is_closed() => tx.clone(),
+                _ => {
+                    let (tx, rx) = mpsc::channel(QUEUE);
+                    tokio::spawn(coalesce(self.node.clone(), rx));
+                    *guard = Some(tx.clone());
+                    tx
+                }
+            }
+        };
+        let (answer, rx) = oneshot::channel();
+        tx.send((id, answer))
+            .await
+            .map_err(|_| Status::unavailable("the keep-alive coalescer stopped"))?;
+        rx.await
+            .map_err(|_| Status::unavailable("the keep-alive coalescer stopped"))?
+    }
+}
+
+/// The coalescer's loop: take every queued keep-alive (up to [`MAX_KEEPALIVE_BATCH`]
+/// distinct sessions), propose them as one command, answer each; again.
+async fn coalesce(node: Node, mut rx: mpsc::Receiver<(SessionId, Answer)>) {
+    while let Some(first) = rx.recv().await {
+        let mut waiting: BTreeMap<SessionId, Vec<Answer>> = BTreeMap::new();
+        waiting.entry(first.0).or_default().push(first.1);
+        while waiting.len() < MAX_KEEPALIVE_BATCH {
+            match rx.try_recv() {
+                Ok((id, answer)) => waiting.entry(id).or_default().push(answer),
+                Err(_) => break,
+            }
+        }
+        let sessions: Vec<SessionId> = waiting.keys().copied().collect();
+        let out = node
+            .propose(
+                None,
+                Command::KeepAliveMany {
+                    sessions: sessions.clone(),
+                },
+            )
+            .await;
+        match out {
+            Ok(Response::SessionsAlive { alive }) if alive.len() == sessions.len() => {
+                for (life, answers) in alive.into_iter().zip(waiting.into_values()) {
+                    for a in answers {
+                        let _ = a.send(Ok(life));
+                    }
+                }
+            }
+            other => {
+                let status = match other {
+                    Err(e) => status_of(e),
+                    Ok(r) => not_etcd(r),
+                };
+                for a in waiting.into_values().flatten() {
+                    let _ = a.send(Err(status.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Seconds as etcd's `int64`.
+fn secs(ms: u64) -> i64 {
+    i64::try_from(ms / 1000).unwrap_or(i64::MAX)
+}
+
+fn not_found(id: i64) -> Status {
+    etcd_status(&EtcdError::LeaseNotFound { lease: id })
+}
+
+/// What `LeaseTimeToLive` reads: (seconds left, granted seconds, keys), or `None`.
+type TimeToLive = Option<(i64, i64, Vec<Vec<u8>>)>;
+
+#[tonic::async_trait]
+impl Lease for EtcdApi {
+    async fn lease_grant(
+        &self,
+        req: Request<epb::LeaseGrantRequest>,
+    ) -> Reply<epb::LeaseGrantResponse> {
+        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let r = req.into_inner();
+        if r.id != 0 {
+            return Err(etcd_status(&EtcdError::LeaseIdChosen { lease: r.id }));
+        }
+        let ttl = core::lease_ttl(r.ttl).map_err(|e| etcd_status(&e))?;
+        let ttl_ms = u64::try_from(ttl).unwrap_or(1).saturating_mul(1000);
+        match self
+            .node
+            .propose(None, Command::OpenLease { ttl_ms })
+            .await
+            .map_err(status_of)?
+        {
+            Response::SessionOpened { session, .. } => {
+                Ok(tonic::Response::new(epb::LeaseGrantResponse {
+                    header: self.header(session),
+                    id: lease_id(session),
+                    ttl,
+                    error: String::new(),
+                }))
+            }
+            other => Err(not_etcd(other)),
+        }
+    }
+
+    async fn lease_revoke(
+        &self,
+        req: Request<epb::LeaseRevokeRequest>,
+    ) -> Reply<epb::LeaseRevokeResponse> {
+        let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let id = req.into_inner().id;
+        let session = core::lease_session(id).ok_or_else(|| not_found(id))?;
+        if !user.all_keys() {
+            // Its locks and keys as of a linearizable read (as `Session.Close` does; etcd
+            // asks for write permission on every attached key).
+            let (locks, keys) = self
+                .node
+                .read_timed(|sm, _| {
+                    (
+                        sm.session_info(session)
+                            .map(|i| i.locks)
+                            .unwrap_or_default(),
+                        sm.lease_keys(session),
+                    )
+                })
+                .await
+                .map_err(status_of)?;
+            let names: Vec<&[u8]> = locks.iter().map(|l| l.as_bytes()).collect();
+            user.permit("LOCK.RELEASE", &names)
+                .map_err(crate::users::denied)?;
+            if !keys.is_empty() {
+                let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+                user.permit("DEL", &keys).map_err(crate::users::denied)?;
+            }
+        }
+        match self
+            .node
+            .propose(None, Command::CloseSession { session })
+            .await
+            .map_err(status_of)?
+        {
+            Response::SessionClosed => Ok(tonic::Response::new(epb::LeaseRevokeResponse {
+                header: self.header_now(),
+            })),
+            Response::NoSuchSession => Err(not_found(id)),
+            other => Err(not_etcd(other)),
+        }
+    }
+
+    type LeaseKeepAliveStream = KeepAliveStream;
+
+    async fn lease_keep_alive(
+        &self,
+        req: Request<Streaming<epb::LeaseKeepAliveRequest>>,
+    ) -> Reply<Self::LeaseKeepAliveStream> {
+        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        self.node.serving().map_err(status_of)?;
+        let mut input = req.into_inner();
+        let (tx, rx) = mpsc::channel(16);
+        let api = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    m = input.message() => m,
+                    () = tx.closed() => return,
+                };
+                let id = match msg {
+                    Ok(Some(m)) => m.id,
+                    Ok(None) | Err(_) => return,
+                };
+                let life = match core::lease_session(id) {
+                    Some(s) => api.keep_alives.keep_alive(s).await,
+                    None => Ok(None),
+                };
+                let answer = life.map(|life| epb::LeaseKeepAliveResponse {
+                    header: api.header_now(),
+                    id,
+                    // etcd's: the granted TTL after a renewal, 0 for a lease not found.
+                    ttl: life.map_or(0, |l| secs(l.ttl_ms)),
+                });
+                let failed = answer.is_err();
+                if tx.send(answer).await.is_err() || failed {
+                    return;
+                }
+            }
+        });
+        let out: KeepAliveStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
+        Ok(tonic::Response::new(out))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        req: Request<epb::LeaseTimeToLiveRequest>,
+    ) -> Reply<epb::LeaseTimeToLiveResponse> {
+        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let r = req.into_inner();
+        let (id, with_keys) = (r.id, r.keys);
+        let session = core::lease_session(id);
+        // Judged at a committed log time: the same answer on every node, and never more
+        // time left than the leader would grant (module docs of `node::read`).
+        let (revision, found): (u64, TimeToLive) = self
+            .node
+            .read_timed(|sm, now| {
+                let found = session.and_then(|s| {
+                    let info = sm.session_info(s)?;
+                    let left = info.deadline_ms.checked_sub(now).filter(|l| *l > 0)?;
+                    let keys = if with_keys {
+                        sm.lease_keys(s)
+                    } else {
+                        Vec::new()
+                    };
+                    // etcd truncates the seconds left (`int64(Remaining().Seconds())`).
+                    Some((secs(left), secs(info.ttl_ms), keys))
+                });
+                (sm.revision(), found)
+            })
+            .await
+            .map_err(status_of)?;
+        let (ttl, granted_ttl, keys) = found.unwrap_or((-1, 0, Vec::new()));
+        Ok(tonic::Response::new(epb::LeaseTimeToLiveResponse {
+            header: self.header(revision),
+            id,
+            ttl,
+            granted_ttl,
+            keys,
+        }))
+    }
+
+    async fn lease_leases(
+        &self,
+        req: Request<epb::LeaseLeasesRequest>,
+    ) -> Reply<epb::LeaseLeasesResponse> {
+        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let (revision, ids) = self
+            .node
+            .read_timed(|sm, now| {
+                let ids: Vec<SessionId> = sm
+                    .session_ids()
+                    .into_iter()
+                    .filter(|s| sm.session_info(*s).is_some_and(|i| i.deadline_ms > now))
+                    .collect();
+                (sm.revision(), ids)
+            })
+            .await
+            .map_err(status_of)?;
+        Ok(tonic::Response::new(epb::LeaseLeasesResponse {
+            header: self.header(revision),
+            leases: ids
+                .into_iter()
+                .map(|s| epb::LeaseStatus { id: lease_id(s) })
+                .collect(),
+        }))
+    }
+}
+
+/// A session id as etcd's lease id.
+fn lease_id(s: SessionId) -> i64 {
+    i64::try_from(s).unwrap_or(i64::MAX)
+}
+
+/// Shared by every clone of the etcd services' handler on a node.
+pub(super) type SharedKeepAlives = Arc<KeepAlives>;
