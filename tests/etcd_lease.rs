@@ -26,12 +26,10 @@ use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
 use fenced_proto::etcd::etcdserverpb::lease_client::LeaseClient;
 use fenced_proto::etcd::etcdserverpb::watch_client::WatchClient;
 use fenced_proto::etcd::mvccpb;
-use support::{follower_of, require, run_bounded, wait_for, TestCluster, LEADER_TIMEOUT};
+use support::{follower_of, require, wait_for, TestCluster, LEADER_TIMEOUT};
 use tokio::sync::mpsc;
 use tonic::{Code, Streaming};
 
-/// Bound of one etcdctl run (its own command timeout is shorter).
-const ETCDCTL_LIMIT: Duration = Duration::from_secs(30);
 /// Bound for the cluster to accept lease commands (a leader that heard every member's
 /// rules) and for a call after the leader died.
 const READY: Duration = Duration::from_secs(60);
@@ -39,20 +37,11 @@ const READY: Duration = Duration::from_secs(60);
 const RESPONSE: Duration = Duration::from_secs(20);
 
 fn etcdctl(endpoints: &[String], args: &[&str]) -> (bool, String, String) {
-    let mut cmd = Command::new("etcdctl");
-    cmd.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", endpoints.join(",")))
-        .arg("--dial-timeout=3s")
-        .arg("--command-timeout=10s")
-        .args(args);
-    support::die_with_this_test(&mut cmd);
-    run_bounded(cmd, "", ETCDCTL_LIMIT)
+    support::etcdctl_in(endpoints, args, "")
 }
 
 fn etcdctl_ok(endpoints: &[String], args: &[&str]) -> String {
-    let (ok, out, err) = etcdctl(endpoints, args);
-    assert!(ok, "etcdctl {args:?} failed: {err}{out}");
-    out
+    support::etcdctl_in_ok(endpoints, args, "")
 }
 
 /// Grant a lease through etcdctl (retrying until the cluster takes lease commands): its id

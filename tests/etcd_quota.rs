@@ -9,13 +9,12 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use fenced_proto::etcd::etcdserverpb as epb;
 use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
 use fenced_proto::etcd::etcdserverpb::maintenance_client::MaintenanceClient;
-use support::{follower_of, require, run_bounded, wait_for, TestCluster, LEADER_TIMEOUT};
+use support::{follower_of, require, wait_for, TestCluster, LEADER_TIMEOUT};
 use tonic::transport::Channel;
 use tonic::Code;
 
@@ -23,21 +22,8 @@ use tonic::Code;
 const READY: Duration = Duration::from_secs(60);
 const NOSPACE: &str = "etcdserver: mvcc: database space exceeded";
 
-fn etcdctl(endpoints: &[String], args: &[&str]) -> (bool, String, String) {
-    let mut cmd = Command::new("etcdctl");
-    cmd.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", endpoints.join(",")))
-        .arg("--dial-timeout=3s")
-        .arg("--command-timeout=10s")
-        .args(args);
-    support::die_with_this_test(&mut cmd);
-    run_bounded(cmd, "", Duration::from_secs(30))
-}
-
 fn etcdctl_ok(endpoints: &[String], args: &[&str]) -> String {
-    let (ok, out, err) = etcdctl(endpoints, args);
-    assert!(ok, "etcdctl {args:?} failed: {err}{out}");
-    out
+    support::etcdctl_in_ok(endpoints, args, "")
 }
 
 fn kv(c: &TestCluster, id: u64) -> KvClient<Channel> {

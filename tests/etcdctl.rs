@@ -12,39 +12,20 @@
 #[path = "support/mod.rs"]
 mod support;
 
-use std::process::Command;
 use std::time::Duration;
 
 use fenced_proto::etcd::etcdserverpb as epb;
 use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
 use serde_json::Value;
-use support::{follower_of, require, run_bounded, wait_for, TestCluster, LEADER_TIMEOUT};
+use support::{
+    etcdctl_in as etcdctl, etcdctl_in_ok as etcdctl_ok, follower_of, require, wait_for,
+    TestCluster, LEADER_TIMEOUT,
+};
 use tonic::Code;
 
-/// Bound of one etcdctl run (its own command timeout is shorter).
-const ETCDCTL_LIMIT: Duration = Duration::from_secs(30);
 /// Bound for the cluster to accept etcd writes (a leader that heard every member's rules)
 /// and for a write after the leader died.
 const READY: Duration = Duration::from_secs(60);
-
-/// `etcdctl` with `args` against `endpoints`: (ok, stdout, stderr).
-fn etcdctl(endpoints: &[String], args: &[&str], stdin: &str) -> (bool, String, String) {
-    let mut cmd = Command::new("etcdctl");
-    cmd.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", endpoints.join(",")))
-        .arg("--dial-timeout=3s")
-        .arg("--command-timeout=10s")
-        .args(args);
-    support::die_with_this_test(&mut cmd);
-    run_bounded(cmd, stdin, ETCDCTL_LIMIT)
-}
-
-/// `etcdctl` that must succeed: its stdout.
-fn etcdctl_ok(endpoints: &[String], args: &[&str], stdin: &str) -> String {
-    let (ok, out, err) = etcdctl(endpoints, args, stdin);
-    assert!(ok, "etcdctl {args:?} failed: {err}{out}");
-    out
-}
 
 fn json(s: &str) -> Value {
     serde_json::from_str(s).unwrap_or_else(|e| panic!("not JSON ({e}): {s}"))

@@ -63,3 +63,26 @@ pub fn run_bounded(mut cmd: Command, stdin: &str, limit: Duration) -> (bool, Str
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Bound of one `etcdctl` run (its own command timeout is shorter).
+pub const ETCDCTL_LIMIT: Duration = Duration::from_secs(30);
+
+/// `etcdctl` (API v3) against `endpoints` with `stdin`: (success, stdout, stderr), bounded by
+/// [`ETCDCTL_LIMIT`]; the process dies with the test.
+pub fn etcdctl_in(endpoints: &[String], args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut cmd = Command::new("etcdctl");
+    cmd.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", endpoints.join(",")))
+        .arg("--dial-timeout=3s")
+        .arg("--command-timeout=10s")
+        .args(args);
+    super::cluster::die_with_this_test(&mut cmd);
+    run_bounded(cmd, stdin, ETCDCTL_LIMIT)
+}
+
+/// [`etcdctl_in`] that must succeed: its stdout.
+pub fn etcdctl_in_ok(endpoints: &[String], args: &[&str], stdin: &str) -> String {
+    let (ok, out, err) = etcdctl_in(endpoints, args, stdin);
+    assert!(ok, "etcdctl {args:?} failed: {err}{out}");
+    out
+}
