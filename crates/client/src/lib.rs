@@ -35,10 +35,12 @@
 //! or forgot the token). A wrong password is [`ClientError::Rejected`] with
 //! `Code::Unauthenticated`; a call the user may not make, `Code::PermissionDenied`.
 
+pub mod etcd;
 mod guard;
 mod limiter;
 mod session;
 
+pub use etcd::{Etcd, KeepAlive, KeyValue, Lease, LeaseLoss, LeaseTimeToLive, Watch, WatchEvent};
 pub use fenced_proto::v1::{LockMode, SessionEvent};
 pub use guard::{LockGuard, LockOptions};
 pub use limiter::{Decision, Limiter, Policy};
@@ -79,6 +81,16 @@ pub enum ClientError {
     /// effect: look before acting again.
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
+    /// An etcd watch's next revision is below the keyspace's compact revision: the changes
+    /// in between are gone from the history, so the watch cannot go on without a gap
+    /// ([`etcd::Watch::next`]). Start a new watch at `compact_revision` or later (after
+    /// reading the current state).
+    #[error("etcdserver: mvcc: required revision has been compacted (compact revision {compact_revision})")]
+    Compacted { compact_revision: i64 },
+    /// The cluster cancelled an etcd watch for a reason other than compaction (a permission
+    /// refused, an empty key): etcd's `cancel_reason`.
+    #[error("watch cancelled: {0}")]
+    WatchCanceled(String),
 }
 
 /// The `name` / `names` fields of a request: one lock goes in `name`, a multi-lock's in
