@@ -47,7 +47,7 @@ fn brief(e: &WatchEvent) -> (EventKind, String, String, i64) {
 /// Events of `watch` until one at `last_rev` or later arrived (bounded by [`EVENT`] each).
 async fn collect_until(watch: &mut fenced_client::Watch, last_rev: i64) -> Vec<WatchEvent> {
     let mut out: Vec<WatchEvent> = Vec::new();
-    while out.last().map_or(true, |e| e.revision() < last_rev) {
+    while out.last().is_none_or(|e| e.revision() < last_rev) {
         let ev = within("a watch event", EVENT, watch.next())
             .await
             .unwrap_or_else(|e| panic!("watch failed after {} events: {e}", out.len()));
@@ -116,7 +116,7 @@ async fn a_watch_resumes_through_sigkilled_members_with_every_change_once_in_ord
 
     let mut seen: Vec<WatchEvent> = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while seen.last().map_or(true, |e| e.revision() < last_rev) {
+    while seen.last().is_none_or(|e| e.revision() < last_rev) {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, rx.recv()).await {
             Ok(Some(Ok(ev))) => seen.push(ev),
