@@ -523,8 +523,12 @@ impl Watch {
     /// A failed stream: retried elsewhere unless the node refused the watch for good.
     async fn failed(&self, s: tonic::Status) -> Fail {
         let i = self.endpoint % self.client.inner.endpoints.len();
-        if s.code() == Code::Unauthenticated && self.client.inner.options.credentials.is_some() {
-            // The node forgot our token (restart): log in again there next time.
+        if s.code() == Code::Unauthenticated
+            && self.client.inner.options.credentials.is_some()
+            && self.client.inner.tokens[i].lock().await.is_some()
+        {
+            // The node forgot our token (restart): log in again there next time. (Without a
+            // token this was the login itself, refused: a wrong password is final.)
             self.client.forget_token(i).await;
             return Fail::Retry(s.message().to_owned());
         }
