@@ -326,3 +326,68 @@ async fn a_kept_alive_lease_survives_a_leader_sigkill_and_lapses_once_dropped() 
         other => panic!("revoking twice: {other:?}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_credentials_a_watch_logs_in_again_after_its_node_restarts() {
+    let c = TestCluster::start("client-etcd-auth", &["--requirepass", "sesame"]);
+    c.wait_for_leader(LEADER_TIMEOUT).await;
+    let as_default = |pass: &str| {
+        Client::connect_with(
+            c.endpoints(),
+            c.client_options().with_credentials("default", pass),
+        )
+        .unwrap_or_else(|e| panic!("client: {e}"))
+        .etcd()
+    };
+    let etcd = as_default("sesame");
+    let first = put(&etcd, "a/k", "0", None).await;
+    // The watch knows node 1 only, and is logged in there.
+    let on_node_1 = Client::connect_with(
+        c.endpoints_of(&[1]),
+        c.client_options().with_credentials("default", "sesame"),
+    )
+    .unwrap_or_else(|e| panic!("client: {e}"));
+    let mut watch = on_node_1.etcd().watch_prefix("a/", first);
+    let ev = within("the first event", EVENT, watch.next())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ev.revision(), first);
+
+    // Node 1 restarts and forgets every token: the watch resumes there, logging in again
+    // when its token is refused.
+    c.kill(1);
+    let second = put(&etcd, "a/k", "1", None).await;
+    c.restart(1);
+    c.wait_for_leader(LEADER_TIMEOUT).await;
+    let third = put(&etcd, "a/k", "2", None).await;
+    let got = collect_until(&mut watch, third).await;
+    assert_eq!(
+        got.iter().map(|e| e.revision()).collect::<Vec<_>>(),
+        vec![second, third]
+    );
+
+    // A wrong password is a refusal, at once, not an outage.
+    let wrong = as_default("open");
+    let started = Instant::now();
+    match within(
+        "a watch with a wrong password",
+        EVENT,
+        wrong.watch("a/k", 0).next(),
+    )
+    .await
+    {
+        Err(ClientError::Rejected(s)) => assert_eq!(s.code(), tonic::Code::Unauthenticated),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+    match wrong.put("a/k", "3", None).await {
+        Err(ClientError::Rejected(s)) => assert_eq!(s.code(), tonic::Code::Unauthenticated),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // Without credentials, nothing.
+    let anon = c.client().etcd();
+    assert!(matches!(
+        anon.get("a/k").await,
+        Err(ClientError::Rejected(_))
+    ));
+}
