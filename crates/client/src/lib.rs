@@ -23,6 +23,8 @@
 //!   [`LockGuard::on_lost`] callback runs.
 //! * The lower-level calls ([`Client::acquire`], [`Client::release`], ...) map one to one to
 //!   the gRPC API.
+//! * [`Client::etcd`] speaks etcd's v3 API on the same port ([`etcd`]): keys, a [`Watch`]
+//!   that resumes by revision across failed nodes, and leases with a [`KeepAlive`] task.
 //!
 //! Every mutating call carries `(client_id, seq)`; the client retries a call on another
 //! endpoint with the same id when a node is unreachable or the outcome is unknown, and the
@@ -40,7 +42,9 @@ mod guard;
 mod limiter;
 mod session;
 
-pub use etcd::{Etcd, KeepAlive, KeyValue, Lease, LeaseLoss, LeaseTimeToLive, Watch, WatchEvent};
+pub use etcd::{
+    Etcd, EventKind, KeepAlive, KeyValue, Lease, LeaseLoss, LeaseTimeToLive, Watch, WatchEvent,
+};
 pub use fenced_proto::v1::{LockMode, SessionEvent};
 pub use guard::{LockGuard, LockOptions};
 pub use limiter::{Decision, Limiter, Policy};
