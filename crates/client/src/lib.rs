@@ -23,6 +23,8 @@
 //!   [`LockGuard::on_lost`] callback runs.
 //! * The lower-level calls ([`Client::acquire`], [`Client::release`], ...) map one to one to
 //!   the gRPC API.
+//! * [`Client::etcd`] speaks etcd's v3 API on the same port ([`etcd`]): keys, a [`Watch`]
+//!   that resumes by revision across failed nodes, and leases with a [`KeepAlive`] task.
 //!
 //! Every mutating call carries `(client_id, seq)`; the client retries a call on another
 //! endpoint with the same id when a node is unreachable or the outcome is unknown, and the
@@ -35,10 +37,14 @@
 //! or forgot the token). A wrong password is [`ClientError::Rejected`] with
 //! `Code::Unauthenticated`; a call the user may not make, `Code::PermissionDenied`.
 
+pub mod etcd;
 mod guard;
 mod limiter;
 mod session;
 
+pub use etcd::{
+    Etcd, EventKind, KeepAlive, KeyValue, Lease, LeaseLoss, LeaseTimeToLive, Watch, WatchEvent,
+};
 pub use fenced_proto::v1::{LockMode, SessionEvent};
 pub use guard::{LockGuard, LockOptions};
 pub use limiter::{Decision, Limiter, Policy};
@@ -79,6 +85,16 @@ pub enum ClientError {
     /// effect: look before acting again.
     #[error("cluster unavailable: {0}")]
     Unavailable(String),
+    /// An etcd watch's next revision is below the keyspace's compact revision: the changes
+    /// in between are gone from the history, so the watch cannot go on without a gap
+    /// ([`etcd::Watch::next`]). Start a new watch at `compact_revision` or later (after
+    /// reading the current state).
+    #[error("etcdserver: mvcc: required revision has been compacted (compact revision {compact_revision})")]
+    Compacted { compact_revision: i64 },
+    /// The cluster cancelled an etcd watch for a reason other than compaction (a permission
+    /// refused, an empty key): etcd's `cancel_reason`.
+    #[error("watch cancelled: {0}")]
+    WatchCanceled(String),
 }
 
 /// The `name` / `names` fields of a request: one lock goes in `name`, a multi-lock's in
