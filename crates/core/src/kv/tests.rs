@@ -1691,3 +1691,31 @@ fn limiters_inside_eval_and_multi() {
     assert_eq!(replies[2].clone(), ints(&[0, 0, 20000, 20000, -1]));
     assert_eq!(replies[3].clone(), Reply::Int(1));
 }
+
+#[test]
+fn every_command_name_is_found_in_any_case() {
+    let table = command_table();
+    for c in table {
+        assert!(
+            c.name.len() <= 32,
+            "{} is longer than lookup's bound",
+            c.name
+        );
+        assert_eq!(
+            c.name,
+            c.name.to_ascii_uppercase(),
+            "table names are upper case"
+        );
+        for n in [c.name.to_string(), c.name.to_ascii_lowercase()] {
+            assert_eq!(lookup(n.as_bytes()).map(|r| r.name), Some(c.name), "{n}");
+        }
+    }
+    let names: std::collections::BTreeSet<_> = table.iter().map(|c| c.name).collect();
+    assert_eq!(names.len(), table.len(), "no name twice");
+    assert!(lookup(b"NoSuchCommand").is_none());
+    assert!(lookup(&[b'A'; 40]).is_none());
+    assert_eq!(
+        lookup(b"lock.Acquire").map(|c| c.name),
+        Some("LOCK.ACQUIRE")
+    );
+}

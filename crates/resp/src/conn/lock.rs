@@ -391,7 +391,13 @@ impl Connection {
                     out.pop()
                         .unwrap_or_else(|| Err(BackendError::Rejected("internal: no reply".into())))
                 };
-                render(shape, r, backend.log_time())
+                // Only a keep-alive's answer counts from the node's log time.
+                let now = if shape == Shape::Alive {
+                    backend.log_time()
+                } else {
+                    0
+                };
+                render(shape, r, now)
             }
         }
     }

@@ -440,7 +440,12 @@ impl Connection {
                     let n = run.len();
                     let (cmds, shapes): (Vec<_>, Vec<_>) = run.into_iter().unzip();
                     let mut replies = self.shared.backend.lock_batch(cmds).await.into_iter();
-                    let now = self.shared.backend.log_time();
+                    // Only a keep-alive's answer counts from the node's log time.
+                    let now = if shapes.contains(&lock::Shape::Alive) {
+                        self.shared.backend.log_time()
+                    } else {
+                        0
+                    };
                     // The run is `reqs[i..i + n]`: it stops at the first that is not one.
                     for (argv, shape) in reqs[i..i + n].iter().zip(shapes) {
                         let r = match replies.next() {
