@@ -52,17 +52,8 @@ fn status_err(s: tonic::Status) -> LockError {
     }
 }
 
-/// The end of the range of keys with prefix `p` (etcd's `GetPrefixRangeEnd`).
-pub fn prefix_end(p: &[u8]) -> Vec<u8> {
-    let mut end = p.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
-}
+/// The end of the range of keys with prefix `p` (etcd's `GetPrefixRangeEnd`): the client's.
+pub use fenced_client::etcd::prefix_end;
 
 struct Session {
     lease: i64,

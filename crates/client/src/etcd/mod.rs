@@ -69,7 +69,7 @@ impl From<mvccpb::KeyValue> for KeyValue {
 }
 
 /// `range_end` of every key starting with `prefix` (etcd's `GetPrefixRangeEnd`).
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
     while let Some(last) = end.pop() {
         if last < 0xff {
