@@ -85,8 +85,13 @@ impl Semantics {
     /// Under older rules a put naming a lease is refused as "requested lease not found" and a
     /// session's end touches no etcd key, as before.
     pub const LEASES: Semantics = Semantics(5);
+    /// The lease rules, and etcd's `Lock` and `Election` services on the lock table:
+    /// [`Command::EtcdLock`] and [`Command::EtcdUnlock`] exist (a log format older nodes
+    /// cannot decode), and a grant they make projects a key into the etcd keyspace
+    /// (`machine::etcd_locks`), which a snapshot body of version 4 carries.
+    pub const ELECTIONS: Semantics = Semantics(6);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::LEASES;
+    pub const NEWEST: Semantics = Semantics::ELECTIONS;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -113,6 +118,11 @@ impl Semantics {
         self.0 >= Semantics::LEASES.0
     }
 
+    /// etcd's Lock and Election commands exist ([`Semantics::ELECTIONS`]).
+    pub fn elections(self) -> bool {
+        self.0 >= Semantics::ELECTIONS.0
+    }
+
     /// The oldest rules under which `cmd` does what its caller means: the rules it exists
     /// under ([`Semantics::defined_by`]), and [`Semantics::LEASES`] for an etcd put naming a
     /// lease (older rules refuse it). The leader's gate ([`crate::gate::admit`]) asks this.
@@ -131,6 +141,7 @@ impl Semantics {
     pub fn defined_by(cmd: &Command) -> Semantics {
         match cmd {
             Command::OpenLease { .. } | Command::KeepAliveMany { .. } => Semantics::LEASES,
+            Command::EtcdLock { .. } | Command::EtcdUnlock { .. } => Semantics::ELECTIONS,
             Command::Etcd(EtcdCommand::Quota { .. } | EtcdCommand::Alarm { .. }) => {
                 Semantics::QUOTA
             }
@@ -274,6 +285,31 @@ pub enum Command {
     KeepAliveMany {
         sessions: Vec<SessionId>,
     },
+    /// etcd's `Lock.Lock` and `Election.Campaign`: take exclusive lock `name` of the lock
+    /// table for session `lease` (owner: the lease id in lowercase hex), waiting FIFO for as
+    /// long as the lease lives. The grant puts the etcd key `name/<lease id in hex>` holding
+    /// `value`, attached to the lease, at the grant's revision — so the key's
+    /// `create_revision` is the grant's token — and every end of the grant deletes it at that
+    /// command's revision (a hand-over: the delete and the next holder's put at one
+    /// revision). Waiters put no key. Idempotent: a lease that holds the lock gets its grant
+    /// again (no second hold); a lease already waiting moves its place in the queue to this
+    /// request (the earlier one gives up). Answers `Granted` or `Pending` (needs a request
+    /// id), or `Rejected`. Appended last; needs [`Semantics::ELECTIONS`].
+    EtcdLock {
+        name: String,
+        lease: SessionId,
+        value: Vec<u8>,
+    },
+    /// etcd's `Lock.Unlock`, `Election.Resign`, and the withdrawal of a cancelled
+    /// `Lock`/`Campaign`: end lease `lease`'s grant of `name` (every hold) — only if its
+    /// token is `token`, when given — or withdraw its wait. `Released { holds: 0 }`, or
+    /// `NotHeld` when it neither holds nor waits. Appended last; needs
+    /// [`Semantics::ELECTIONS`].
+    EtcdUnlock {
+        name: String,
+        lease: SessionId,
+        token: Option<Token>,
+    },
 }
 
 /// The etcd v3 calls that go through the log (etcd's `KV.Put`, `KV.DeleteRange`, `KV.Txn`,
@@ -354,6 +390,8 @@ impl Command {
             Command::Etcd(cmd) => cmd.kind(),
             Command::OpenLease { .. } => "open_lease",
             Command::KeepAliveMany { .. } => "keep_alive_many",
+            Command::EtcdLock { .. } => "etcd_lock",
+            Command::EtcdUnlock { .. } => "etcd_unlock",
         }
     }
 }

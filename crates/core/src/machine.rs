@@ -33,6 +33,9 @@ mod body;
 mod dedup;
 mod etcd;
 #[cfg(test)]
+mod etcd_lock_tests;
+mod etcd_locks;
+#[cfg(test)]
 mod etcd_tests;
 mod expiry;
 mod grants;
@@ -50,6 +53,8 @@ mod waiters;
 pub use body::BODY_VERSION;
 use dedup::ClientRecord;
 pub use etcd::COMPACT_STEP_BUDGET;
+use etcd_locks::EtcdLocks;
+pub use etcd_locks::{lease_owner, lock_key};
 use expiry::Due;
 use locks::Lock;
 pub use locks::LockKind;
@@ -93,6 +98,11 @@ pub struct StateMachine {
     /// in body version 3 only, and only once it differs from the default (`body`).
     #[serde(skip)]
     etcd_quota: Quota,
+    /// The grants and waits of etcd's `Lock` and `Election` calls, which project keys into
+    /// the etcd keyspace (`etcd_locks`). Encoded after the quota, in body version 4 only,
+    /// and only while not empty (`body`).
+    #[serde(skip)]
+    etcd_locks: EtcdLocks,
 }
 
 /// The snapshot layout written before tokens were revisions (format 1): [`StateMachine`]
@@ -169,6 +179,7 @@ impl StateMachine {
             kv: old.kv,
             etcd: EtcdStore::default(),
             etcd_quota: Quota::default(),
+            etcd_locks: EtcdLocks::default(),
         })
     }
 
@@ -324,6 +335,18 @@ impl StateMachine {
                 ))
             }
             Command::OpenLease { ttl_ms } => self.open_lease(revision, *ttl_ms),
+            Command::EtcdLock { .. } | Command::EtcdUnlock { .. } if !semantics.elections() => Err(
+                crate::gate::refused_by_entry(cmd, semantics).unwrap_or(CoreError::NotUpgraded {
+                    needs: Semantics::ELECTIONS.0,
+                    detail: "an etcd lock command in an older entry".into(),
+                }),
+            ),
+            Command::EtcdLock { name, lease, value } => {
+                self.etcd_lock(revision, rid, name, *lease, value, events)
+            }
+            Command::EtcdUnlock { name, lease, token } => {
+                Ok(self.etcd_unlock(name, *lease, *token, events))
+            }
             Command::KeepAliveMany { sessions } => Ok(self.keep_alive_many(sessions)),
             Command::Tick => Ok(Response::Ticked),
             Command::Kv(cmd) => {

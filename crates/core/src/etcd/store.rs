@@ -307,16 +307,58 @@ impl EtcdStore {
         if keys.is_empty() {
             return Ok(0);
         }
+        self.check_same_or_later(main)?;
+        for (sub, key) in (self.next_sub(main)..).zip(keys.iter()) {
+            self.write(key, Rev { main, sub }, Stored::Tombstone);
+        }
+        Ok(keys.len() as u64)
+    }
+
+    /// Put `value` under `key`, attached to `lease`, at main revision `main` after whatever
+    /// that revision already wrote: a lock-table grant projected into the keyspace (etcd's
+    /// `Lock` and `Election`, `machine::etcd_locks`). The grant was the check: no quota, no
+    /// lease lookup. `main` must be at least the last write's.
+    pub fn project_put(
+        &mut self,
+        key: &[u8],
+        value: &[u8],
+        lease: LeaseId,
+        main: Revision,
+    ) -> Result<(), EtcdError> {
+        self.check_same_or_later(main)?;
+        let req = PutRequest {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            lease,
+            ..PutRequest::default()
+        };
+        let sub = self.next_sub(main);
+        self.exec_put(&req, Rev { main, sub });
+        Ok(())
+    }
+
+    /// Delete `key` at main revision `main` after whatever that revision already wrote, if
+    /// it is live (a projected grant ended). Whether it was.
+    pub fn project_delete(&mut self, key: &[u8], main: Revision) -> Result<bool, EtcdError> {
+        if !self.latest.contains_key(key) {
+            return Ok(false);
+        }
+        self.check_same_or_later(main)?;
+        let sub = self.next_sub(main);
+        self.write(key, Rev { main, sub }, Stored::Tombstone);
+        Ok(true)
+    }
+
+    /// Refuses a revision below the last write's (writes continuing a revision: lease ends
+    /// and projections, which may share the revision of the command that caused them).
+    fn check_same_or_later(&self, main: Revision) -> Result<(), EtcdError> {
         if main < self.last_write || main == 0 {
             return Err(EtcdError::RevisionNotIncreasing {
                 rev: main,
                 last: self.last_write,
             });
         }
-        for (sub, key) in (self.next_sub(main)..).zip(keys.iter()) {
-            self.write(key, Rev { main, sub }, Stored::Tombstone);
-        }
-        Ok(keys.len() as u64)
+        Ok(())
     }
 
     /// The first sub index free at main revision `main`.

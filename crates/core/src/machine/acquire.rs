@@ -18,6 +18,20 @@ impl StateMachine {
         spec: &AcquireSpec,
     ) -> Result<Response, CoreError> {
         self.validate(spec)?;
+        let until = self.now + spec.wait_ms;
+        self.acquire_valid(revision, rid, spec, Some(until))
+    }
+
+    /// [`acquire`](Self::acquire) of a validated `spec`. A wait runs out at `until`, or, with
+    /// `None`, only when its session ends or it is withdrawn (etcd's `Lock`, which waits as
+    /// long as its lease lives: no deadline, and its waiter's `until` is `Millis::MAX`).
+    pub(super) fn acquire_valid(
+        &mut self,
+        revision: Revision,
+        rid: Option<RequestId>,
+        spec: &AcquireSpec,
+        until: Option<Millis>,
+    ) -> Result<Response, CoreError> {
         let key: HolderKey = (spec.owner.clone(), spec.session);
 
         // Reentrant: the same owner (and session) already holds every name with one grant.
@@ -98,7 +112,6 @@ impl StateMachine {
                 });
             }
         }
-        let until = self.now + spec.wait_ms;
         let kind = LockKind::of(spec.mode);
         for name in &spec.names {
             self.locks
@@ -115,10 +128,12 @@ impl StateMachine {
                 session: spec.session,
                 ttl_ms: spec.ttl_ms,
                 lock_delay_ms: spec.lock_delay_ms,
-                until,
+                until: until.unwrap_or(Millis::MAX),
             },
         );
-        self.deadlines.insert((until, Due::Wait(request)));
+        if let Some(until) = until {
+            self.deadlines.insert((until, Due::Wait(request)));
+        }
         if let Some(s) = spec.session.and_then(|s| self.sessions.get_mut(&s)) {
             s.waiting.insert(request);
         }

@@ -9,6 +9,10 @@
 //!   encoding), written only while they differ from the default (a quota was set, or the
 //!   alarm raised: only by entries stamped [`Semantics::QUOTA`](crate::Semantics::QUOTA),
 //!   i.e. once every member reads version 3).
+//! * **Version 4**: version 3 followed by the grants and waits of etcd's `Lock` and
+//!   `Election` (`EtcdLocks`' encoding), written only while there are some (made only by
+//!   entries stamped [`Semantics::ELECTIONS`](crate::Semantics::ELECTIONS), i.e. once every
+//!   member reads version 4). Version 4 always carries the quota, default or not.
 //!
 //! A state whose etcd keyspace was never touched is written as version 1, byte for byte what
 //! earlier builds wrote: a member that has not been upgraded yet can still install a
@@ -22,12 +26,13 @@ use std::io::{Read, Write};
 
 use bincode::Options;
 
+use super::etcd_locks::EtcdLocks;
 use super::StateMachine;
 use crate::etcd::{EtcdStore, Quota};
 use crate::SnapshotError;
 
 /// The newest snapshot body version this build reads and writes.
-pub const BODY_VERSION: u32 = 3;
+pub const BODY_VERSION: u32 = 4;
 
 /// bincode as `bincode::serialize` and `bincode::deserialize` use it.
 pub(super) fn options() -> impl Options + Clone {
@@ -45,15 +50,20 @@ pub(super) fn from_bytes(bytes: &[u8]) -> Result<StateMachine, SnapshotError> {
     if !r.is_empty() {
         sm.etcd_quota = options().deserialize_from(&mut r)?;
     }
+    if !r.is_empty() {
+        sm.etcd_locks = options().deserialize_from(&mut r)?;
+    }
     Ok(sm)
 }
 
 impl StateMachine {
-    /// The body version [`write_body`](Self::write_body) writes for this state: 3 once the
-    /// etcd quota or alarm differs from the default, else 1 while the etcd keyspace is
-    /// untouched, else 2 (module docs).
+    /// The body version [`write_body`](Self::write_body) writes for this state: 4 while
+    /// etcd's Lock or Election holds or waits, else 3 once the etcd quota or alarm differs
+    /// from the default, else 1 while the etcd keyspace is untouched, else 2 (module docs).
     pub fn body_version(&self) -> u32 {
-        if !self.etcd_quota.is_default() {
+        if !self.etcd_locks.is_empty() {
+            4
+        } else if !self.etcd_quota.is_default() {
             3
         } else if self.etcd.is_untouched() {
             1
@@ -75,7 +85,10 @@ impl StateMachine {
             opts.clone().serialize_into(&mut w, &self.etcd)?;
         }
         if version >= 3 {
-            opts.serialize_into(&mut w, &self.etcd_quota)?;
+            opts.clone().serialize_into(&mut w, &self.etcd_quota)?;
+        }
+        if version >= 4 {
+            opts.serialize_into(&mut w, &self.etcd_locks)?;
         }
         Ok(())
     }
@@ -99,6 +112,13 @@ impl StateMachine {
                 let mut sm: StateMachine = opts.clone().deserialize_from(&mut r)?;
                 sm.etcd = opts.clone().deserialize_from::<_, EtcdStore>(&mut r)?;
                 sm.etcd_quota = opts.deserialize_from::<_, Quota>(&mut r)?;
+                Ok(sm)
+            }
+            4 => {
+                let mut sm: StateMachine = opts.clone().deserialize_from(&mut r)?;
+                sm.etcd = opts.clone().deserialize_from::<_, EtcdStore>(&mut r)?;
+                sm.etcd_quota = opts.clone().deserialize_from::<_, Quota>(&mut r)?;
+                sm.etcd_locks = opts.deserialize_from::<_, EtcdLocks>(&mut r)?;
                 Ok(sm)
             }
             found => Err(SnapshotError::Decode(Box::new(bincode::ErrorKind::Custom(

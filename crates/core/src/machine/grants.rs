@@ -138,6 +138,7 @@ impl StateMachine {
         if let Some(until) = delay {
             self.deadlines.insert((until, Due::Delay(name.to_owned())));
         }
+        self.project_end(name, key.1, events);
         events.push(Event::LockReleased {
             name: name.to_owned(),
             owner: key.0.clone(),

@@ -91,7 +91,12 @@ impl StateMachine {
             if queued.get(rid) != Some(&w.names.len()) {
                 return Err(format!("waiter {rid:?} not queued on each of its locks"));
             }
-            expected.insert((w.until, Due::Wait(*rid)));
+            // An etcd Lock's wait has no deadline (only its lease's end withdraws it).
+            if w.until != Millis::MAX {
+                expected.insert((w.until, Due::Wait(*rid)));
+            } else if w.session.is_none() || !self.etcd_locks.waiting.contains_key(rid) {
+                return Err(format!("waiter {rid:?} without a deadline is no etcd Lock"));
+            }
             if let Some(s) = w.session {
                 let sess = self
                     .sessions
@@ -122,6 +127,21 @@ impl StateMachine {
                 return Err(format!(
                     "etcd keys attached to lease {lease}, which is no session"
                 ));
+            }
+        }
+        for (name, lease) in self.etcd_locks.held.iter() {
+            let key = (super::etcd_locks::lease_owner(*lease), Some(*lease));
+            if !self
+                .locks
+                .get(name)
+                .is_some_and(|l| l.holders.contains_key(&key))
+            {
+                return Err(format!("etcd lock {name} of lease {lease} is no grant"));
+            }
+        }
+        for rid in self.etcd_locks.waiting.keys() {
+            if !self.waiters.contains_key(rid) {
+                return Err(format!("etcd lock wait {rid:?} is no waiter"));
             }
         }
         for (id, c) in &self.clients {

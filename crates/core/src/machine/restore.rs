@@ -83,6 +83,7 @@ impl StateMachine {
         self.locks.clear();
         self.waiters.clear();
         self.sessions.clear();
+        self.etcd_locks = Default::default();
         self.clients.clear();
         // Every deadline belongs to a lease, session, wait, lock-delay or dedup record.
         self.deadlines.clear();

@@ -26,6 +26,7 @@ impl StateMachine {
         let Some(w) = self.waiters.remove(&rid) else {
             return;
         };
+        self.etcd_locks.waiting.remove(&rid);
         self.deadlines.remove(&(w.until, Due::Wait(rid)));
         if let Some(s) = w.session.and_then(|s| self.sessions.get_mut(&s)) {
             s.waiting.remove(&rid);
@@ -85,6 +86,7 @@ impl StateMachine {
                 let key = (w.owner.clone(), w.session);
                 let (token, deadline) =
                     self.grant(revision, &w.names, &key, w.mode, w.ttl_ms, w.lock_delay_ms);
+                self.project_waiter_grant(rid, &name, w.session, events);
                 self.dedup_resolve(
                     rid,
                     Response::Granted {
