@@ -141,7 +141,9 @@ impl Semantics {
     pub fn defined_by(cmd: &Command) -> Semantics {
         match cmd {
             Command::OpenLease { .. } | Command::KeepAliveMany { .. } => Semantics::LEASES,
-            Command::EtcdLock { .. } | Command::EtcdUnlock { .. } => Semantics::ELECTIONS,
+            Command::EtcdLock { .. } | Command::EtcdUnlock { .. } | Command::EtcdCancel { .. } => {
+                Semantics::ELECTIONS
+            }
             Command::Etcd(EtcdCommand::Quota { .. } | EtcdCommand::Alarm { .. }) => {
                 Semantics::QUOTA
             }
@@ -310,6 +312,17 @@ pub enum Command {
         lease: SessionId,
         token: Option<Token>,
     },
+    /// A `Lock`/`Campaign` call whose client went away: undo what its [`Command::EtcdLock`]
+    /// `request` did, whichever of the two commands is applied first — withdraw its wait,
+    /// or end the grant it got (if `lease` still holds `name` with that token); if the
+    /// request was not applied yet, record it as answered `NotGranted` so that it never
+    /// acts. `Released { holds: 0 }` or `NotHeld`. Appended last; needs
+    /// [`Semantics::ELECTIONS`].
+    EtcdCancel {
+        name: String,
+        lease: SessionId,
+        request: RequestId,
+    },
 }
 
 /// The etcd v3 calls that go through the log (etcd's `KV.Put`, `KV.DeleteRange`, `KV.Txn`,
@@ -392,6 +405,7 @@ impl Command {
             Command::KeepAliveMany { .. } => "keep_alive_many",
             Command::EtcdLock { .. } => "etcd_lock",
             Command::EtcdUnlock { .. } => "etcd_unlock",
+            Command::EtcdCancel { .. } => "etcd_cancel",
         }
     }
 }

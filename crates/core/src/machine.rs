@@ -335,18 +335,27 @@ impl StateMachine {
                 ))
             }
             Command::OpenLease { ttl_ms } => self.open_lease(revision, *ttl_ms),
-            Command::EtcdLock { .. } | Command::EtcdUnlock { .. } if !semantics.elections() => Err(
-                crate::gate::refused_by_entry(cmd, semantics).unwrap_or(CoreError::NotUpgraded {
-                    needs: Semantics::ELECTIONS.0,
-                    detail: "an etcd lock command in an older entry".into(),
-                }),
-            ),
+            Command::EtcdLock { .. } | Command::EtcdUnlock { .. } | Command::EtcdCancel { .. }
+                if !semantics.elections() =>
+            {
+                Err(crate::gate::refused_by_entry(cmd, semantics).unwrap_or(
+                    CoreError::NotUpgraded {
+                        needs: Semantics::ELECTIONS.0,
+                        detail: "an etcd lock command in an older entry".into(),
+                    },
+                ))
+            }
             Command::EtcdLock { name, lease, value } => {
                 self.etcd_lock(revision, rid, name, *lease, value, events)
             }
             Command::EtcdUnlock { name, lease, token } => {
                 Ok(self.etcd_unlock(name, *lease, *token, events))
             }
+            Command::EtcdCancel {
+                name,
+                lease,
+                request,
+            } => Ok(self.etcd_cancel(name, *lease, *request, events)),
             Command::KeepAliveMany { sessions } => Ok(self.keep_alive_many(sessions)),
             Command::Tick => Ok(Response::Ticked),
             Command::Kv(cmd) => {

@@ -378,3 +378,53 @@ fn older_entries_refuse_them() {
     );
     assert_eq!(Semantics::NEWEST, Semantics::ELECTIONS);
 }
+
+#[test]
+fn a_cancel_undoes_its_request_in_either_order() {
+    let mut log = Log::new();
+    let a = log.lease(60_000);
+    let b = log.lease(60_000);
+    let cancel = |rid| Command::EtcdCancel {
+        name: "job".into(),
+        lease: b,
+        request: rid,
+    };
+    log.lock("job", a, "");
+    // Applied after its Lock: the wait is withdrawn.
+    let (rb, _) = log.lock("job", b, "");
+    assert_eq!(
+        log.apply(None, cancel(rb)).0,
+        Response::Released { holds: 0 }
+    );
+    assert!(log
+        .unlock("job", a, None)
+        .1
+        .iter()
+        .all(|e| !matches!(e, Event::WaiterGranted { .. })));
+    // Applied before its Lock (the Lock was still on its way): the Lock never acts.
+    let late = log.rid();
+    assert_eq!(log.apply(None, cancel(late)).0, Response::NotHeld);
+    let lock = Command::EtcdLock {
+        name: "job".into(),
+        lease: b,
+        value: vec![],
+    };
+    assert_eq!(log.apply(Some(late), lock).0, Response::NotGranted);
+    assert!(log.sm.lock_info("job").is_none());
+    // After a grant: the grant it got ends (and only that one).
+    let (rg, r) = log.lock("job", b, "");
+    let t = token(&r);
+    assert_eq!(
+        log.apply(None, cancel(rg)).0,
+        Response::Released { holds: 0 }
+    );
+    assert_eq!(log.key("job", b), None);
+    let (_, r) = log.lock("job", b, "");
+    assert!(token(&r) > t);
+    assert_eq!(
+        log.apply(None, cancel(rg)).0,
+        Response::NotHeld,
+        "an older grant's cancel"
+    );
+    assert!(log.key("job", b).is_some());
+}

@@ -198,6 +198,31 @@ impl StateMachine {
         }
     }
 
+    /// [`Command::EtcdCancel`]: undo what `EtcdLock` request `request` did or would do.
+    pub(super) fn etcd_cancel(
+        &mut self,
+        name: &str,
+        lease: SessionId,
+        request: RequestId,
+        events: &mut Vec<Event>,
+    ) -> Response {
+        match self.dedup_lookup(request) {
+            // Not applied yet: it never will act (its dedup record answers it).
+            None => {
+                self.dedup_store(request, Response::NotGranted);
+                Response::NotHeld
+            }
+            Some(Response::Pending) if self.waiters.contains_key(&request) => {
+                self.remove_waiter(request, events);
+                Response::Released { holds: 0 }
+            }
+            Some(Response::Granted { token, .. }) => {
+                self.etcd_unlock(name, lease, Some(token), events)
+            }
+            Some(_) => Response::NotHeld,
+        }
+    }
+
     /// A grant of etcd lock `name` to `lease` was made at the current revision: put its key.
     pub(super) fn project_grant(
         &mut self,
