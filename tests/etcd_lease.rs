@@ -32,7 +32,7 @@ use tonic::{Code, Streaming};
 
 /// Bound for the cluster to accept lease commands (a leader that heard every member's
 /// rules) and for a call after the leader died.
-const READY: Duration = Duration::from_secs(60);
+const READY: Duration = support::ETCD_READY;
 /// Bound for one expected watch response.
 const RESPONSE: Duration = Duration::from_secs(20);
 
@@ -77,17 +77,7 @@ fn hex_id(hex: &str) -> i64 {
 
 /// Grant a lease through the tonic client on node `id`, retrying until it works.
 async fn grant(c: &TestCluster, id: u64, ttl: i64) -> epb::LeaseGrantResponse {
-    wait_for("a lease grant to succeed", READY, || {
-        let mut lease = LeaseClient::new(c.raw_channel(id));
-        async move {
-            lease
-                .lease_grant(epb::LeaseGrantRequest { ttl, id: 0 })
-                .await
-                .map(|r| r.into_inner())
-                .map_err(|e| e.to_string())
-        }
-    })
-    .await
+    support::grant_lease(c, id, ttl).await
 }
 
 async fn time_to_live(c: &TestCluster, node: u64, id: i64) -> epb::LeaseTimeToLiveResponse {

@@ -28,7 +28,9 @@ pub use command::{
 };
 pub use digest::StateDigest;
 pub use kv::limit::{Decision, LimitError, LimitMode, LogPolicy, Policy};
-pub use machine::{HolderInfo, LockInfo, LockKind, SessionInfo, StateMachine};
+pub use machine::{
+    lease_owner, lock_key, HolderInfo, LockInfo, LockKind, SessionInfo, StateMachine,
+};
 
 use serde::{Deserialize, Serialize};
 

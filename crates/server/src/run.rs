@@ -397,6 +397,16 @@ async fn listen(
                 users.clone(),
                 tls,
             ))
+            .add_service(crate::api::etcd::lock_server(
+                node.clone(),
+                users.clone(),
+                tls,
+            ))
+            .add_service(crate::api::etcd::election_server(
+                node.clone(),
+                users.clone(),
+                tls,
+            ))
             .add_service(crate::api::etcd::auth_server(node.clone(), users, tls))
             .add_service(health_service);
         let mut rx = shutdown_rx.clone();

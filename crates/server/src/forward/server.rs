@@ -101,7 +101,10 @@ impl Forward for Leader {
         self.node.admit_peer(req.from.as_ref())?;
         let (rid, cmd): (Option<RequestId>, Command) = codec::decode(&req.data)
             .map_err(|e| Status::invalid_argument(format!("malformed proposal: {e}")))?;
-        let queues = matches!(cmd, Command::Acquire { .. } | Command::AcquireWith(_));
+        let queues = matches!(
+            cmd,
+            Command::Acquire { .. } | Command::AcquireWith(_) | Command::EtcdLock { .. }
+        );
         let resp = match rid {
             // A queued acquire waits here, on the leader, which applies the grant first.
             Some(rid) if req.wait_ms > 0 && queues => {

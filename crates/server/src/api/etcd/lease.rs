@@ -130,7 +130,7 @@ fn secs(ms: u64) -> i64 {
     i64::try_from(ms / 1000).unwrap_or(i64::MAX)
 }
 
-fn not_found(id: i64) -> Status {
+pub(super) fn not_found(id: i64) -> Status {
     etcd_status(&EtcdError::LeaseNotFound { lease: id })
 }
 

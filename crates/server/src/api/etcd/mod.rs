@@ -3,8 +3,8 @@
 //! etcd client libraries work unchanged. One file per service: [`kv`] (`KV`), [`maintenance`]
 //! (`Maintenance.Status`/`Alarm`), [`cluster`] (`Cluster.MemberList`), [`auth`]
 //! (`Auth.Authenticate`), [`watch`] (`Watch`), [`lease`] (`Lease`: a lease is a fenced
-//! session); [`convert`] translates messages, [`perm`] asks fenced's users.
-//! `v3lockpb.Lock` and `v3electionpb.Election` come with issue 27.
+//! session), [`lock`] (`v3lockpb.Lock`) and [`election`] (`v3electionpb.Election`) on
+//! fenced's lock table; [`convert`] translates messages, [`perm`] asks fenced's users.
 //!
 //! * **Headers.** Every answer's `header` is [`EtcdApi::header`]: `cluster_id` = fenced's
 //!   persisted cluster id, `member_id` = this node's id, `raft_term` = its current term,
@@ -31,8 +31,10 @@
 mod auth;
 mod cluster;
 mod convert;
+mod election;
 mod kv;
 mod lease;
+mod lock;
 mod maintenance;
 mod perm;
 mod watch;
@@ -67,6 +69,8 @@ pub struct EtcdApi {
     tls: bool,
     /// The `LeaseKeepAlive` coalescer (`lease`), shared by the clones of one service.
     keep_alives: lease::SharedKeepAlives,
+    /// Request ids of `Lock` and `Campaign` calls, shared by the clones of one service.
+    lock_ids: Arc<lock::LockIds>,
 }
 
 impl EtcdApi {
@@ -77,6 +81,7 @@ impl EtcdApi {
             users,
             tls,
             keep_alives,
+            lock_ids: Arc::new(lock::LockIds::new()),
         }
     }
 }
@@ -88,6 +93,26 @@ pub fn lease_server(
 ) -> epb::lease_server::LeaseServer<EtcdApi> {
     epb::lease_server::LeaseServer::new(EtcdApi::new(node, users, tls))
         .max_decoding_message_size(MAX_ETCD_MESSAGE)
+}
+
+pub fn lock_server(
+    node: Node,
+    users: Arc<Users>,
+    tls: bool,
+) -> fenced_proto::etcd::v3lockpb::lock_server::LockServer<EtcdApi> {
+    fenced_proto::etcd::v3lockpb::lock_server::LockServer::new(EtcdApi::new(node, users, tls))
+        .max_decoding_message_size(MAX_ETCD_MESSAGE)
+}
+
+pub fn election_server(
+    node: Node,
+    users: Arc<Users>,
+    tls: bool,
+) -> fenced_proto::etcd::v3electionpb::election_server::ElectionServer<EtcdApi> {
+    fenced_proto::etcd::v3electionpb::election_server::ElectionServer::new(EtcdApi::new(
+        node, users, tls,
+    ))
+    .max_decoding_message_size(MAX_ETCD_MESSAGE)
 }
 
 pub fn kv_server(node: Node, users: Arc<Users>, tls: bool) -> epb::kv_server::KvServer<EtcdApi> {

@@ -1,0 +1,264 @@
+//! `v3lockpb.Lock`: etcd's server-side lock **is** a lock of fenced's lock table
+//! ([`Command::EtcdLock`]; `fenced_core`'s `machine::etcd_locks` has the rules).
+//!
+//! * `Lock(name, lease)` takes exclusive lock `name` for the lease (a fenced session), waiting
+//!   in the lock's FIFO queue on the server — no watch, no herd — for as long as the lease
+//!   lives and the call is open. At the grant the key `name/<lease id in hex>` is put,
+//!   attached to the lease, so its `create_revision` is the grant's revision: **the
+//!   fencing token**, the one `LOCK.ACQUIRE name` gives for the same lock. The answer's
+//!   `header.revision` is that token too. Waiters put no key. A lease that holds the lock
+//!   gets the same key again (idempotent). A lease of 0 is refused: a lock must end with its
+//!   owner's lease.
+//! * `Unlock(key)` ends the grant of the lease the key names (or withdraws its wait): the key
+//!   is deleted and the next waiter's key put at one revision. Unlocking what is not held
+//!   succeeds, as etcd's delete of an absent key does.
+//! * A call whose client goes away (cancelled, timed out, disconnected) undoes itself by its
+//!   request id ([`Command::EtcdCancel`]): its wait is withdrawn, or the grant it got
+//!   released — as etcd's server deletes its waiter key. A lease's end (revoke, expiry)
+//!   withdraws its waits and releases its grants.
+//! * etcd's server keeps a lease alive itself while a `Lock` is open; fenced does not: the
+//!   client keeps its lease alive (every etcd client library does, for its session).
+//! * Permissions: `LOCK.ACQUIRE` on the name to lock, `LOCK.RELEASE` to unlock.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use fenced_core::etcd::lease_session;
+use fenced_core::{lock_key, Command, RequestId, Response, SessionId, Token};
+use fenced_proto::etcd::v3lockpb as lpb;
+use tonic::{Request, Status};
+
+use lpb::lock_server::Lock;
+
+use super::{not_etcd, status_of, EtcdApi, Reply};
+use crate::error::NodeError;
+use crate::node::Node;
+
+/// How long one [`Node::acquire`] of a waiting `Lock` listens before it asks the request's
+/// record again (the wait itself has no end but the lease's and the call's).
+const WAIT_ROUND_MS: u64 = 60_000;
+
+/// Request ids of this service's `Lock`/`Campaign` calls: a random client id per process,
+/// numbered from 1 (etcd clients send none; one is needed to wait and to cancel).
+pub struct LockIds {
+    client_id: u64,
+    seq: AtomicU64,
+}
+
+impl LockIds {
+    pub fn new() -> LockIds {
+        LockIds {
+            client_id: rand::random::<u64>().max(1),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    fn next(&self) -> RequestId {
+        RequestId {
+            client_id: self.client_id,
+            seq: self.seq.fetch_add(1, Ordering::Relaxed) + 1,
+        }
+    }
+}
+
+/// Cancels a `Lock` request ([`Command::EtcdCancel`]) when dropped armed: its call ended
+/// without handing the grant to the client.
+struct CancelOnDrop {
+    node: Node,
+    name: String,
+    lease: SessionId,
+    request: RequestId,
+    /// The sequence number of the cancel's own request id.
+    cancel_seq: u64,
+    armed: bool,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let node = self.node.clone();
+        let cmd = Command::EtcdCancel {
+            name: std::mem::take(&mut self.name),
+            lease: self.lease,
+            request: self.request,
+        };
+        // Its own request id: the node retries it across a leader change.
+        let request = RequestId {
+            client_id: self.request.client_id,
+            seq: self.cancel_seq,
+        };
+        tokio::spawn(async move {
+            if let Err(e) = node.propose(Some(request), cmd).await {
+                tracing::debug!(error = %e, "cancelling an etcd Lock call failed");
+            }
+        });
+    }
+}
+
+/// A lock name from etcd's bytes: UTF-8 (fenced's lock names are strings).
+pub(super) fn lock_name(name: &[u8]) -> Result<String, Status> {
+    if name.is_empty() {
+        return Err(Status::invalid_argument("etcdserver: lock name is empty"));
+    }
+    String::from_utf8(name.to_vec())
+        .map_err(|_| Status::invalid_argument("fenced: lock and election names must be UTF-8"))
+}
+
+/// The session a `Lock`/`Campaign` names as its lease (0 is refused).
+pub(super) fn lock_lease(lease: i64) -> Result<SessionId, Status> {
+    lease_session(lease).ok_or_else(|| {
+        Status::invalid_argument(
+            "fenced: a lock needs a lease (LeaseGrant, then Lock with its id): without one \
+             it would outlive its client",
+        )
+    })
+}
+
+/// The lock name and lease of a key `Lock` or `Campaign` returned (`name/<lease hex>`).
+pub(super) fn parse_key(key: &[u8]) -> Result<(String, SessionId), Status> {
+    let bad = || {
+        Status::invalid_argument(
+            "fenced: not a key that Lock or Campaign returned (name/<lease id in hex>)",
+        )
+    };
+    let key = std::str::from_utf8(key).map_err(|_| bad())?;
+    let (name, hex) = key.rsplit_once('/').ok_or_else(bad)?;
+    let lease = u64::from_str_radix(hex, 16).map_err(|_| bad())?;
+    if name.is_empty() || lock_key(name, lease) != key.as_bytes() {
+        return Err(bad());
+    }
+    Ok((name.to_owned(), lease))
+}
+
+impl EtcdApi {
+    /// Take etcd lock `name` for `lease`, its key holding `value`: the grant's token, once
+    /// granted. Waits as long as needed; if the call is dropped first, the request is
+    /// cancelled.
+    pub(super) async fn take_lock(
+        &self,
+        name: &str,
+        lease: SessionId,
+        value: Vec<u8>,
+    ) -> Result<Token, Status> {
+        let request = self.lock_ids.next();
+        let cmd = Command::EtcdLock {
+            name: name.to_owned(),
+            lease,
+            value,
+        };
+        let mut cancel = CancelOnDrop {
+            node: self.node.clone(),
+            name: name.to_owned(),
+            lease,
+            request,
+            cancel_seq: self.lock_ids.next().seq,
+            armed: true,
+        };
+        loop {
+            let answer = self.node.acquire(request, cmd.clone(), WAIT_ROUND_MS).await;
+            match answer {
+                Ok(Response::Granted { token, .. }) => {
+                    cancel.armed = false;
+                    return Ok(token);
+                }
+                // Queued (or its resolution not learnt yet): listen again, same request id.
+                Ok(Response::Pending) => continue,
+                Ok(Response::NotGranted) => {
+                    cancel.armed = false;
+                    let lease_lives = self.node.local(|sm| sm.session_info(lease).is_some());
+                    return Err(if lease_lives {
+                        Status::aborted(
+                            "fenced: a newer Lock call with the same lease took this call's \
+                             place in the queue",
+                        )
+                    } else {
+                        super::lease::not_found(lease as i64)
+                    });
+                }
+                Ok(Response::Rejected(fenced_core::CoreError::NoSuchSession(_))) => {
+                    cancel.armed = false;
+                    return Err(super::lease::not_found(lease as i64));
+                }
+                Ok(Response::Rejected(e)) => {
+                    cancel.armed = false;
+                    return Err(status_of(NodeError::Rejected(e)));
+                }
+                Ok(other) => return Err(not_etcd(other)),
+                Err(e) => return Err(status_of(e)),
+            }
+        }
+    }
+
+    /// End `lease`'s grant of `name` (only grant `token`, if given) or withdraw its wait.
+    pub(super) async fn release_lock(
+        &self,
+        name: String,
+        lease: SessionId,
+        token: Option<Token>,
+    ) -> Result<(), Status> {
+        // With a request id, so the node may retry it across a leader change (applying it
+        // twice ends nothing more: only the lease's grant, or only grant `token`).
+        let request = self.lock_ids.next();
+        match self
+            .node
+            .propose(Some(request), Command::EtcdUnlock { name, lease, token })
+            .await
+            .map_err(status_of)?
+        {
+            Response::Released { .. } | Response::NotHeld => Ok(()),
+            other => Err(not_etcd(other)),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Lock for EtcdApi {
+    async fn lock(&self, req: Request<lpb::LockRequest>) -> Reply<lpb::LockResponse> {
+        let name = lock_name(&req.get_ref().name)?;
+        self.users
+            .permit(&req, "LOCK.ACQUIRE", &[name.as_bytes()])?;
+        let lease = lock_lease(req.get_ref().lease)?;
+        let token = self.take_lock(&name, lease, Vec::new()).await?;
+        Ok(tonic::Response::new(lpb::LockResponse {
+            header: self.header(token),
+            key: lock_key(&name, lease),
+        }))
+    }
+
+    async fn unlock(&self, req: Request<lpb::UnlockRequest>) -> Reply<lpb::UnlockResponse> {
+        let (name, lease) = parse_key(&req.get_ref().key)?;
+        self.users
+            .permit(&req, "LOCK.RELEASE", &[name.as_bytes()])?;
+        self.release_lock(name, lease, None).await?;
+        Ok(tonic::Response::new(lpb::UnlockResponse {
+            header: self.header_now(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_parse_back_to_their_name_and_lease() {
+        assert_eq!(
+            parse_key(b"jobs/a/694d7a1b").expect("key"),
+            ("jobs/a".to_owned(), 0x694d7a1b)
+        );
+        for bad in [
+            &b"nolease"[..],
+            b"/1f",
+            b"x/",
+            b"x/zz",
+            b"x/01f",
+            b"x/1F",
+            b"\xff/1",
+        ] {
+            assert!(parse_key(bad).is_err(), "{bad:?}");
+        }
+        assert!(lock_lease(0).is_err());
+        assert!(lock_name(b"").is_err());
+    }
+}
