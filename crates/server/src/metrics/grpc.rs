@@ -163,7 +163,18 @@ pub const ETCD_METHODS: &[(&str, &str)] = &[
         "/etcdserverpb.Auth/RoleRevokePermission",
         "etcd.Auth.RoleRevokePermission",
     ),
+    ("/v3lockpb.Lock/Lock", "etcd.Lock.Lock"),
+    ("/v3lockpb.Lock/Unlock", "etcd.Lock.Unlock"),
+    ("/v3electionpb.Election/Campaign", "etcd.Election.Campaign"),
+    ("/v3electionpb.Election/Proclaim", "etcd.Election.Proclaim"),
+    ("/v3electionpb.Election/Leader", "etcd.Election.Leader"),
+    ("/v3electionpb.Election/Observe", "etcd.Election.Observe"),
+    ("/v3electionpb.Election/Resign", "etcd.Election.Resign"),
 ];
+
+/// The packages of etcd's lock and election services, whose methods follow
+/// [`ETCD_API`]'s in [`ETCD_METHODS`].
+const ETCD_LOCK_APIS: [&str; 2] = ["/v3lockpb.", "/v3electionpb."];
 
 /// The `method` label of a path under [`CLIENT_API`] or [`ETCD_API`] that no method has.
 const UNKNOWN: &str = "unknown";
@@ -240,7 +251,10 @@ impl GrpcStats {
 
     /// The slot of a request path, `None` if it is not a client API call.
     fn slot_of(&self, path: &str) -> Option<usize> {
-        if !path.starts_with(CLIENT_API) && !path.starts_with(ETCD_API) {
+        let ours = path.starts_with(CLIENT_API)
+            || path.starts_with(ETCD_API)
+            || ETCD_LOCK_APIS.iter().any(|p| path.starts_with(p));
+        if !ours {
             return None;
         }
         Some(
@@ -484,14 +498,28 @@ mod tests {
     #[test]
     fn every_etcd_method_of_the_proto_has_a_label() {
         let proto = include_str!("../../../../proto/etcd/api/etcdserverpb/rpc.proto");
-        let in_proto = methods_in(proto, "etcdserverpb");
+        let mut in_proto = methods_in(proto, "etcdserverpb");
+        in_proto.extend(methods_in(
+            include_str!(
+                "../../../../proto/etcd/server/etcdserver/api/v3lock/v3lockpb/v3lock.proto"
+            ),
+            "v3lockpb",
+        ));
+        in_proto.extend(methods_in(
+            include_str!(
+                "../../../../proto/etcd/server/etcdserver/api/v3election/v3electionpb/v3election.proto"
+            ),
+            "v3electionpb",
+        ));
         let listed: Vec<String> = ETCD_METHODS.iter().map(|(p, _)| p.to_string()).collect();
         assert_eq!(in_proto, listed);
         for (path, label) in ETCD_METHODS {
-            let want = format!(
-                "etcd.{}",
-                path.trim_start_matches(ETCD_API).replace('/', ".")
-            );
+            let service_method = ETCD_LOCK_APIS
+                .iter()
+                .chain([&ETCD_API])
+                .find_map(|p| path.strip_prefix(p))
+                .unwrap_or(path);
+            let want = format!("etcd.{}", service_method.replace('/', "."));
             assert_eq!(want, *label);
         }
         let stats = GrpcStats::new();
