@@ -314,7 +314,8 @@ pub enum Command {
     },
     /// A `Lock`/`Campaign` call whose client went away: undo what its [`Command::EtcdLock`]
     /// `request` did, whichever of the two commands is applied first — withdraw its wait,
-    /// or end the grant it got (if `lease` still holds `name` with that token); if the
+    /// or end the grant it got (if that request still has it: a later `EtcdLock` of the
+    /// same lease that got the grant again — the call's retry — takes it over); if the
     /// request was not applied yet, record it as answered `NotGranted` so that it never
     /// acts. `Released { holds: 0 }` or `NotHeld`. Appended last; needs
     /// [`Semantics::ELECTIONS`].

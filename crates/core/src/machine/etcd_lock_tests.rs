@@ -428,3 +428,31 @@ fn a_cancel_undoes_its_request_in_either_order() {
     );
     assert!(log.key("job", b).is_some());
 }
+
+#[test]
+fn a_retry_that_got_the_grant_again_owns_it() {
+    let mut log = Log::new();
+    let a = log.lease(60_000);
+    let b = log.lease(60_000);
+    let cancel = |request| Command::EtcdCancel {
+        name: "job".into(),
+        lease: a,
+        request,
+    };
+    log.lock("job", b, "");
+    let (first, r) = log.lock("job", a, "");
+    assert_eq!(r, Response::Pending);
+    let (_, events) = log.unlock("job", b, None);
+    let t = granted_event(&events, first);
+    // The first call's client went away; its retry (another request) gets the grant again.
+    let (retry, again) = log.lock("job", a, "");
+    assert_eq!(token(&again), t);
+    // The first call's cancel now ends nothing; the retry's own cancel ends the grant.
+    assert_eq!(log.apply(None, cancel(first)).0, Response::NotHeld);
+    assert_eq!(log.key("job", a).map(|k| k.1), Some(t));
+    assert_eq!(
+        log.apply(None, cancel(retry)).0,
+        Response::Released { holds: 0 }
+    );
+    assert_eq!(log.key("job", a), None);
+}

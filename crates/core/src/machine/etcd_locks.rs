@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::locks::{check_name, LockKind};
 use super::StateMachine;
 use crate::command::*;
-use crate::cow::{CowMap, CowSet};
+use crate::cow::CowMap;
 use crate::etcd::Bytes;
 use crate::limits::*;
 use crate::CoreError;
@@ -34,8 +34,10 @@ use crate::CoreError;
 pub(super) struct EtcdLocks {
     /// Queued `EtcdLock`s: the value each one's key will hold once granted.
     pub(super) waiting: CowMap<RequestId, Bytes>,
-    /// Grants whose key is in the keyspace: (lock name, lease).
-    pub(super) held: CowSet<(String, SessionId)>,
+    /// Grants whose key is in the keyspace: (lock name, lease) → the request that has the
+    /// grant now (the one that got it, or the last that got it again) — the only one whose
+    /// cancel ends it.
+    pub(super) held: CowMap<(String, SessionId), Option<RequestId>>,
 }
 
 impl EtcdLocks {
@@ -79,13 +81,19 @@ impl StateMachine {
                     requested: LockKind::Exclusive.describe(),
                 });
             }
-            // Held by this lease already: its grant again (etcd's Lock finds its own key).
+            // Held by this lease already: its grant again (etcd's Lock finds its own key), now
+            // this request's — a cancel of the earlier one (its client gone, this one its
+            // retry) no longer ends it.
             if let Some(h) = lock.holders.get(&(owner.clone(), Some(lease))) {
-                return Ok(Response::Granted {
+                let granted = Response::Granted {
                     token: h.token,
                     holds: h.holds,
                     deadline_ms: None,
-                });
+                };
+                if let Some(by) = self.etcd_locks.held.get_mut(&(name.to_owned(), lease)) {
+                    *by = rid;
+                }
+                return Ok(granted);
             }
             // Waiting already (a retried or repeated call): this request takes its place.
             let earlier = lock.queue.iter().copied().find(|r| {
@@ -116,7 +124,7 @@ impl StateMachine {
         };
         let response = self.acquire_valid(revision, rid, &spec, None)?;
         match (&response, rid) {
-            (Response::Granted { .. }, _) => self.project_grant(name, lease, value, events),
+            (Response::Granted { .. }, _) => self.project_grant(name, lease, value, rid, events),
             (Response::Pending, Some(request)) => {
                 self.etcd_locks.waiting.insert(request, value.to_vec());
             }
@@ -216,7 +224,9 @@ impl StateMachine {
                 self.remove_waiter(request, events);
                 Response::Released { holds: 0 }
             }
-            Some(Response::Granted { token, .. }) => {
+            Some(Response::Granted { token, .. })
+                if self.etcd_locks.held.get(&(name.to_owned(), lease)) == Some(&Some(request)) =>
+            {
                 self.etcd_unlock(name, lease, Some(token), events)
             }
             Some(_) => Response::NotHeld,
@@ -229,13 +239,14 @@ impl StateMachine {
         name: &str,
         lease: SessionId,
         value: &[u8],
+        by: Option<RequestId>,
         events: &mut Vec<Event>,
     ) {
         let revision = self.revision;
         let Ok(lease_id) = i64::try_from(lease) else {
             return;
         };
-        self.etcd_locks.held.insert((name.to_owned(), lease));
+        self.etcd_locks.held.insert((name.to_owned(), lease), by);
         // Apply's revisions only grow, so this cannot be refused; should it be, the lock is
         // held without its key (replicas still agree).
         if self
@@ -257,7 +268,7 @@ impl StateMachine {
         events: &mut Vec<Event>,
     ) {
         if let (Some(value), Some(lease)) = (self.etcd_locks.waiting.remove(&rid), session) {
-            self.project_grant(name, lease, &value, events);
+            self.project_grant(name, lease, &value, Some(rid), events);
         }
     }
 
@@ -272,7 +283,12 @@ impl StateMachine {
         let Some(lease) = session else {
             return;
         };
-        if !self.etcd_locks.held.remove(&(name.to_owned(), lease)) {
+        if self
+            .etcd_locks
+            .held
+            .remove(&(name.to_owned(), lease))
+            .is_none()
+        {
             return;
         }
         let revision = self.revision;

@@ -129,7 +129,7 @@ impl StateMachine {
                 ));
             }
         }
-        for (name, lease) in self.etcd_locks.held.iter() {
+        for (name, lease) in self.etcd_locks.held.keys() {
             let key = (super::etcd_locks::lease_owner(*lease), Some(*lease));
             if !self
                 .locks
