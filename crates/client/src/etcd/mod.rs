@@ -27,7 +27,7 @@ use fenced_proto::etcd::mvccpb;
 
 use epb::kv_client::KvClient;
 
-use crate::{Client, ClientError};
+use crate::{is_retryable, Client, ClientError};
 
 mod lease;
 mod watcher;
@@ -39,6 +39,34 @@ pub use watcher::{EventKind, Watch, WatchEvent};
 const STREAM_OPEN: Duration = Duration::from_secs(5);
 /// Pause between attempts on the next endpoint.
 const BACKOFF: Duration = Duration::from_millis(100);
+
+/// Why a step of a resuming stream ([`Watch`], [`Observe`]) did not go on.
+enum Fail {
+    /// The stream broke or could not be opened: try the next endpoint.
+    Retry(String),
+    /// Returned to the caller.
+    Final(ClientError),
+}
+
+/// A stream on endpoint `i` failed with `s`: retried elsewhere unless the node refused it for
+/// good.
+async fn stream_failed(client: &Client, i: usize, s: tonic::Status) -> Fail {
+    let i = i % client.inner.endpoints.len();
+    if s.code() == tonic::Code::Unauthenticated
+        && client.inner.options.credentials.is_some()
+        && client.inner.tokens[i].lock().await.is_some()
+    {
+        // The node forgot our token (restart): log in again there next time. (Without a
+        // token this was the login itself, refused: a wrong password is final.)
+        client.forget_token(i).await;
+        return Fail::Retry(s.message().to_owned());
+    }
+    if is_retryable(&s) {
+        Fail::Retry(format!("{}: {}", s.code(), s.message()))
+    } else {
+        Fail::Final(ClientError::Rejected(s))
+    }
+}
 
 /// One key's value, as etcd's `mvccpb.KeyValue`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
