@@ -43,7 +43,8 @@ mod limiter;
 mod session;
 
 pub use etcd::{
-    Etcd, EventKind, KeepAlive, KeyValue, Lease, LeaseLoss, LeaseTimeToLive, Watch, WatchEvent,
+    Election, ElectionError, Etcd, EventKind, KeepAlive, KeyValue, LeaderKey, Leadership, Lease,
+    LeaseLoss, LeaseTimeToLive, Observe, Watch, WatchEvent,
 };
 pub use fenced_proto::v1::{LockMode, SessionEvent};
 pub use guard::{LockGuard, LockOptions};

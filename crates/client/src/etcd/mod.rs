@@ -29,8 +29,11 @@ use epb::kv_client::KvClient;
 
 use crate::{is_retryable, Client, ClientError};
 
+mod election;
 mod lease;
 mod watcher;
+
+pub use election::{Election, ElectionError, LeaderKey, Leadership, Observe};
 
 pub use lease::{KeepAlive, Lease, LeaseLoss, LeaseTimeToLive};
 pub use watcher::{EventKind, Watch, WatchEvent};
