@@ -443,8 +443,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn observe_reports_each_change_once_and_never_goes_back() {
+    #[tokio::test]
+    async fn observe_reports_each_change_once_and_never_goes_back() {
         let client = Client::connect(["127.0.0.1:1"]).unwrap_or_else(|e| panic!("{e}"));
         let mut o = client.etcd().observe("e");
         assert!(o.is_new(&kv("e/1", 5)));
