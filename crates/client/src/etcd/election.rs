@@ -33,7 +33,9 @@ use tonic::Streaming;
 use elpb::election_client::ElectionClient;
 use lpb::lock_client::LockClient;
 
-use super::{stream_failed, Etcd, Fail, KeepAlive, KeyValue, LeaseLoss, BACKOFF, STREAM_OPEN};
+use super::{
+    next_endpoint, stream_failed, Etcd, Fail, KeepAlive, KeyValue, LeaseLoss, STREAM_OPEN,
+};
 use crate::{Client, ClientError};
 
 /// Deadline of one attempt of a call that answers at once (not `Campaign`/`Lock`).
@@ -387,15 +389,13 @@ impl Observe {
                         "observe stream broken, resuming elsewhere: {why}"
                     );
                     self.stream = None;
-                    self.endpoint = (self.endpoint + 1) % n;
-                    self.client.inner.retries.fetch_add(1, Ordering::Relaxed);
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= self.client.inner.options.retry_for {
-                        return Err(ClientError::Unavailable(format!(
-                            "no endpoint serves the observe: {why}"
-                        )));
-                    }
-                    tokio::time::sleep(BACKOFF).await;
+                    next_endpoint(&self.client, &mut self.endpoint, &mut failing_since)
+                        .await
+                        .map_err(|()| {
+                            ClientError::Unavailable(format!(
+                                "no endpoint serves the observe: {why}"
+                            ))
+                        })?;
                 }
             }
         }

@@ -71,6 +71,27 @@ async fn stream_failed(client: &Client, i: usize, s: tonic::Status) -> Fail {
     }
 }
 
+/// A resuming stream failed on `endpoint`: move to the next one, after a pause.
+/// `Err(())` once no endpoint has served it for `retry_for` since `failing_since` (the first
+/// failure of this run of failures).
+async fn next_endpoint(
+    client: &Client,
+    endpoint: &mut usize,
+    failing_since: &mut Option<std::time::Instant>,
+) -> Result<(), ()> {
+    *endpoint = (*endpoint + 1) % client.inner.endpoints.len();
+    client
+        .inner
+        .retries
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+    if since.elapsed() >= client.inner.options.retry_for {
+        return Err(());
+    }
+    tokio::time::sleep(BACKOFF).await;
+    Ok(())
+}
+
 /// One key's value, as etcd's `mvccpb.KeyValue`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyValue {

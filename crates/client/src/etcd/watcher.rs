@@ -13,7 +13,7 @@ use tonic::Streaming;
 
 use epb::watch_client::WatchClient;
 
-use super::{prefix_end, stream_failed, Etcd, Fail, KeyValue, BACKOFF, STREAM_OPEN};
+use super::{next_endpoint, prefix_end, stream_failed, Etcd, Fail, KeyValue, STREAM_OPEN};
 use crate::{Client, ClientError};
 
 /// What a [`WatchEvent`] is.
@@ -166,15 +166,11 @@ impl Watch {
                         "watch stream broken, resuming elsewhere: {why}"
                     );
                     self.stream = None;
-                    self.endpoint = (self.endpoint + 1) % n;
-                    self.client.inner.retries.fetch_add(1, Ordering::Relaxed);
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= self.client.inner.options.retry_for {
-                        return Err(ClientError::Unavailable(format!(
-                            "no endpoint serves the watch: {why}"
-                        )));
-                    }
-                    tokio::time::sleep(BACKOFF).await;
+                    next_endpoint(&self.client, &mut self.endpoint, &mut failing_since)
+                        .await
+                        .map_err(|()| {
+                            ClientError::Unavailable(format!("no endpoint serves the watch: {why}"))
+                        })?;
                 }
             }
         }
