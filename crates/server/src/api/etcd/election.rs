@@ -18,7 +18,10 @@
 //!   (a hand-over's delete and put are one revision: one message) or a proclaimed value —
 //!   from the keyspace's change feed, woken like a watch; it never skips a term, whatever
 //!   the wake-ups coalesce, and resynchronises from the current state if compaction passed
-//!   its position.
+//!   its position. Opened with etcd's `hasleader: true` metadata (clientv3's
+//!   `WithRequireLeader`), it ends with "etcdserver: no leader" as a require-leader watch
+//!   does ([`super::watch`]), so an observer does not wait on a member cut off from the
+//!   majority.
 //! * Permissions: `LOCK.ACQUIRE` on the name to campaign and proclaim, `LOCK.RELEASE` to
 //!   resign, `LOCK.INFO` to read the leader.
 
@@ -39,7 +42,7 @@ use elpb::election_server::Election;
 
 use super::convert::kv;
 use super::lock::{lock_lease, lock_name, parse_key};
-use super::{not_etcd, rev_in, rev_out, status_of, EtcdApi, Reply};
+use super::{not_etcd, rev_in, rev_out, status_of, watch, EtcdApi, Reply};
 
 /// Events one read of an `Observe` takes from the change feed.
 const PAGE_EVENTS: usize = 1_000;
@@ -171,6 +174,13 @@ impl Election for EtcdApi {
     async fn observe(&self, req: Request<elpb::LeaderRequest>) -> Reply<Self::ObserveStream> {
         let name = lock_name(&req.get_ref().name)?;
         self.users.permit(&req, "LOCK.INFO", &[name.as_bytes()])?;
+        let require_leader = req
+            .metadata()
+            .get("hasleader")
+            .is_some_and(|v| v.as_bytes() == b"true");
+        if require_leader && !self.has_leader() {
+            return Err(watch::no_leader());
+        }
         // Where the stream starts: a linearizable read.
         let (after, live) = self
             .node
@@ -187,7 +197,7 @@ impl Election for EtcdApi {
             after,
             sent: None,
         };
-        tokio::spawn(observer.run());
+        tokio::spawn(observer.run(require_leader));
         let out: ObserveStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
         Ok(tonic::Response::new(out))
     }
@@ -220,18 +230,28 @@ struct Observer {
 struct Gone;
 
 impl Observer {
-    async fn run(mut self) {
+    async fn run(mut self, require_leader: bool) {
         let mut changes = self.api.node.hub().etcd_changes();
         if self.send_leader(self.after).await.is_err() {
             return;
         }
+        let mut leader_check = tokio::time::interval(watch::LEADER_CHECK);
+        let mut leaderless = 0u32;
         loop {
             tokio::select! {
-                changed = changes.changed() => if changed.is_err() { return },
+                changed = changes.changed() => {
+                    if changed.is_err() || self.catch_up().await.is_err() {
+                        return;
+                    }
+                }
+                _ = leader_check.tick(), if require_leader => {
+                    leaderless = if self.api.has_leader() { 0 } else { leaderless + 1 };
+                    if leaderless >= watch::LEADER_CHECKS {
+                        let _ = self.tx.send(Err(watch::no_leader())).await;
+                        return;
+                    }
+                }
                 () = self.tx.closed() => return,
-            }
-            if self.catch_up().await.is_err() {
-                return;
             }
         }
     }
