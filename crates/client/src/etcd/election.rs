@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use fenced_proto::etcd::v3electionpb as elpb;
 use fenced_proto::etcd::v3lockpb as lpb;
+use tonic::metadata::AsciiMetadataValue;
 use tonic::Streaming;
 
 use elpb::election_client::ElectionClient;
@@ -331,9 +332,10 @@ impl Leadership {
 /// one (a term that began and ended meanwhile is not seen; watch the election's prefix,
 /// [`Etcd::watch_prefix`], to see every one).
 ///
-/// A node that stops answering without closing the connection (paused, cut off) stalls the
-/// stream until it answers or the connection breaks: there is no idle deadline, as a quiet
-/// election sends nothing.
+/// Streams are opened with etcd's require-leader metadata: a member cut off from the
+/// majority ends the stream, and the observe moves on. A node that stops answering at all
+/// (paused) stalls the stream until it answers or the connection breaks: there is no idle
+/// deadline, as a quiet election sends nothing.
 ///
 /// ```no_run
 /// # async fn demo(etcd: fenced_client::Etcd) -> Result<(), fenced_client::ClientError> {
@@ -417,9 +419,11 @@ impl Observe {
             Ok(ch) => ch,
             Err(s) => return Err(stream_failed(&self.client, i, s).await),
         };
-        let req = elpb::LeaderRequest {
+        let mut req = tonic::Request::new(elpb::LeaderRequest {
             name: self.name.clone(),
-        };
+        });
+        req.metadata_mut()
+            .insert("hasleader", AsciiMetadataValue::from_static("true"));
         match tokio::time::timeout(STREAM_OPEN, ElectionClient::new(ch).observe(req)).await {
             Ok(Ok(r)) => {
                 self.stream = Some(r.into_inner());
