@@ -4,7 +4,8 @@
 //! * `Campaign(name, lease, value)` is `Lock` with a value: it waits FIFO on the server until
 //!   the lease is leader, then the leader key `name/<lease hex>` holds `value`, and its
 //!   `create_revision` — the answer's `leader.rev` and `header.revision` — is the term's
-//!   **fencing token**. Campaigning again with the leading lease answers the same key.
+//!   **fencing token**. Campaigning again with the leading lease answers the same key, and
+//!   proclaims its value if it differs (as etcd's Campaign does).
 //! * `Proclaim(leader, value)` writes the leader key only while the lease still leads with
 //!   that key (a txn comparing its `create_revision` with `leader.rev`); otherwise etcd's
 //!   "election: not leader".
@@ -96,7 +97,24 @@ impl Election for EtcdApi {
             .permit(&req, "LOCK.ACQUIRE", &[name.as_bytes()])?;
         let r = req.into_inner();
         let lease = lock_lease(r.lease)?;
-        let token = self.take_lock(&name, lease, r.value).await?;
+        let token = self.take_lock(&name, lease, r.value.clone()).await?;
+        // Campaigning again while leading, with another value: the value is proclaimed, as
+        // etcd's Campaign does (the grant kept the first campaign's value).
+        let key = lock_key(&name, lease);
+        let current = self
+            .node
+            .read_clone(|sm| sm.etcd_range(&RangeRequest::new(KeyRange::key(key))))
+            .await
+            .map_err(status_of)?
+            .map_err(|e| super::etcd_status(&e))?;
+        if current
+            .kvs
+            .first()
+            .is_some_and(|kv| kv.create_revision == token && kv.value != r.value)
+        {
+            self.put_leader_value(&name, lease, r.lease, rev_out(token), r.value.clone())
+                .await?;
+        }
         Ok(tonic::Response::new(elpb::CampaignResponse {
             header: self.header(token),
             leader: Some(elpb::LeaderKey {
@@ -113,38 +131,14 @@ impl Election for EtcdApi {
         self.users
             .permit(&req, "LOCK.ACQUIRE", &[name.as_bytes()])?;
         let r = req.into_inner();
-        let key = lock_key(&name, lease);
-        let mut put = PutRequest::new(key.clone(), r.value);
-        put.lease = r.leader.as_ref().map_or(0, |l| l.lease);
-        let txn = TxnRequest {
-            compare: vec![Compare {
-                range: KeyRange::key(key),
-                result: CompareResult::Equal,
-                target: CompareTarget::CreateRevision(rev),
-            }],
-            success: vec![RequestOp::Put(put)],
-            failure: Vec::new(),
-        };
-        match self
-            .node
-            .propose(None, Command::Etcd(EtcdCommand::Txn(txn)))
-            .await
-            .map_err(status_of)?
-        {
-            Response::Etcd {
-                revision,
-                reply: EtcdReply::Txn(t),
-                ..
-            } => {
-                if !t.succeeded {
-                    return Err(not_leader());
-                }
-                Ok(tonic::Response::new(elpb::ProclaimResponse {
-                    header: self.header(revision),
-                }))
-            }
-            other => Err(not_etcd(other)),
-        }
+        let lease_id = r.leader.as_ref().map_or(0, |l| l.lease);
+        let revision = self
+            .put_leader_value(&name, lease, lease_id, rev, r.value)
+            .await?
+            .ok_or_else(not_leader)?;
+        Ok(tonic::Response::new(elpb::ProclaimResponse {
+            header: self.header(revision),
+        }))
     }
 
     async fn leader(&self, req: Request<elpb::LeaderRequest>) -> Reply<elpb::LeaderResponse> {
@@ -212,6 +206,45 @@ impl Election for EtcdApi {
         Ok(tonic::Response::new(elpb::ResignResponse {
             header: self.header_now(),
         }))
+    }
+}
+
+impl EtcdApi {
+    /// Put `value` on the leader key of `lease` in election `name` if that lease still leads
+    /// with the term whose token is `rev`: the put's revision, `None` if it does not.
+    async fn put_leader_value(
+        &self,
+        name: &str,
+        lease: u64,
+        lease_id: i64,
+        rev: i64,
+        value: Vec<u8>,
+    ) -> Result<Option<u64>, Status> {
+        let key = lock_key(name, lease);
+        let mut put = PutRequest::new(key.clone(), value);
+        put.lease = lease_id;
+        let txn = TxnRequest {
+            compare: vec![Compare {
+                range: KeyRange::key(key),
+                result: CompareResult::Equal,
+                target: CompareTarget::CreateRevision(rev),
+            }],
+            success: vec![RequestOp::Put(put)],
+            failure: Vec::new(),
+        };
+        match self
+            .node
+            .propose(None, Command::Etcd(EtcdCommand::Txn(txn)))
+            .await
+            .map_err(status_of)?
+        {
+            Response::Etcd {
+                revision,
+                reply: EtcdReply::Txn(t),
+                ..
+            } => Ok(t.succeeded.then_some(revision)),
+            other => Err(not_etcd(other)),
+        }
     }
 }
 
