@@ -1,11 +1,14 @@
-//! The Rust client's etcd surface (`crates/client/src/etcd.rs`) against a real 3-node cluster:
+//! The Rust client's etcd surface (`crates/client/src/etcd/`) against a real 3-node cluster:
 //! a prefix watch started at a revision keeps delivering while a writer puts 300 values and
 //! every member in turn (the leader first) is SIGKILLed and restarted — every change once, in
 //! revision order, the same as a fresh watch replaying the history afterwards; a watch whose
 //! position compaction passed (one whose stream broke, one never polled) gets
 //! `ClientError::Compacted`; a lease with a keep-alive handle survives a leader SIGKILL, and
 //! once the handle is dropped it lapses, its key's delete reaches the watch and a keep-alive
-//! of it reports the loss; a revoked lease's handle reports the loss.
+//! of it reports the loss; a revoked lease's handle reports the loss; an `Election` campaigns
+//! (the second candidate waits), proclaims, and hands over by resigning while the `Observe`
+//! following it loses its node to a SIGKILL and resumes elsewhere, a revoked term's
+//! proclaim is `NotLeader`, and etcd's `Lock` answers its key and token.
 //!
 //! Run: `cargo test -p fenced-server --test client_etcd`.
 
@@ -390,4 +393,80 @@ async fn with_credentials_a_watch_logs_in_again_after_its_node_restarts() {
         anon.get("a/k").await,
         Err(ClientError::Rejected(_))
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_election_campaigns_proclaims_and_observes_through_a_leader_sigkill() {
+    let c = TestCluster::start("client_etcd_election", &[]);
+    c.wait_for_leader(LEADER_TIMEOUT).await;
+    let etcd = c.client().etcd();
+    let grant = |ttl| {
+        let etcd = etcd.clone();
+        async move {
+            wait_for("a lease grant", READY, || async {
+                etcd.grant(ttl).await.map_err(|e| e.to_string())
+            })
+            .await
+        }
+    };
+    let (la, lb) = (grant(10).await, grant(10).await);
+    let a = etcd.election(etcd.keep_alive(la));
+    let b = etcd.election(etcd.keep_alive(lb));
+    let term_a = within("a campaigns", EVENT, a.campaign("svc", "a"))
+        .await
+        .expect("campaign a");
+    let leader = etcd.leader("svc").await.expect("leader").expect("a leads");
+    assert_eq!(leader.create_revision as u64, term_a.token());
+    assert_eq!(leader.key, term_a.key().key);
+    // b waits behind a.
+    let waiting = tokio::spawn(async move {
+        let term = b.campaign("svc", "b").await;
+        (b, term)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "b leads while a does");
+    term_a.proclaim("a2").await.expect("proclaim while leading");
+    let mut leaders = etcd.observe("svc");
+    let first = within("observe", EVENT, leaders.next())
+        .await
+        .expect("first");
+    assert_eq!(
+        (first.key.clone(), first.value),
+        (term_a.key().key.clone(), b"a2".to_vec())
+    );
+
+    // The observe's node (the preferred one: the leader) dies; a resigns; b leads.
+    let killed = c.wait_for_leader(LEADER_TIMEOUT).await;
+    c.kill(killed);
+    within("a resigns", READY, term_a.resign())
+        .await
+        .expect("resign");
+    let (b, term_b) = within("b leads", READY, waiting).await.expect("join");
+    let term_b = term_b.expect("campaign b");
+    assert!(term_b.token() > first.create_revision as u64);
+    let next = within("observe after the kill", READY, leaders.next())
+        .await
+        .expect("next");
+    assert_eq!(
+        (next.key, next.value, next.create_revision as u64),
+        (term_b.key().key.clone(), b"b".to_vec(), term_b.token())
+    );
+    c.restart(killed);
+
+    // b's lease ends: its term is over, a proclaim is refused, nobody leads.
+    etcd.revoke(b.lease()).await.expect("revoke b");
+    assert!(matches!(
+        term_b.proclaim("late").await,
+        Err(fenced_client::ElectionError::NotLeader)
+    ));
+    assert_eq!(etcd.leader("svc").await.expect("leader"), None);
+
+    // etcd's Lock on a's lease: the key and its token, and unlock.
+    let (key, token) = within("lock", EVENT, etcd.lock("mutex", a.lease()))
+        .await
+        .expect("lock");
+    let kv = etcd.get(&key).await.expect("get").expect("the lock's key");
+    assert_eq!(kv.create_revision as u64, token);
+    etcd.unlock(&key).await.expect("unlock");
+    assert_eq!(etcd.get(&key).await.expect("get"), None);
 }

@@ -10,7 +10,9 @@
 //! * A `Lock` call cancelled by its deadline leaves the queue: the lock goes to the next.
 //! * `Campaign`, `Proclaim`, `Leader`, `Observe` and `Resign`: the leader's value, a stale
 //!   leader's proclaim refused, every change observed in order, through a SIGKILL of the
-//!   fenced leader (a waiting campaign, connected to a survivor, wins after it).
+//!   fenced leader (a waiting campaign, connected to a survivor, wins after it); a
+//!   require-leader `Observe` on a member that lost the majority ends with "no leader"; a
+//!   leader campaigning again with another value proclaims it.
 //!
 //! Run: `cargo test -p fenced-server --test etcd_election`.
 
@@ -369,5 +371,90 @@ async fn an_election_campaigns_proclaims_observes_and_resigns_through_a_leader_s
             ("b1".to_owned(), kb.rev),
             ("c1".to_owned(), kc.rev),
         ]
+    );
+}
+
+/// `Observe` with etcd's require-leader metadata on a member that lost the majority ends
+/// with "etcdserver: no leader" (a client then observes elsewhere); one without it stays open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_require_leader_observe_ends_when_its_member_loses_the_majority() {
+    let c = TestCluster::start("etcd_election_hasleader", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let node = follower_of(leader);
+    let observe = |require: bool| {
+        let ch = c.raw_channel(node);
+        async move {
+            let mut req = tonic::Request::new(elpb::LeaderRequest {
+                name: b"hl".to_vec(),
+            });
+            if require {
+                req.metadata_mut()
+                    .insert("hasleader", "true".parse().expect("ascii"));
+            }
+            within(
+                "observe opens",
+                ETCD_READY,
+                ElectionClient::new(ch).observe(req),
+            )
+            .await
+            .expect("observe")
+            .into_inner()
+        }
+    };
+    let mut required = observe(true).await;
+    let mut plain = observe(false).await;
+    for id in c.ids().filter(|i| *i != node).collect::<Vec<_>>() {
+        c.kill(id);
+    }
+    let end = within("the require-leader observe ends", STEP, required.message()).await;
+    let status = end.expect_err("an error, not a message or the end");
+    assert_eq!(status.code(), Code::Unavailable);
+    assert_eq!(status.message(), "etcdserver: no leader");
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), plain.message())
+            .await
+            .is_err(),
+        "the observe without require-leader stays open"
+    );
+}
+
+/// `Campaign` again by the leading lease with another value: the same term (key and token),
+/// its value proclaimed, as etcd's Campaign does; with the same value, nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn campaigning_again_while_leading_proclaims_the_new_value() {
+    let c = TestCluster::start("etcd_election_recampaign", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let lease = grant_lease(&c, leader, 60).await.id;
+    let first = within(
+        "campaign",
+        STEP,
+        campaign(c.raw_channel(leader), lease, "v1"),
+    )
+    .await
+    .expect("campaign v1");
+    let again = within(
+        "campaign",
+        STEP,
+        campaign(c.raw_channel(leader), lease, "v2"),
+    )
+    .await
+    .expect("campaign v2");
+    assert_eq!((&again.key, again.rev), (&first.key, first.rev));
+    let kv = get(c.raw_channel(leader), &first.key)
+        .await
+        .expect("the leader key");
+    assert_eq!(kv.value, b"v2".to_vec());
+    assert_eq!(kv.create_revision, first.rev);
+    within(
+        "campaign",
+        STEP,
+        campaign(c.raw_channel(leader), lease, "v2"),
+    )
+    .await
+    .expect("campaign v2 again");
+    let same = get(c.raw_channel(leader), &first.key).await.expect("key");
+    assert_eq!(
+        same.mod_revision, kv.mod_revision,
+        "no write for the same value"
     );
 }

@@ -43,7 +43,8 @@ mod limiter;
 mod session;
 
 pub use etcd::{
-    Etcd, EventKind, KeepAlive, KeyValue, Lease, LeaseLoss, LeaseTimeToLive, Watch, WatchEvent,
+    Election, ElectionError, Etcd, EventKind, KeepAlive, KeyValue, LeaderKey, Leadership, Lease,
+    LeaseLoss, LeaseTimeToLive, Observe, Watch, WatchEvent,
 };
 pub use fenced_proto::v1::{LockMode, SessionEvent};
 pub use guard::{LockGuard, LockOptions};
@@ -236,10 +237,13 @@ struct Inner {
 }
 
 fn is_retryable(s: &tonic::Status) -> bool {
-    matches!(
-        s.code(),
-        Code::Unavailable | Code::Unknown | Code::DeadlineExceeded | Code::Cancelled
-    )
+    match s.code() {
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled => true,
+        // etcd's election answers ("election: not leader", "election: no leader") are
+        // `UNKNOWN`, as etcd's server sends them: answers, not failures.
+        Code::Unknown => !s.message().starts_with("election: "),
+        _ => false,
+    }
 }
 
 /// The server's rule for outcomes, across the client's own attempts of one call (the same

@@ -27,10 +27,13 @@ use fenced_proto::etcd::mvccpb;
 
 use epb::kv_client::KvClient;
 
-use crate::{Client, ClientError};
+use crate::{is_retryable, Client, ClientError};
 
+mod election;
 mod lease;
 mod watcher;
+
+pub use election::{Election, ElectionError, LeaderKey, Leadership, Observe};
 
 pub use lease::{KeepAlive, Lease, LeaseLoss, LeaseTimeToLive};
 pub use watcher::{EventKind, Watch, WatchEvent};
@@ -39,6 +42,55 @@ pub use watcher::{EventKind, Watch, WatchEvent};
 const STREAM_OPEN: Duration = Duration::from_secs(5);
 /// Pause between attempts on the next endpoint.
 const BACKOFF: Duration = Duration::from_millis(100);
+
+/// Why a step of a resuming stream ([`Watch`], [`Observe`]) did not go on.
+enum Fail {
+    /// The stream broke or could not be opened: try the next endpoint.
+    Retry(String),
+    /// Returned to the caller.
+    Final(ClientError),
+}
+
+/// A stream on endpoint `i` failed with `s`: retried elsewhere unless the node refused it for
+/// good.
+async fn stream_failed(client: &Client, i: usize, s: tonic::Status) -> Fail {
+    let i = i % client.inner.endpoints.len();
+    if s.code() == tonic::Code::Unauthenticated
+        && client.inner.options.credentials.is_some()
+        && client.inner.tokens[i].lock().await.is_some()
+    {
+        // The node forgot our token (restart): log in again there next time. (Without a
+        // token this was the login itself, refused: a wrong password is final.)
+        client.forget_token(i).await;
+        return Fail::Retry(s.message().to_owned());
+    }
+    if is_retryable(&s) {
+        Fail::Retry(format!("{}: {}", s.code(), s.message()))
+    } else {
+        Fail::Final(ClientError::Rejected(s))
+    }
+}
+
+/// A resuming stream failed on `endpoint`: move to the next one, after a pause.
+/// `Err(())` once no endpoint has served it for `retry_for` since `failing_since` (the first
+/// failure of this run of failures).
+async fn next_endpoint(
+    client: &Client,
+    endpoint: &mut usize,
+    failing_since: &mut Option<std::time::Instant>,
+) -> Result<(), ()> {
+    *endpoint = (*endpoint + 1) % client.inner.endpoints.len();
+    client
+        .inner
+        .retries
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+    if since.elapsed() >= client.inner.options.retry_for {
+        return Err(());
+    }
+    tokio::time::sleep(BACKOFF).await;
+    Ok(())
+}
 
 /// One key's value, as etcd's `mvccpb.KeyValue`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

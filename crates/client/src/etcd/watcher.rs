@@ -9,12 +9,12 @@ use fenced_proto::etcd::mvccpb;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::AsciiMetadataValue;
-use tonic::{Code, Streaming};
+use tonic::Streaming;
 
 use epb::watch_client::WatchClient;
 
-use super::{prefix_end, Etcd, KeyValue, BACKOFF, STREAM_OPEN};
-use crate::{is_retryable, Client, ClientError};
+use super::{next_endpoint, prefix_end, stream_failed, Etcd, Fail, KeyValue, STREAM_OPEN};
+use crate::{Client, ClientError};
 
 /// What a [`WatchEvent`] is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,14 +113,6 @@ struct WatchStream {
     responses: Streaming<epb::WatchResponse>,
 }
 
-/// Why a step of [`Watch::next`] did not go on.
-enum Fail {
-    /// The stream broke or could not be opened: try the next endpoint.
-    Retry(String),
-    /// Returned to the caller.
-    Final(ClientError),
-}
-
 impl Watch {
     fn new(client: Client, key: Vec<u8>, range_end: Vec<u8>, start_revision: i64) -> Watch {
         let endpoint = client.inner.preferred.load(Ordering::Relaxed);
@@ -174,15 +166,11 @@ impl Watch {
                         "watch stream broken, resuming elsewhere: {why}"
                     );
                     self.stream = None;
-                    self.endpoint = (self.endpoint + 1) % n;
-                    self.client.inner.retries.fetch_add(1, Ordering::Relaxed);
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= self.client.inner.options.retry_for {
-                        return Err(ClientError::Unavailable(format!(
-                            "no endpoint serves the watch: {why}"
-                        )));
-                    }
-                    tokio::time::sleep(BACKOFF).await;
+                    next_endpoint(&self.client, &mut self.endpoint, &mut failing_since)
+                        .await
+                        .map_err(|()| {
+                            ClientError::Unavailable(format!("no endpoint serves the watch: {why}"))
+                        })?;
                 }
             }
         }
@@ -190,21 +178,7 @@ impl Watch {
 
     /// A failed stream: retried elsewhere unless the node refused the watch for good.
     async fn failed(&self, s: tonic::Status) -> Fail {
-        let i = self.endpoint % self.client.inner.endpoints.len();
-        if s.code() == Code::Unauthenticated
-            && self.client.inner.options.credentials.is_some()
-            && self.client.inner.tokens[i].lock().await.is_some()
-        {
-            // The node forgot our token (restart): log in again there next time. (Without a
-            // token this was the login itself, refused: a wrong password is final.)
-            self.client.forget_token(i).await;
-            return Fail::Retry(s.message().to_owned());
-        }
-        if is_retryable(&s) {
-            Fail::Retry(format!("{}: {}", s.code(), s.message()))
-        } else {
-            Fail::Final(ClientError::Rejected(s))
-        }
+        stream_failed(&self.client, self.endpoint, s).await
     }
 
     /// Open a stream on the current endpoint and create the watch at `next_rev`.

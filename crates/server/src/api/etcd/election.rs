@@ -4,7 +4,8 @@
 //! * `Campaign(name, lease, value)` is `Lock` with a value: it waits FIFO on the server until
 //!   the lease is leader, then the leader key `name/<lease hex>` holds `value`, and its
 //!   `create_revision` — the answer's `leader.rev` and `header.revision` — is the term's
-//!   **fencing token**. Campaigning again with the leading lease answers the same key.
+//!   **fencing token**. Campaigning again with the leading lease answers the same key, and
+//!   proclaims its value if it differs (as etcd's Campaign does).
 //! * `Proclaim(leader, value)` writes the leader key only while the lease still leads with
 //!   that key (a txn comparing its `create_revision` with `leader.rev`); otherwise etcd's
 //!   "election: not leader".
@@ -18,7 +19,10 @@
 //!   (a hand-over's delete and put are one revision: one message) or a proclaimed value —
 //!   from the keyspace's change feed, woken like a watch; it never skips a term, whatever
 //!   the wake-ups coalesce, and resynchronises from the current state if compaction passed
-//!   its position.
+//!   its position. Opened with etcd's `hasleader: true` metadata (clientv3's
+//!   `WithRequireLeader`), it ends with "etcdserver: no leader" as a require-leader watch
+//!   does ([`super::watch`]), so an observer does not wait on a member cut off from the
+//!   majority.
 //! * Permissions: `LOCK.ACQUIRE` on the name to campaign and proclaim, `LOCK.RELEASE` to
 //!   resign, `LOCK.INFO` to read the leader.
 
@@ -39,7 +43,7 @@ use elpb::election_server::Election;
 
 use super::convert::kv;
 use super::lock::{lock_lease, lock_name, parse_key};
-use super::{not_etcd, rev_in, rev_out, status_of, EtcdApi, Reply};
+use super::{not_etcd, rev_in, rev_out, status_of, watch, EtcdApi, Reply};
 
 /// Events one read of an `Observe` takes from the change feed.
 const PAGE_EVENTS: usize = 1_000;
@@ -93,7 +97,24 @@ impl Election for EtcdApi {
             .permit(&req, "LOCK.ACQUIRE", &[name.as_bytes()])?;
         let r = req.into_inner();
         let lease = lock_lease(r.lease)?;
-        let token = self.take_lock(&name, lease, r.value).await?;
+        let token = self.take_lock(&name, lease, r.value.clone()).await?;
+        // Campaigning again while leading, with another value: the value is proclaimed, as
+        // etcd's Campaign does (the grant kept the first campaign's value).
+        let key = lock_key(&name, lease);
+        let current = self
+            .node
+            .read_clone(|sm| sm.etcd_range(&RangeRequest::new(KeyRange::key(key))))
+            .await
+            .map_err(status_of)?
+            .map_err(|e| super::etcd_status(&e))?;
+        if current
+            .kvs
+            .first()
+            .is_some_and(|kv| kv.create_revision == token && kv.value != r.value)
+        {
+            self.put_leader_value(&name, lease, r.lease, rev_out(token), r.value.clone())
+                .await?;
+        }
         Ok(tonic::Response::new(elpb::CampaignResponse {
             header: self.header(token),
             leader: Some(elpb::LeaderKey {
@@ -110,38 +131,14 @@ impl Election for EtcdApi {
         self.users
             .permit(&req, "LOCK.ACQUIRE", &[name.as_bytes()])?;
         let r = req.into_inner();
-        let key = lock_key(&name, lease);
-        let mut put = PutRequest::new(key.clone(), r.value);
-        put.lease = r.leader.as_ref().map_or(0, |l| l.lease);
-        let txn = TxnRequest {
-            compare: vec![Compare {
-                range: KeyRange::key(key),
-                result: CompareResult::Equal,
-                target: CompareTarget::CreateRevision(rev),
-            }],
-            success: vec![RequestOp::Put(put)],
-            failure: Vec::new(),
-        };
-        match self
-            .node
-            .propose(None, Command::Etcd(EtcdCommand::Txn(txn)))
-            .await
-            .map_err(status_of)?
-        {
-            Response::Etcd {
-                revision,
-                reply: EtcdReply::Txn(t),
-                ..
-            } => {
-                if !t.succeeded {
-                    return Err(not_leader());
-                }
-                Ok(tonic::Response::new(elpb::ProclaimResponse {
-                    header: self.header(revision),
-                }))
-            }
-            other => Err(not_etcd(other)),
-        }
+        let lease_id = r.leader.as_ref().map_or(0, |l| l.lease);
+        let revision = self
+            .put_leader_value(&name, lease, lease_id, rev, r.value)
+            .await?
+            .ok_or_else(not_leader)?;
+        Ok(tonic::Response::new(elpb::ProclaimResponse {
+            header: self.header(revision),
+        }))
     }
 
     async fn leader(&self, req: Request<elpb::LeaderRequest>) -> Reply<elpb::LeaderResponse> {
@@ -171,6 +168,13 @@ impl Election for EtcdApi {
     async fn observe(&self, req: Request<elpb::LeaderRequest>) -> Reply<Self::ObserveStream> {
         let name = lock_name(&req.get_ref().name)?;
         self.users.permit(&req, "LOCK.INFO", &[name.as_bytes()])?;
+        let require_leader = req
+            .metadata()
+            .get("hasleader")
+            .is_some_and(|v| v.as_bytes() == b"true");
+        if require_leader && !self.has_leader() {
+            return Err(watch::no_leader());
+        }
         // Where the stream starts: a linearizable read.
         let (after, live) = self
             .node
@@ -187,7 +191,7 @@ impl Election for EtcdApi {
             after,
             sent: None,
         };
-        tokio::spawn(observer.run());
+        tokio::spawn(observer.run(require_leader));
         let out: ObserveStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
         Ok(tonic::Response::new(out))
     }
@@ -202,6 +206,45 @@ impl Election for EtcdApi {
         Ok(tonic::Response::new(elpb::ResignResponse {
             header: self.header_now(),
         }))
+    }
+}
+
+impl EtcdApi {
+    /// Put `value` on the leader key of `lease` in election `name` if that lease still leads
+    /// with the term whose token is `rev`: the put's revision, `None` if it does not.
+    async fn put_leader_value(
+        &self,
+        name: &str,
+        lease: u64,
+        lease_id: i64,
+        rev: i64,
+        value: Vec<u8>,
+    ) -> Result<Option<u64>, Status> {
+        let key = lock_key(name, lease);
+        let mut put = PutRequest::new(key.clone(), value);
+        put.lease = lease_id;
+        let txn = TxnRequest {
+            compare: vec![Compare {
+                range: KeyRange::key(key),
+                result: CompareResult::Equal,
+                target: CompareTarget::CreateRevision(rev),
+            }],
+            success: vec![RequestOp::Put(put)],
+            failure: Vec::new(),
+        };
+        match self
+            .node
+            .propose(None, Command::Etcd(EtcdCommand::Txn(txn)))
+            .await
+            .map_err(status_of)?
+        {
+            Response::Etcd {
+                revision,
+                reply: EtcdReply::Txn(t),
+                ..
+            } => Ok(t.succeeded.then_some(revision)),
+            other => Err(not_etcd(other)),
+        }
     }
 }
 
@@ -220,18 +263,28 @@ struct Observer {
 struct Gone;
 
 impl Observer {
-    async fn run(mut self) {
+    async fn run(mut self, require_leader: bool) {
         let mut changes = self.api.node.hub().etcd_changes();
         if self.send_leader(self.after).await.is_err() {
             return;
         }
+        let mut leader_check = tokio::time::interval(watch::LEADER_CHECK);
+        let mut leaderless = 0u32;
         loop {
             tokio::select! {
-                changed = changes.changed() => if changed.is_err() { return },
+                changed = changes.changed() => {
+                    if changed.is_err() || self.catch_up().await.is_err() {
+                        return;
+                    }
+                }
+                _ = leader_check.tick(), if require_leader => {
+                    leaderless = if self.api.has_leader() { 0 } else { leaderless + 1 };
+                    if leaderless >= watch::LEADER_CHECKS {
+                        let _ = self.tx.send(Err(watch::no_leader())).await;
+                        return;
+                    }
+                }
                 () = self.tx.closed() => return,
-            }
-            if self.catch_up().await.is_err() {
-                return;
             }
         }
     }

@@ -402,13 +402,13 @@ impl Feed {
 }
 
 impl EtcdApi {
-    fn has_leader(&self) -> bool {
+    pub(super) fn has_leader(&self) -> bool {
         self.node.raft().metrics().borrow().current_leader.is_some()
     }
 }
 
 /// etcd's answer when a require-leader stream's member knows no leader.
-fn no_leader() -> Status {
+pub(super) fn no_leader() -> Status {
     Status::unavailable("etcdserver: no leader")
 }
 
