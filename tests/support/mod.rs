@@ -17,10 +17,11 @@
 //!
 //! By concern: [`cluster`] (the processes, addresses, status and catch-up waits), [`wait`]
 //! (bounded waiting), [`programs`] (outside programs: required, run with a time limit),
-//! [`resp`] (redis-rs connections), [`http`] (GETs of a node's metrics listener).
+//! [`etcd`] (a real etcd cluster, to hold fenced to), [`resp`] (redis-rs connections), [`http`] (GETs of a node's metrics listener).
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod etcd;
 pub mod http;
 pub mod programs;
 pub mod resp;
@@ -29,6 +30,8 @@ pub mod wait;
 // Each test binary uses a different part of these.
 #[allow(unused_imports)]
 pub use cluster::*;
+#[allow(unused_imports)]
+pub use etcd::*;
 #[allow(unused_imports)]
 pub use http::*;
 #[allow(unused_imports)]

@@ -21,6 +21,7 @@ pub fn require(bin: &str, probe: &[&str]) {
         ("redis-cli", _) => "apt-get install -y redis-tools",
         ("redis-server", _) => "apt-get install -y redis-server",
         ("etcdctl", _) => "apt-get install -y etcd-client",
+        ("etcd", _) => "apt-get install -y etcd-server",
         ("node", _) => "apt-get install -y nodejs npm && (cd tests/etcd-client && npm ci)",
         _ => "see scripts/test.sh",
     };
