@@ -16,38 +16,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{etcdctl_cmd, require, Spawned, TestCluster, LEADER_TIMEOUT};
+use support::{
+    check_one_holder_at_a_time, ends, etcdctl_cmd, require, wait_sections, Spawned, TestCluster,
+    LEADER_TIMEOUT,
+};
 
 /// Bound of one worker's `etcdctl lock -- cmd` run (a partition lasts a few seconds).
 const RUN_LIMIT: Duration = Duration::from_secs(45);
-
-fn log_lines(path: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
-fn ends(path: &std::path::Path) -> usize {
-    log_lines(path)
-        .iter()
-        .filter(|l| l.starts_with("end "))
-        .count()
-}
-
-/// Wait (bounded) until the workers have finished `n` critical sections in all.
-async fn wait_sections(path: &std::path::Path, n: usize, what: &str) {
-    support::wait_for(what, Duration::from_secs(60), || async {
-        let done = ends(path);
-        if done >= n {
-            Ok(())
-        } else {
-            Err(format!("{done} of {n} critical sections done"))
-        }
-    })
-    .await
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_lock_keeps_one_holder_through_a_leader_sigkill_and_a_partition() {
@@ -175,33 +150,8 @@ async fn etcdctl_lock_keeps_one_holder_through_a_leader_sigkill_and_a_partition(
         total_failed += failed;
     }
 
-    // Never two holders at once: start and end lines strictly alternate, each end by the
-    // worker that started; the lock key's revision grows from holder to holder.
-    let lines = log_lines(&log);
-    let mut holder: Option<&str> = None;
-    let mut last_rev = 0u64;
-    let mut sections = 0;
-    for l in &lines {
-        let f: Vec<&str> = l.split(' ').collect();
-        match (f.as_slice(), holder) {
-            (["start", w, rev], None) => {
-                let rev: u64 = rev
-                    .parse()
-                    .unwrap_or_else(|_| panic!("no ETCD_LOCK_REV in `{l}`:\n{lines:#?}"));
-                assert!(
-                    rev > last_rev,
-                    "lock revision {rev} after {last_rev}:\n{lines:#?}"
-                );
-                last_rev = rev;
-                holder = Some(w);
-            }
-            (["end", w], Some(h)) if *w == h => {
-                holder = None;
-                sections += 1;
-            }
-            _ => panic!("two holders at once, or a torn line, at `{l}`:\n{lines:#?}"),
-        }
-    }
+    // Never two holders at once; the lock key's revision grows from holder to holder.
+    let (sections, last_rev) = check_one_holder_at_a_time(&log);
     eprintln!(
         "etcdctl lock: {sections} critical sections, one holder at a time, last revision \
          {last_rev}; {total_failed} runs failed during faults and were retried"
