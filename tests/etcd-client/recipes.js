@@ -9,7 +9,8 @@
 //     JSON line {"held": N, "busy": N, "errors": N}.
 //
 //   node recipes.js elect HOSTS
-//     Three candidates (alpha, beta, gamma; each its own client, so its own lease) campaign
+//     Three candidates (alpha, beta, gamma; each its own client, so its own lease, TTL 15 s)
+//     campaign
 //     for the election `ring` in that order and an observer watches it. Prints `elected X`
 //     when candidate X wins and `observed V` on every leader change the observer reports.
 //     Commands on stdin: `resign X` (the campaign resigns), `revoke X` (the candidate's lease
@@ -38,6 +39,19 @@ readline.createInterface({ input: process.stdin }).on('line', (l) => {
   else commands.push(l.trim().split(' '));
 });
 
+// Release until it works (a revoke lost in a fault leaves the lease alive).
+async function release(lock, counts) {
+  for (let i = 0; i < 20; i++) {
+    try {
+      await lock.release();
+      return;
+    } catch (e) {
+      counts.errors++;
+      await sleep(200);
+    }
+  }
+}
+
 async function lockLoop(worker, logfile) {
   const client = newClient();
   const counts = { held: 0, busy: 0, errors: 0 };
@@ -48,9 +62,17 @@ async function lockLoop(worker, logfile) {
     try {
       await lock.acquire();
     } catch (e) {
-      if (e instanceof EtcdLockFailedError) counts.busy++;
-      else counts.errors++;
-      await sleep(e instanceof EtcdLockFailedError ? 30 : 200);
+      if (e instanceof EtcdLockFailedError) {
+        counts.busy++;
+        await sleep(30);
+      } else {
+        // An unknown outcome (a deadline, a node gone): the key may have been created under
+        // a lease etcd3 keeps alive in the background, so the lock would be held for good.
+        // Revoke that lease, as an application must.
+        counts.errors++;
+        await release(lock, counts);
+        await sleep(200);
+      }
       continue;
     }
     try {
@@ -61,16 +83,7 @@ async function lockLoop(worker, logfile) {
       fs.appendFileSync(logfile, `end ${worker}\n`);
       counts.held++;
     } finally {
-      // Release until it works (a revoke lost in a fault leaves the lease alive).
-      for (let i = 0; i < 20; i++) {
-        try {
-          await lock.release();
-          break;
-        } catch (e) {
-          counts.errors++;
-          await sleep(200);
-        }
-      }
+      await release(lock, counts);
     }
   }
   console.log(JSON.stringify(counts));
@@ -82,12 +95,12 @@ async function elect() {
   const clients = {};
   const campaigns = {};
   const observerClient = newClient();
-  const observer = await observerClient.election('ring', 10).observe();
+  const observer = await observerClient.election('ring', 15).observe();
   observer.on('change', (v) => console.log(`observed ${v}`));
   observer.on('error', (e) => console.error(`observer error: ${e}`));
   for (const n of names) {
     clients[n] = newClient();
-    const c = clients[n].election('ring', 10).campaign(n);
+    const c = clients[n].election('ring', 15).campaign(n);
     c.on('elected', () => console.log(`elected ${n}`));
     c.on('error', (e) => console.error(`campaign ${n} error: ${e}`));
     campaigns[n] = c;
