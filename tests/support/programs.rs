@@ -22,6 +22,7 @@ pub fn require(bin: &str, probe: &[&str]) {
         ("redis-server", _) => "apt-get install -y redis-server",
         ("etcdctl", _) => "apt-get install -y etcd-client",
         ("etcd", _) => "apt-get install -y etcd-server",
+        ("iptables", _) => "apt-get install -y iptables",
         ("node", _) => "apt-get install -y nodejs npm && (cd tests/etcd-client && npm ci)",
         _ => "see scripts/test.sh",
     };
