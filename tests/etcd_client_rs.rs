@@ -1,6 +1,7 @@
 //! An unchanged etcd client library for Rust — the `etcd-client` crate (crates.io 0.21, on
 //! tonic) — against a 3-node fenced cluster: KV, a watch that resumes by revision after a
-//! SIGKILL of the fenced leader, a lease kept alive through that SIGKILL; and its
+//! SIGKILL of the fenced leader (then of each other member), a lease kept alive through
+//! them; and its
 //! `lock_client()` (v3lockpb Lock/Unlock) and `election_client()` (v3electionpb Campaign,
 //! Proclaim, Leader, Observe, Resign). The Lock and Election bodies run against a real
 //! 3-node etcd cluster (Debian's `etcd`) too: one test body, two servers.
@@ -217,6 +218,14 @@ async fn etcd_client_crate_kv_watch_and_keepalive_through_a_leader_sigkill() {
     n += write_for(&client, n, Duration::from_secs(3)).await;
     c.restart(leader);
     c.wait_for_leader(LEADER_TIMEOUT).await;
+    // Then the other two in turn, so that whichever member the watch stream was on, it was
+    // cut at least once and had to resume.
+    for other in c.ids().filter(|i| *i != leader).collect::<Vec<_>>() {
+        c.kill(other);
+        n += write_for(&client, n, Duration::from_secs(1)).await;
+        c.restart(other);
+        c.wait_for_leader(LEADER_TIMEOUT).await;
+    }
     n += write_for(&client, n, Duration::from_secs(1)).await;
     create(&mut client, "w/end").await;
 
@@ -226,7 +235,11 @@ async fn etcd_client_crate_kv_watch_and_keepalive_through_a_leader_sigkill() {
     let mut want: Vec<String> = (0..n).map(|i| format!("w/{i:03}")).collect();
     want.push("w/end".into());
     assert_eq!(seen, want, "the watch must see every key once, in order");
-    eprintln!("etcd-client: {n} keys watched across the leader's SIGKILL; {resumes} watch streams");
+    eprintln!("etcd-client: {n} keys watched across the SIGKILLs; {resumes} watch streams");
+    assert!(
+        resumes >= 2,
+        "the watch stream was never cut, so nothing was resumed"
+    );
 
     // The lease lived through the SIGKILL: well over its TTL has passed since.
     let since = kill_at.elapsed();
