@@ -272,8 +272,8 @@ async fn etcd_client_crate_kv_watch_and_keepalive_through_a_leader_sigkill() {
 }
 
 /// Lock/Unlock through `lock_client()`: the key is `name/<lease hex>`; Lock is idempotent
-/// for one lease; a second lease waits until Unlock, a third until the second's lease is
-/// revoked. `fenced`: the header's revision is the key's create revision (the fencing token).
+/// for one lease; waiters are served in order: a second lease waits until Unlock, a third
+/// (queued behind it) until the second's lease is revoked. `fenced`: the header's revision is the key's create revision (the fencing token).
 async fn lock_service(endpoints: &[String], fenced: bool) {
     let mut client = connect(endpoints).await;
     wait_ready(endpoints).await;
@@ -330,6 +330,19 @@ async fn lock_service(endpoints: &[String], fenced: bool) {
             .is_err(),
         "a second lease got the lock while the first holds it"
     );
+    // A third lease queues behind the second (FIFO): Unlock hands the lock to the second,
+    // and the third waits until the second's lease is revoked.
+    let mut lc3 = client.lock_client();
+    let mut third = tokio::spawn(async move {
+        lc3.lock("mtx", Some(LockOptions::new().with_lease(l3)))
+            .await
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), &mut third)
+            .await
+            .is_err(),
+        "a third lease got the lock while the first holds it"
+    );
     lc.unlock(k1.clone()).await.expect("Unlock");
     let r2 = within("the waiter's Lock after Unlock", STEP, &mut second)
         .await
@@ -345,17 +358,11 @@ async fn lock_service(endpoints: &[String], fenced: bool) {
         assert_eq!(r2.header().expect("header").revision(), rev2);
     }
 
-    // The third waits until the second's lease is revoked.
-    let mut lc3 = client.lock_client();
-    let mut third = tokio::spawn(async move {
-        lc3.lock("mtx", Some(LockOptions::new().with_lease(l3)))
-            .await
-    });
     assert!(
         tokio::time::timeout(Duration::from_secs(1), &mut third)
             .await
             .is_err(),
-        "a third lease got the lock while the second holds it"
+        "the third lease got the lock while the second holds it (not FIFO)"
     );
     client.lease_revoke(l2).await.expect("revoke");
     let r3 = within("the waiter's Lock after the revoke", STEP, &mut third)
