@@ -211,6 +211,13 @@ async fn etcd3_election_hands_over_in_order_through_a_leader_sigkill_and_a_parti
         }
     }
 
+    // The observer reports gamma (at the heal at the latest, if its watch was on the node
+    // cut off) before gamma proclaims a new value: it reports the leader's current value, so
+    // a change made while it lags behind may be folded into the next.
+    let deadline = Instant::now() + step;
+    while e.observed.last().map(String::as_str) != Some("gamma") && Instant::now() < deadline {
+        e.quiet(Duration::from_millis(200), "waiting for the observer");
+    }
     writeln!(stdin, "proclaim gamma omega").expect("stdin");
     e.expect("done proclaim gamma", step);
     let deadline = Instant::now() + step;

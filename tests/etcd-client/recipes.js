@@ -5,8 +5,9 @@
 //     Until `stop` on stdin: try to take the lock `recipe` (etcd3's lock is a try-lock: a
 //     create-only put of the key under a fresh lease; taken → held, else it fails at once),
 //     and while holding it append `start WORKER CREATE_REVISION` to LOGFILE, sleep 150 ms,
-//     append `end WORKER`, release (revoke the lease). Prints `ready` once, then on stop one
-//     JSON line {"held": N, "busy": N, "errors": N}.
+//     append `end WORKER`, release (revoke the lease). A holder first checks that the key is
+//     still under its lease (else the acquire is counted `lost` and it does not enter).
+//     Prints `ready` once, then on stop one JSON line {"held", "busy", "errors", "lost"}.
 //
 //   node recipes.js elect HOSTS
 //     Three candidates (alpha, beta, gamma; each its own client, so its own lease, TTL 15 s)
@@ -54,11 +55,12 @@ async function release(lock, counts) {
 
 async function lockLoop(worker, logfile) {
   const client = newClient();
-  const counts = { held: 0, busy: 0, errors: 0 };
+  const counts = { held: 0, busy: 0, errors: 0, lost: 0 };
   console.log('ready');
   const deadline = Date.now() + 120000;
   while (!stopping && Date.now() < deadline) {
     const lock = client.lock('recipe').ttl(5);
+    const asked = Date.now();
     try {
       await lock.acquire();
     } catch (e) {
@@ -76,8 +78,17 @@ async function lockLoop(worker, logfile) {
       continue;
     }
     try {
+      // etcd3's lock does not check that its lease still lives: one granted long before the
+      // put (calls retried through a fault) may lapse before the holder starts. Check the
+      // key is still ours first (a fencing check), and report such a lost acquire.
       const kv = await client.get('recipe').exec();
-      const rev = kv.kvs.length ? kv.kvs[0].create_revision : '?';
+      const lease = await lock.leaseId();
+      if (!kv.kvs.length || kv.kvs[0].lease !== lease) {
+        counts.lost++;
+        console.error(`worker ${worker}: acquired after ${Date.now() - asked} ms, but key recipe is no longer its lease ${lease}'s: not entering`);
+        continue;
+      }
+      const rev = kv.kvs[0].create_revision;
       fs.appendFileSync(logfile, `start ${worker} ${rev}\n`);
       await sleep(150);
       fs.appendFileSync(logfile, `end ${worker}\n`);
