@@ -3,7 +3,8 @@
 # missing — redis-server and redis-tools (the Redis/Redlock backends, redis-cli), etcd-server
 # (the etcd comparison backend), etcd-client (etcdctl, driving fenced's etcd API), Node.js
 # with npm's etcd3 client library (tests/etcd-client, unchanged against fenced's etcd API),
-# python3 with redis-py (its Lock runs unchanged against the RESP front end) and pytest (the
+# protobuf-compiler (protoc, which the build script of the Rust etcd-client crate that
+# tests/etcd_client_rs.rs drives needs), python3 with redis-py (its Lock runs unchanged against the RESP front end) and pytest (the
 # Python package clients/python), iproute2 and iptables
 # (network namespaces and partitions of the fault-injection tests) — then run the whole
 # workspace's tests. A test whose program is still missing fails with the install command;
@@ -21,6 +22,7 @@ command -v etcd >/dev/null || missing+=(etcd-server)
 command -v etcdctl >/dev/null || missing+=(etcd-client)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
+command -v protoc >/dev/null || missing+=(protobuf-compiler)
 command -v python3 >/dev/null || missing+=(python3)
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)

@@ -301,6 +301,12 @@ impl TestCluster {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log handle"))
             .stderr(log);
+        // A group id of its own, so that [`TestCluster::partition`] can tell this node's
+        // packets from its peers' (every node's outgoing connections leave from 127.0.0.1).
+        // Only root may take any group id; nothing else changes (the uid stays).
+        if is_root() {
+            cmd.gid(self.gid(id));
+        }
         cmd.env("NO_COLOR", "1");
         if std::env::var_os("FENCED_LOG").is_none() {
             cmd.env("FENCED_LOG", "info,openraft=warn,sled=warn");
@@ -310,6 +316,61 @@ impl TestCluster {
             .spawn()
             .unwrap_or_else(|e| panic!("starting node {id} ({}): {e}", bin()));
         p.child = Some(child);
+    }
+
+    /// The group id node `id` runs as (when the tests run as root): unique to this cluster.
+    pub fn gid(&self, id: u64) -> u32 {
+        let mut octets = self
+            .net
+            .split('.')
+            .skip(1)
+            .map(|o| o.parse::<u32>().unwrap_or(0));
+        let (run, k) = (octets.next().unwrap_or(0), octets.next().unwrap_or(0));
+        0x4000_0000 | run << 16 | k << 8 | id as u32
+    }
+
+    /// Cut nodes `side` off from the other members of the cluster (both ways, Raft traffic
+    /// included) until the returned guard is dropped. Clients — the test process, etcdctl,
+    /// node — still reach every node: a client talking to a node of the minority keeps
+    /// talking to it, as one on the wrong side of a real partition would. Needs root and
+    /// iptables (its `owner` match): the nodes run as group ids of their own, and each rule
+    /// drops the packets one side's processes send to the other side's addresses.
+    pub fn partition(&self, side: &[u64]) -> Partition {
+        assert!(
+            is_root(),
+            "{}: partitions need root (iptables); run the tests as root (CI does)",
+            self.test
+        );
+        super::programs::require("iptables", &["-V"]);
+        let others: Vec<u64> = self.ids().filter(|i| !side.contains(i)).collect();
+        let mut rules = Vec::new();
+        for a in side {
+            for b in &others {
+                for (from, to) in [(*a, *b), (*b, *a)] {
+                    rules.push(vec![
+                        "OUTPUT".to_string(),
+                        "-d".into(),
+                        self.ip(to),
+                        "-m".into(),
+                        "owner".into(),
+                        "--gid-owner".into(),
+                        self.gid(from).to_string(),
+                        "-m".into(),
+                        "comment".into(),
+                        "--comment".into(),
+                        format!("fenced-test-{}", self.test),
+                        "-j".into(),
+                        "DROP".into(),
+                    ]);
+                }
+            }
+        }
+        let mut p = Partition { rules: Vec::new() };
+        for r in rules {
+            iptables("-I", &r);
+            p.rules.push(r);
+        }
+        p
     }
 
     /// Start node `id` (one of [`JOINER_IDS`]) with `--join` the initial members: the learner
@@ -516,6 +577,30 @@ impl TestCluster {
         .await
     }
 
+    /// Wait until a leader other than `old` is agreed on (by a majority, in one term): after
+    /// `old` was cut off, the other side has elected one of its own. Returns its id.
+    pub async fn wait_for_leader_other_than(&self, old: u64, timeout: Duration) -> u64 {
+        wait_for(
+            &format!("{}: a leader other than node {old}", self.test),
+            timeout,
+            || async {
+                let mut seen = Vec::new();
+                for id in self.ids().filter(|i| *i != old) {
+                    seen.push((id, self.status(id).await));
+                }
+                let leaders: Vec<(u64, u64)> = seen
+                    .iter()
+                    .filter_map(|(_, s)| s.as_ref().ok().map(|s| (s.leader, s.term)))
+                    .collect();
+                match leaders.as_slice() {
+                    [(a, t), (b, u)] if a == b && t == u && *a != old && *a != 0 => Ok(*a),
+                    _ => Err(describe(&seen)),
+                }
+            },
+        )
+        .await
+    }
+
     /// Wait until node `id` has applied at least `index`; returns its status then.
     pub async fn wait_applied(&self, id: u64, index: u64, timeout: Duration) -> pb::StatusResponse {
         wait_for(
@@ -550,6 +635,49 @@ impl TestCluster {
     pub fn log_tail(&self, id: u64, lines: usize) -> String {
         let path = self.procs()[(id - 1) as usize].log.clone();
         tail(&path, lines)
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid(2) cannot fail and touches no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn iptables(op: &str, rule: &[String]) {
+    let out = Command::new("iptables")
+        .arg("-w")
+        .arg(op)
+        .args(rule)
+        .output()
+        .unwrap_or_else(|e| panic!("running iptables (apt-get install -y iptables): {e}"));
+    assert!(
+        out.status.success(),
+        "iptables {op} {}: {}",
+        rule.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A partition made by [`TestCluster::partition`]: dropping it heals it (deletes its
+/// iptables rules, even when the test panics).
+pub struct Partition {
+    rules: Vec<Vec<String>>,
+}
+
+impl Partition {
+    /// Heal now.
+    pub fn heal(self) {}
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        for r in self.rules.drain(..) {
+            let _ = Command::new("iptables")
+                .arg("-w")
+                .arg("-D")
+                .args(&r)
+                .status();
+        }
     }
 }
 

@@ -17,12 +17,15 @@
 //!
 //! By concern: [`cluster`] (the processes, addresses, status and catch-up waits), [`wait`]
 //! (bounded waiting), [`programs`] (outside programs: required, run with a time limit),
-//! [`resp`] (redis-rs connections), [`http`] (GETs of a node's metrics listener), [`etcd`]
-//! (etcd API calls).
+//! [`etcd`] (etcd API calls), [`etcd_cluster`] (a real etcd cluster, to hold fenced to),
+//! [`holders`] (the holders' log of a lock recipe), [`resp`] (redis-rs connections),
+//! [`http`] (GETs of a node's metrics listener).
 #![allow(dead_code)]
 
 pub mod cluster;
 pub mod etcd;
+pub mod etcd_cluster;
+pub mod holders;
 pub mod http;
 pub mod programs;
 pub mod resp;
@@ -33,6 +36,10 @@ pub mod wait;
 pub use cluster::*;
 #[allow(unused_imports)]
 pub use etcd::*;
+#[allow(unused_imports)]
+pub use etcd_cluster::*;
+#[allow(unused_imports)]
+pub use holders::*;
 #[allow(unused_imports)]
 pub use http::*;
 #[allow(unused_imports)]
