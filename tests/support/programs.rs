@@ -72,14 +72,7 @@ pub const ETCDCTL_LIMIT: Duration = Duration::from_secs(30);
 /// `etcdctl` (API v3) against `endpoints` with `stdin`: (success, stdout, stderr), bounded by
 /// [`ETCDCTL_LIMIT`]; the process dies with the test.
 pub fn etcdctl_in(endpoints: &[String], args: &[&str], stdin: &str) -> (bool, String, String) {
-    let mut cmd = Command::new("etcdctl");
-    cmd.env("ETCDCTL_API", "3")
-        .arg(format!("--endpoints={}", endpoints.join(",")))
-        .arg("--dial-timeout=3s")
-        .arg("--command-timeout=10s")
-        .args(args);
-    super::cluster::die_with_this_test(&mut cmd);
-    run_bounded(cmd, stdin, ETCDCTL_LIMIT)
+    run_bounded(etcdctl_cmd(endpoints, args), stdin, ETCDCTL_LIMIT)
 }
 
 /// [`etcdctl_in`] that must succeed: its stdout.
