@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fenced_backends::{DistLock, EtcdLock};
+use fenced_backends::{DistLock, EtcdLock, EtcdLockService};
 
 struct Etcd {
     child: Child,
@@ -116,4 +116,73 @@ async fn etcd_session_lock() {
     assert!(b.release(&g2).await.unwrap());
     a.close().await.unwrap();
     b.close().await.unwrap();
+}
+
+/// etcd's server-side `v3lockpb.Lock` (backend `etcd-lock`): a bounded wait ends "not
+/// granted" and leaves no waiter behind, a release hands the lock to a waiter, and tokens are
+/// the lock keys' create revisions (the waiter's, created before the release, is below the
+/// revision its grant was answered at, and above the first holder's).
+#[tokio::test]
+async fn etcd_lock_service() {
+    let etcd = start_etcd();
+    let a = EtcdLockService::etcd(&etcd.client).unwrap();
+    let b = EtcdLockService::etcd(&etcd.client).unwrap();
+    let c = EtcdLock::connect(&etcd.client).unwrap();
+    let ttl = Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let g = loop {
+        match a.acquire("S", ttl, Duration::ZERO).await {
+            Ok(Some(g)) => break g,
+            Ok(None) => panic!("free lock not granted"),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("etcd not serving: {e}"),
+        }
+    };
+    assert_eq!(a.name(), "etcd-lock");
+    let t1 = g.token().expect("a token");
+    assert!(g.handle.starts_with("S/"), "{}", g.handle);
+
+    // A bounded wait on the held lock: not granted, counted, and no waiter key left behind
+    // (the client-side recipe on the same prefix gets the lock right after a's release).
+    assert!(b
+        .acquire("S", ttl, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(b.failed_attempts(), 1);
+
+    assert!(a.extend(&g, ttl).await.unwrap());
+    let waiter = tokio::spawn(async move {
+        let g = b.acquire("S", ttl, Duration::from_secs(5)).await;
+        (b, g)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(a.release(&g).await.unwrap());
+    let (b, g2) = waiter.await.unwrap();
+    let g2 = g2.unwrap().expect("handed over");
+    let t2 = g2.token().unwrap();
+    assert!(t2 > t1, "{t2} > {t1}");
+    assert!(b.release(&g2).await.unwrap());
+    let g3 = c
+        .acquire("S", ttl, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("no waiter key of b's left behind");
+    assert!(g3.token().unwrap() > t2);
+    assert!(c.release(&g3).await.unwrap());
+
+    // A lease that is gone (revoked here; expired in a pause) is replaced at the next try.
+    a.close().await.unwrap();
+    let g4 = a
+        .acquire("S", ttl, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("free again");
+    assert!(a.release(&g4).await.unwrap());
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    c.close().await.unwrap();
 }
