@@ -315,9 +315,20 @@ impl EtcdLock {
     }
 }
 
+/// Keep `lease` alive every `period` until etcd says it is gone (then clear `alive`); a broken
+/// stream is reopened. The first request is queued before the stream is opened: etcd (grpc-go)
+/// sends a stream's response headers only with its first answer, and tonic's call returns only
+/// once the headers came, so a stream opened empty would wait forever.
 async fn keep_alive(channel: Channel, lease: i64, period: Duration, alive: Arc<AtomicBool>) {
     loop {
         let (tx, rx) = mpsc::channel(1);
+        if tx
+            .send(pb::LeaseKeepAliveRequest { id: lease })
+            .await
+            .is_err()
+        {
+            return;
+        }
         let stream = LeaseClient::new(channel.clone())
             .lease_keep_alive(ReceiverStream::new(rx))
             .await;
@@ -327,13 +338,6 @@ async fn keep_alive(channel: Channel, lease: i64, period: Duration, alive: Arc<A
         };
         let mut stream = stream.into_inner();
         loop {
-            if tx
-                .send(pb::LeaseKeepAliveRequest { id: lease })
-                .await
-                .is_err()
-            {
-                break;
-            }
             match stream.next().await {
                 Some(Ok(r)) if r.ttl > 0 => {}
                 Some(Ok(_)) => {
@@ -344,6 +348,13 @@ async fn keep_alive(channel: Channel, lease: i64, period: Duration, alive: Arc<A
                 _ => break,
             }
             tokio::time::sleep(period).await;
+            if tx
+                .send(pb::LeaseKeepAliveRequest { id: lease })
+                .await
+                .is_err()
+            {
+                break;
+            }
         }
     }
 }

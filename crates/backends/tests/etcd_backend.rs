@@ -174,6 +174,26 @@ async fn etcd_lock_service() {
     assert!(g3.token().unwrap() > t2);
     assert!(c.release(&g3).await.unwrap());
 
+    // The session's lease is kept alive in the background: a grant of a 2 s lease is still
+    // held 4 s later (etcd's keep-alive stream answers only once asked: see keep_alive).
+    let short = Duration::from_secs(2);
+    let d = EtcdLockService::etcd(&etcd.client).unwrap();
+    let gd = d
+        .acquire("K", short, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("free");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        c.acquire("K", short, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none(),
+        "the lease was not kept alive"
+    );
+    assert!(d.release(&gd).await.unwrap());
+    d.close().await.unwrap();
+
     // A lease that is gone (revoked here; expired in a pause) is replaced at the next try.
     a.close().await.unwrap();
     let g4 = a
