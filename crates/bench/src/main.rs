@@ -549,27 +549,41 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--kv`: etcd's API against fenced and/or etcd.
-async fn kv_bench(cli: Cli) -> anyhow::Result<()> {
-    use fenced_bench::kv::KvOp;
-    use fenced_bench::kvbench::{KvConfig, Target};
+/// The backends of an etcd-API run (`--backend` or `--compare`: fenced and/or etcd) with their
+/// endpoints; `mode` names the flag in errors.
+fn etcd_api_backends(cli: &Cli, mode: &str) -> anyhow::Result<Vec<(String, Vec<String>)>> {
     let names: Vec<String> = match (&cli.backend, cli.compare.is_empty()) {
         (Some(b), _) => vec![b.clone()],
         (None, false) => cli.compare.clone(),
         (None, true) => bail!("give --backend NAME or --compare A,B,..."),
     };
+    names
+        .into_iter()
+        .map(|n| {
+            let endpoints = match n.as_str() {
+                "fenced" => cli.fenced.clone(),
+                "etcd" => cli.etcd.clone(),
+                other => {
+                    bail!("{mode}: backend {other:?} does not speak etcd's API (fenced, etcd)")
+                }
+            };
+            Ok((n, endpoints))
+        })
+        .collect()
+}
+
+/// `--kv`: etcd's API against fenced and/or etcd.
+async fn kv_bench(cli: Cli) -> anyhow::Result<()> {
+    use fenced_bench::kv::KvOp;
+    use fenced_bench::kvbench::{KvConfig, Target};
     let pids = fenced_bench::cpu::parse_pids(&cli.pids)?;
     let mut targets = Vec::new();
-    for n in &names {
-        let endpoints = match n.as_str() {
-            "fenced" => cli.fenced.clone(),
-            "etcd" => cli.etcd.clone(),
-            other => bail!("--kv: backend {other:?} does not speak etcd's API (fenced, etcd)"),
-        };
+    for (name, endpoints) in etcd_api_backends(&cli, "--kv")? {
+        let pids = pids.get(&name).cloned();
         targets.push(Target {
-            name: n.clone(),
+            name,
             endpoints,
-            pids: pids.get(n).cloned(),
+            pids,
         });
     }
     let mut ops = Vec::new();
@@ -633,31 +647,23 @@ async fn kv_bench(cli: Cli) -> anyhow::Result<()> {
 /// `--leases`: the keep-alive load against fenced and/or etcd, interleaved rounds.
 async fn lease_bench(cli: Cli) -> anyhow::Result<()> {
     use fenced_bench::leases::{markdown, run_leases, LeaseLoad, LeaseResult, LeaseTarget};
-    let names: Vec<String> = match (&cli.backend, cli.compare.is_empty()) {
-        (Some(b), _) => vec![b.clone()],
-        (None, false) => cli.compare.clone(),
-        (None, true) => bail!("give --backend NAME or --compare A,B,..."),
-    };
     let pids = fenced_bench::cpu::parse_pids(&cli.pids)?;
     let mut targets = Vec::new();
-    for n in &names {
-        let endpoints = match n.as_str() {
-            "fenced" => cli.fenced.clone(),
-            "etcd" => cli.etcd.clone(),
-            other => bail!("--leases: backend {other:?} has no etcd leases (fenced, etcd)"),
-        };
+    for (name, endpoints) in etcd_api_backends(&cli, "--leases")? {
         let metrics: Vec<String> = cli
             .metrics
             .iter()
-            .filter_map(|m| m.strip_prefix(&format!("{n}=")))
+            .filter_map(|m| m.strip_prefix(&format!("{name}=")))
             .flat_map(|m| m.split(',').map(str::to_owned))
             .collect();
-        let p = pids.get(n).cloned().unwrap_or_default();
+        let p = pids.get(&name).cloned().unwrap_or_default();
         if p.is_empty() || p.len() != metrics.len() {
-            bail!("--leases: give --pids {n}=... and --metrics {n}=... for each node, same order");
+            bail!(
+                "--leases: give --pids {name}=... and --metrics {name}=... for each node, same order"
+            );
         }
         targets.push(LeaseTarget {
-            name: n.clone(),
+            name,
             endpoints,
             nodes: p.into_iter().zip(metrics).collect(),
         });
