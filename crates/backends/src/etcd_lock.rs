@@ -12,7 +12,11 @@
 //!   answer lost — and a key of ours that nobody knows of would then be held for as long as
 //!   our lease is kept alive, so the client also withdraws explicitly: `Unlock` of the key
 //!   etcd's recipe would have made (`name/<lease in hex>`), which deletes nothing when the
-//!   server already did. Only then is the try reported as "not granted";
+//!   server already did. Only then is the try reported as "not granted". (A narrower race
+//!   remains: a `Lock` whose key-creating write is still in flight when that `Unlock`
+//!   arrives, granted at once and answered into a cancelled call. The key then stays until
+//!   this client's next `Lock` of that name — etcd's recipe finds its own key and grants
+//!   it — or until the session's lease ends);
 //! * release = `Unlock{key}` (the key the `Lock` answer named). It does not say whether the
 //!   key was still there, so release reports `true` whenever the call succeeds;
 //! * extend = one keep-alive of the session's lease.
