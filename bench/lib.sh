@@ -3,7 +3,7 @@
 # that stops everything in PIDS and keeps the logs of $WORK in $OUT.
 #
 # Before sourcing: ROOT (the repository), OUT (results folder), FG and FR (gRPC and RESP base
-# ports: node i listens on FG+i and FR+i). Provides FENCED, BENCH, WORK, CLUSTER, GRPC, RESP,
+# ports: node i listens on FG+i and FR+i; FM, optional: its /metrics on FM+i). Provides FENCED, BENCH, WORK, CLUSTER, GRPC, RESP,
 # PID[i] and PIDS, and the functions below. FENCED_EXTRA_ARGS (optional) is appended to every
 # `fenced serve`.
 
@@ -38,7 +38,8 @@ node_start() { # node: start it (again) from its data dir; PID[node] is its pid
     FENCED_LOG=${FENCED_LOG:-info,openraft=warn} "$FENCED" serve --id "$i" \
         --data-dir "$WORK/fenced-$i" --grpc-addr 127.0.0.1:$((FG + i)) \
         --resp-addr 127.0.0.1:$((FR + i)) --initial-cluster "$CLUSTER" \
-        --initial-cluster-state new ${FENCED_EXTRA_ARGS:-} >>"$WORK/fenced-$i.log" 2>&1 &
+        --initial-cluster-state new ${FM:+--metrics-addr 127.0.0.1:$((FM + i))} \
+        ${FENCED_EXTRA_ARGS:-} >>"$WORK/fenced-$i.log" 2>&1 &
     PID[$i]=$!
     PIDS+=($!)
 }

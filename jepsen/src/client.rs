@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fenced_backends::{
-    DistLock, LockError, LockMode, RedisConfig, RedisLock, Redisson, Redlock, RedlockConfig,
-    RetryPolicy,
+    DistLock, EtcdLockService, LockError, LockMode, RedisConfig, RedisLock, Redisson, Redlock,
+    RedlockConfig, RetryPolicy,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -316,6 +316,9 @@ fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, Client
                 "etcd runs only the kv and watch workloads".into(),
             ))
         }
+        // etcd's Lock service, one node per client incarnation (the next one after an info).
+        System::FencedEtcdLock => Box::new(EtcdLockService::fenced(node_addr()?)?),
+        System::EtcdLock => Box::new(EtcdLockService::etcd(node_addr()?)?),
         System::Redlock => Box::new(Redlock::new(
             &spec.lock_endpoints,
             RedlockConfig {

@@ -212,8 +212,8 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     // What the lock clients talk to: fenced's gRPC or RESP port on every node, or the Redis
     // servers.
     let port = match o.system {
-        System::Fenced => GRPC_PORT,
-        System::Etcd => ETCD_PORT,
+        System::Fenced | System::FencedEtcdLock => GRPC_PORT,
+        System::Etcd | System::EtcdLock => ETCD_PORT,
         s if s.is_fenced_resp() || s == System::FencedLua => RESP_PORT,
         _ => REDIS_PORT,
     };
@@ -306,6 +306,15 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
                 o.system,
                 if o.workload == "watch" { "Watch" } else { "KV" },
                 why.trim()
+            );
+        }
+        if o.system.is_etcd_lock_service() && why.contains("not served here") {
+            bail!(
+                "{} does not serve etcd's Lock service (v3lockpb.Lock) at this build ({}): the \
+                 {} rows cannot run",
+                o.system,
+                why.trim(),
+                o.system
             );
         }
         if o.workload == "register" && why.contains("RESP") {

@@ -26,6 +26,12 @@
 //! `etcd` is a 3-node etcd cluster (the `etcd` binary on PATH; Debian's `etcd-server`) for the
 //! `kv` and `watch` workloads only: the same clients through etcd's own API, for comparison.
 //! It takes the partition, kill and pause nemeses (node↔node partitions as for fenced).
+//!
+//! etcd's server-side lock service `v3lockpb.Lock` (issue 27), for the `lock` and `counter`
+//! workloads (`fenced_backends::EtcdLockService`, a lease per client kept alive every
+//! TTL/3, token = the lock key's create revision), each client on one node at a time like the
+//! RESP clients: `fenced-etcdlock` through fenced's gRPC port (the same fenced cluster and
+//! nemeses as `fenced`), `etcd-lock` on the same 3-node etcd cluster as `etcd` (its nemeses).
 
 use std::fmt;
 
@@ -38,11 +44,13 @@ pub enum System {
     Redis,
     Redlock,
     Etcd,
+    FencedEtcdLock,
+    EtcdLock,
 }
 
 impl System {
     /// Every system, in the order results tables list them.
-    pub const ALL: [System; 7] = [
+    pub const ALL: [System; 9] = [
         System::Fenced,
         System::FencedResp,
         System::FencedSetnx,
@@ -50,6 +58,8 @@ impl System {
         System::Redis,
         System::Redlock,
         System::Etcd,
+        System::FencedEtcdLock,
+        System::EtcdLock,
     ];
 
     pub fn parse(name: &str) -> Option<System> {
@@ -65,6 +75,8 @@ impl System {
             System::Redis => "redis",
             System::Redlock => "redlock",
             System::Etcd => "etcd",
+            System::FencedEtcdLock => "fenced-etcdlock",
+            System::EtcdLock => "etcd-lock",
         }
     }
 
@@ -79,14 +91,29 @@ impl System {
     pub fn is_fenced_cluster(self) -> bool {
         matches!(
             self,
-            System::Fenced | System::FencedResp | System::FencedSetnx | System::FencedLua
+            System::Fenced
+                | System::FencedResp
+                | System::FencedSetnx
+                | System::FencedLua
+                | System::FencedEtcdLock
         )
+    }
+
+    /// A real etcd cluster (the `etcd` binary), whichever API its clients use.
+    pub fn is_etcd_cluster(self) -> bool {
+        matches!(self, System::Etcd | System::EtcdLock)
+    }
+
+    /// Lock clients use etcd's server-side lock service (`v3lockpb.Lock`), on one node at a
+    /// time.
+    pub fn is_etcd_lock_service(self) -> bool {
+        matches!(self, System::FencedEtcdLock | System::EtcdLock)
     }
 
     /// Server nodes replicate among themselves (fenced clusters, etcd): partitions cut nodes
     /// from each other rather than clients from servers.
     pub fn has_peers(self) -> bool {
-        self.is_fenced_cluster() || self == System::Etcd
+        self.is_fenced_cluster() || self.is_etcd_cluster()
     }
 
     /// Why `nemesis` cannot run against this system, if it cannot (etcd: its clock is Go's,
@@ -94,8 +121,10 @@ impl System {
     /// etcd member needs `etcdctl member remove/add`, which the harness does not do).
     pub fn unsupported_nemesis(self, nemesis: &str) -> Option<&'static str> {
         match (self, nemesis) {
-            (System::Etcd, "partition" | "kill" | "pause") => None,
-            (System::Etcd, _) => Some("etcd runs under partition, kill and pause only"),
+            (System::Etcd | System::EtcdLock, "partition" | "kill" | "pause") => None,
+            (System::Etcd | System::EtcdLock, _) => {
+                Some("etcd runs under partition, kill and pause only")
+            }
             (s, "membership") if !s.is_fenced_cluster() => Some("no members to change"),
             _ => None,
         }
@@ -108,7 +137,7 @@ impl System {
 
     /// Grants carry fencing tokens (the fencing checker applies).
     pub fn issues_tokens(self) -> bool {
-        self.is_fenced_cluster()
+        self.is_fenced_cluster() || self == System::EtcdLock
     }
 
     /// Why `workload` cannot run against this system, if it cannot: `fenced-lua` runs only
@@ -116,6 +145,10 @@ impl System {
     /// `fenced-lua` and `redis` (the Lua script) only.
     pub fn unsupported(self, workload: &str) -> Option<String> {
         match (self, workload) {
+            (s, "lock" | "counter" | "counter-unfenced") if s.is_etcd_lock_service() => None,
+            (s, w) if s.is_etcd_lock_service() => Some(format!(
+                "{s} runs the lock and counter workloads (etcd's Lock service), not {w}"
+            )),
             (System::Fenced | System::Etcd, "kv" | "watch") => None,
             (_, "kv" | "watch") => Some(format!(
                 "the {workload} workload talks etcd's API: system fenced (its gRPC port) or etcd, \
@@ -186,8 +219,28 @@ mod tests {
             .collect();
         assert_eq!(
             cluster,
-            ["fenced", "fenced-resp", "fenced-setnx", "fenced-lua"]
+            [
+                "fenced",
+                "fenced-resp",
+                "fenced-setnx",
+                "fenced-lua",
+                "fenced-etcdlock"
+            ]
         );
+        // etcd's Lock service: on fenced's cluster and on etcd's, tokens on both, lock and
+        // counter workloads only; etcd's nemeses are etcd's.
+        assert!(System::FencedEtcdLock.is_fenced_cluster() && System::EtcdLock.has_peers());
+        assert!(System::EtcdLock.is_etcd_cluster() && !System::EtcdLock.is_fenced_cluster());
+        assert!(issues_tokens("etcd-lock") && issues_tokens("fenced-etcdlock"));
+        for s in [System::FencedEtcdLock, System::EtcdLock] {
+            assert!(s.unsupported("lock").is_none() && s.unsupported("counter").is_none());
+            assert!(s.unsupported("kv").is_some() && s.unsupported("rwlock").is_some());
+        }
+        assert!(System::EtcdLock.unsupported_nemesis("pause").is_none());
+        assert!(System::EtcdLock.unsupported_nemesis("clock").is_some());
+        assert!(System::FencedEtcdLock
+            .unsupported_nemesis("clock")
+            .is_none());
         assert!(System::FencedLua.unsupported("lock").is_some());
         assert!(System::FencedLua.unsupported("limiter").is_none());
         assert!(System::Redis.unsupported("limiter").is_none());

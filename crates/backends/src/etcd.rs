@@ -1,8 +1,10 @@
 //! etcd as a lock backend: a session lease per client plus etcd's own mutex protocol
 //! (`client/v3/concurrency/mutex.go`) over Txn, Range, DeleteRange and Watch:
 //!
-//! * the session: one lease of `ceil(ttl)` seconds per client, granted on first use and kept
-//!   alive every ttl/3 on a LeaseKeepAlive stream (like `concurrency.NewSession`);
+//! * the session ([`EtcdSession`], shared with [`crate::etcd_lock::EtcdLockService`]): one
+//!   lease of `ceil(ttl)` seconds per client, granted on first use (again once etcd reports it
+//!   gone) and kept alive every ttl/3 on a LeaseKeepAlive stream (like
+//!   `concurrency.NewSession`);
 //! * acquire: Txn `if create_revision(pfx/lease) == 0 then put(pfx/lease, lease) + get owner
 //!   (first created under pfx) else get(pfx/lease) + get owner`; owner's create revision ==
 //!   ours → held. Otherwise wait for every key created before ours to be deleted (Watch, no
@@ -11,11 +13,12 @@
 //!
 //! The fencing token is our key's create revision — etcd's documented ownership token.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, OnceCell};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
@@ -40,13 +43,22 @@ fn unavailable(e: impl std::fmt::Display) -> LockError {
 }
 
 fn status_err(s: tonic::Status) -> LockError {
+    status_err_of(NAME, s)
+}
+
+/// A gRPC status as a [`LockError`] of `backend`: transport-ish codes leave the outcome
+/// unknown ([`LockError::Unavailable`]), the others are the server's answer.
+pub(crate) fn status_err_of(backend: &'static str, s: tonic::Status) -> LockError {
     use tonic::Code;
     match s.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
-            unavailable(s.message())
+            LockError::Unavailable {
+                backend,
+                message: s.message().to_owned(),
+            }
         }
         _ => LockError::Backend {
-            backend: NAME,
+            backend,
             message: format!("{}: {}", s.code(), s.message()),
         },
     }
@@ -57,6 +69,8 @@ pub use fenced_client::etcd::prefix_end;
 
 struct Session {
     lease: i64,
+    /// Cleared by the keep-alive task when etcd says the lease is gone.
+    alive: Arc<AtomicBool>,
     keepalive: JoinHandle<()>,
 }
 
@@ -66,17 +80,22 @@ impl Drop for Session {
     }
 }
 
-/// One etcd client with one session.
-pub struct EtcdLock {
-    channel: Channel,
-    session: OnceCell<Session>,
-    failed: AtomicU64,
-    timeout: Duration,
+/// What every etcd-API lock client has: a channel to one member and a session lease of its
+/// own, granted on first use and kept alive every ttl/3 on a `LeaseKeepAlive` stream (like
+/// `concurrency.NewSession`). A lease etcd reports gone (expired while the client was paused
+/// or cut off) is replaced by a fresh one at the next [`EtcdSession::lease`]. Shared by
+/// [`EtcdLock`] (the client-side mutex recipe) and [`crate::etcd_lock::EtcdLockService`]
+/// (etcd's server-side `v3lockpb.Lock`).
+pub(crate) struct EtcdSession {
+    pub(crate) name: &'static str,
+    pub(crate) channel: Channel,
+    session: tokio::sync::Mutex<Option<Session>>,
+    pub(crate) timeout: Duration,
 }
 
-impl EtcdLock {
-    /// `endpoint`: `host:port` of one member (members forward writes to the leader).
-    pub fn connect(endpoint: &str) -> Result<EtcdLock, LockError> {
+impl EtcdSession {
+    /// `endpoint`: `host:port` (or a URI) of one member; `name`: the backend's name in errors.
+    pub(crate) fn connect(name: &'static str, endpoint: &str) -> Result<EtcdSession, LockError> {
         let uri = if endpoint.contains("://") {
             endpoint.to_owned()
         } else {
@@ -87,59 +106,137 @@ impl EtcdLock {
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
             .connect_lazy();
-        Ok(EtcdLock {
+        Ok(EtcdSession {
+            name,
             channel,
-            session: OnceCell::new(),
-            failed: AtomicU64::new(0),
+            session: tokio::sync::Mutex::new(None),
             timeout: Duration::from_secs(10),
         })
     }
 
-    fn kv(&self) -> KvClient<Channel> {
-        KvClient::new(self.channel.clone())
-    }
-
-    fn req<T>(&self, msg: T) -> tonic::Request<T> {
+    pub(crate) fn req<T>(&self, msg: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(msg);
         r.set_timeout(self.timeout);
         r
     }
 
-    async fn session(&self, ttl: Duration) -> Result<&Session, LockError> {
-        self.session
-            .get_or_try_init(|| async {
-                let secs = ttl.as_millis().div_ceil(1000).max(1) as i64;
-                let g = LeaseClient::new(self.channel.clone())
-                    .lease_grant(self.req(pb::LeaseGrantRequest { ttl: secs, id: 0 }))
-                    .await
-                    .map_err(status_err)?
-                    .into_inner();
-                if !g.error.is_empty() {
-                    return Err(LockError::Backend {
-                        backend: NAME,
-                        message: g.error,
-                    });
-                }
-                let period = Duration::from_millis((g.ttl.max(1) as u64) * 1000 / 3);
-                let keepalive = tokio::spawn(keep_alive(self.channel.clone(), g.id, period));
-                Ok(Session {
-                    lease: g.id,
-                    keepalive,
-                })
-            })
+    pub(crate) fn unavailable(&self, e: impl std::fmt::Display) -> LockError {
+        LockError::Unavailable {
+            backend: self.name,
+            message: e.to_string(),
+        }
+    }
+
+    pub(crate) fn status_err(&self, s: tonic::Status) -> LockError {
+        status_err_of(self.name, s)
+    }
+
+    /// The session's lease id: granted (`ceil(ttl)` seconds) on first use or after the last
+    /// one was reported gone.
+    pub(crate) async fn lease(&self, ttl: Duration) -> Result<i64, LockError> {
+        let mut guard = self.session.lock().await;
+        if let Some(s) = guard.as_ref() {
+            if s.alive.load(Ordering::Relaxed) {
+                return Ok(s.lease);
+            }
+        }
+        let secs = ttl.as_millis().div_ceil(1000).max(1) as i64;
+        let g = LeaseClient::new(self.channel.clone())
+            .lease_grant(self.req(pb::LeaseGrantRequest { ttl: secs, id: 0 }))
             .await
+            .map_err(|s| self.status_err(s))?
+            .into_inner();
+        if !g.error.is_empty() {
+            return Err(LockError::Backend {
+                backend: self.name,
+                message: g.error,
+            });
+        }
+        let period = Duration::from_millis((g.ttl.max(1) as u64) * 1000 / 3);
+        let alive = Arc::new(AtomicBool::new(true));
+        let keepalive = tokio::spawn(keep_alive(
+            self.channel.clone(),
+            g.id,
+            period,
+            alive.clone(),
+        ));
+        *guard = Some(Session {
+            lease: g.id,
+            alive,
+            keepalive,
+        });
+        Ok(g.id)
+    }
+
+    /// Forget `lease` (the server said it is gone): the next [`EtcdSession::lease`] grants
+    /// another.
+    pub(crate) async fn forget(&self, lease: i64) {
+        let mut guard = self.session.lock().await;
+        if guard.as_ref().is_some_and(|s| s.lease == lease) {
+            *guard = None;
+        }
     }
 
     /// Revoke the session's lease (its keys go with it).
-    pub async fn close(&self) -> Result<(), LockError> {
-        if let Some(s) = self.session.get() {
+    pub(crate) async fn close(&self) -> Result<(), LockError> {
+        if let Some(s) = self.session.lock().await.take() {
             s.keepalive.abort();
             LeaseClient::new(self.channel.clone())
                 .lease_revoke(self.req(pb::LeaseRevokeRequest { id: s.lease }))
                 .await
-                .map_err(status_err)?;
+                .map_err(|s| self.status_err(s))?;
         }
         Ok(())
+    }
+
+    /// One keep-alive of the session's lease now: `Ok(false)` if there is none or it is gone.
+    pub(crate) async fn keep_alive_once(&self) -> Result<bool, LockError> {
+        let Some(lease) = self.session.lock().await.as_ref().map(|s| s.lease) else {
+            return Ok(false);
+        };
+        let (tx, rx) = mpsc::channel(1);
+        tx.send(pb::LeaseKeepAliveRequest { id: lease })
+            .await
+            .map_err(|e| self.unavailable(e))?;
+        let mut stream = LeaseClient::new(self.channel.clone())
+            .lease_keep_alive(ReceiverStream::new(rx))
+            .await
+            .map_err(|s| self.status_err(s))?
+            .into_inner();
+        match stream.next().await {
+            Some(Ok(r)) => Ok(r.ttl > 0),
+            Some(Err(s)) => Err(self.status_err(s)),
+            None => Err(self.unavailable("keep-alive stream ended")),
+        }
+    }
+}
+
+/// One etcd client with one session.
+pub struct EtcdLock {
+    session: EtcdSession,
+    failed: AtomicU64,
+}
+
+impl EtcdLock {
+    /// `endpoint`: `host:port` of one member (members forward writes to the leader).
+    pub fn connect(endpoint: &str) -> Result<EtcdLock, LockError> {
+        Ok(EtcdLock {
+            session: EtcdSession::connect(NAME, endpoint)?,
+            failed: AtomicU64::new(0),
+        })
+    }
+
+    fn req<T>(&self, msg: T) -> tonic::Request<T> {
+        self.session.req(msg)
+    }
+
+    /// Revoke the session's lease (its keys go with it).
+    pub async fn close(&self) -> Result<(), LockError> {
+        self.session.close().await
+    }
+
+    fn kv(&self) -> KvClient<Channel> {
+        KvClient::new(self.session.channel.clone())
     }
 
     async fn delete(&self, key: &[u8]) -> Result<bool, LockError> {
@@ -192,7 +289,7 @@ impl EtcdLock {
             )),
         };
         tx.send(create).await.map_err(unavailable)?;
-        let mut stream = WatchClient::new(self.channel.clone())
+        let mut stream = WatchClient::new(self.session.channel.clone())
             .watch(ReceiverStream::new(rx))
             .await
             .map_err(status_err)?
@@ -218,9 +315,20 @@ impl EtcdLock {
     }
 }
 
-async fn keep_alive(channel: Channel, lease: i64, period: Duration) {
+/// Keep `lease` alive every `period` until etcd says it is gone (then clear `alive`); a broken
+/// stream is reopened. The first request is queued before the stream is opened: etcd (grpc-go)
+/// sends a stream's response headers only with its first answer, and tonic's call returns only
+/// once the headers came, so a stream opened empty would wait forever.
+async fn keep_alive(channel: Channel, lease: i64, period: Duration, alive: Arc<AtomicBool>) {
     loop {
         let (tx, rx) = mpsc::channel(1);
+        if tx
+            .send(pb::LeaseKeepAliveRequest { id: lease })
+            .await
+            .is_err()
+        {
+            return;
+        }
         let stream = LeaseClient::new(channel.clone())
             .lease_keep_alive(ReceiverStream::new(rx))
             .await;
@@ -230,6 +338,16 @@ async fn keep_alive(channel: Channel, lease: i64, period: Duration) {
         };
         let mut stream = stream.into_inner();
         loop {
+            match stream.next().await {
+                Some(Ok(r)) if r.ttl > 0 => {}
+                Some(Ok(_)) => {
+                    // Lease gone.
+                    alive.store(false, Ordering::Relaxed);
+                    return;
+                }
+                _ => break,
+            }
+            tokio::time::sleep(period).await;
             if tx
                 .send(pb::LeaseKeepAliveRequest { id: lease })
                 .await
@@ -237,12 +355,6 @@ async fn keep_alive(channel: Channel, lease: i64, period: Duration) {
             {
                 break;
             }
-            match stream.next().await {
-                Some(Ok(r)) if r.ttl > 0 => {}
-                Some(Ok(_)) => return, // lease gone
-                _ => break,
-            }
-            tokio::time::sleep(period).await;
         }
     }
 }
@@ -264,7 +376,7 @@ impl DistLock for EtcdLock {
         wait: Duration,
     ) -> Result<Option<Grant>, LockError> {
         let sent = Instant::now();
-        let lease = self.session(ttl).await?.lease;
+        let lease = self.session.lease(ttl).await?;
         let pfx = format!("{key}/").into_bytes();
         let my_key = format!("{key}/{lease:x}").into_bytes();
         use pb::request_op::Request;
@@ -390,23 +502,7 @@ impl DistLock for EtcdLock {
     }
 
     async fn extend(&self, _grant: &Grant, _ttl: Duration) -> Result<bool, LockError> {
-        let Some(s) = self.session.get() else {
-            return Ok(false);
-        };
-        let (tx, rx) = mpsc::channel(1);
-        tx.send(pb::LeaseKeepAliveRequest { id: s.lease })
-            .await
-            .map_err(unavailable)?;
-        let mut stream = LeaseClient::new(self.channel.clone())
-            .lease_keep_alive(ReceiverStream::new(rx))
-            .await
-            .map_err(status_err)?
-            .into_inner();
-        match stream.next().await {
-            Some(Ok(r)) => Ok(r.ttl > 0),
-            Some(Err(s)) => Err(status_err(s)),
-            None => Err(unavailable("keep-alive stream ended")),
-        }
+        self.session.keep_alive_once().await
     }
 
     fn failed_attempts(&self) -> u64 {

@@ -12,6 +12,9 @@
 //!   modelled on Redisson's `RedissonReadLock`/`RedissonWriteLock` and
 //!   `RedissonPermitExpirableSemaphore` ([`Redisson`]);
 //! * [`etcd`]: etcd's session lease and mutex protocol ([`EtcdLock`]);
+//! * [`etcd_lock`]: etcd's server-side lock service `v3lockpb.Lock` on the same session lease
+//!   ([`EtcdLockService`]), against etcd (`etcd-lock`) or fenced's gRPC port
+//!   (`fenced-etcdlock`);
 //! * [`throttle`]: rate-limiter decisions (`CL.THROTTLE`, the Lua token bucket) for the load
 //!   generator's throttle workload ([`Throttle`]).
 //!
@@ -33,6 +36,7 @@ use async_trait::async_trait;
 use rand::Rng;
 
 pub mod etcd;
+pub mod etcd_lock;
 pub mod fenced_grpc;
 pub mod fenced_resp;
 pub mod redis;
@@ -42,6 +46,7 @@ pub mod throttle;
 
 pub use crate::redis::{RedisConfig, RedisLock};
 pub use etcd::EtcdLock;
+pub use etcd_lock::{EtcdLockService, TokenFrom};
 pub use fenced_grpc::FencedGrpc;
 pub use fenced_resp::FencedResp;
 pub use redisson::Redisson;

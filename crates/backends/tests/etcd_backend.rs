@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fenced_backends::{DistLock, EtcdLock};
+use fenced_backends::{DistLock, EtcdLock, EtcdLockService};
 
 struct Etcd {
     child: Child,
@@ -116,4 +116,93 @@ async fn etcd_session_lock() {
     assert!(b.release(&g2).await.unwrap());
     a.close().await.unwrap();
     b.close().await.unwrap();
+}
+
+/// etcd's server-side `v3lockpb.Lock` (backend `etcd-lock`): a bounded wait ends "not
+/// granted" and leaves no waiter behind, a release hands the lock to a waiter, and tokens are
+/// the lock keys' create revisions (the waiter's, created before the release, is below the
+/// revision its grant was answered at, and above the first holder's).
+#[tokio::test]
+async fn etcd_lock_service() {
+    let etcd = start_etcd();
+    let a = EtcdLockService::etcd(&etcd.client).unwrap();
+    let b = EtcdLockService::etcd(&etcd.client).unwrap();
+    let c = EtcdLock::connect(&etcd.client).unwrap();
+    let ttl = Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let g = loop {
+        match a.acquire("S", ttl, Duration::ZERO).await {
+            Ok(Some(g)) => break g,
+            Ok(None) => panic!("free lock not granted"),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("etcd not serving: {e}"),
+        }
+    };
+    assert_eq!(a.name(), "etcd-lock");
+    let t1 = g.token().expect("a token");
+    assert!(g.handle.starts_with("S/"), "{}", g.handle);
+
+    // A bounded wait on the held lock: not granted, counted, and no waiter key left behind
+    // (the client-side recipe on the same prefix gets the lock right after a's release).
+    assert!(b
+        .acquire("S", ttl, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(b.failed_attempts(), 1);
+
+    assert!(a.extend(&g, ttl).await.unwrap());
+    let waiter = tokio::spawn(async move {
+        let g = b.acquire("S", ttl, Duration::from_secs(5)).await;
+        (b, g)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(a.release(&g).await.unwrap());
+    let (b, g2) = waiter.await.unwrap();
+    let g2 = g2.unwrap().expect("handed over");
+    let t2 = g2.token().unwrap();
+    assert!(t2 > t1, "{t2} > {t1}");
+    assert!(b.release(&g2).await.unwrap());
+    let g3 = c
+        .acquire("S", ttl, Duration::ZERO)
+        .await
+        .unwrap()
+        .expect("no waiter key of b's left behind");
+    assert!(g3.token().unwrap() > t2);
+    assert!(c.release(&g3).await.unwrap());
+
+    // The session's lease is kept alive in the background: a grant of a 2 s lease is still
+    // held 4 s later (etcd's keep-alive stream answers only once asked: see keep_alive).
+    let short = Duration::from_secs(2);
+    let d = EtcdLockService::etcd(&etcd.client).unwrap();
+    let gd = d
+        .acquire("K", short, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("free");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        c.acquire("K", short, Duration::ZERO)
+            .await
+            .unwrap()
+            .is_none(),
+        "the lease was not kept alive"
+    );
+    assert!(d.release(&gd).await.unwrap());
+    d.close().await.unwrap();
+
+    // A lease that is gone (revoked here; expired in a pause) is replaced at the next try.
+    a.close().await.unwrap();
+    let g4 = a
+        .acquire("S", ttl, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .expect("free again");
+    assert!(a.release(&g4).await.unwrap());
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    c.close().await.unwrap();
 }

@@ -5,6 +5,7 @@
 pub mod cpu;
 pub mod kv;
 pub mod kvbench;
+pub mod leases;
 pub mod load;
 pub mod memory;
 pub mod watch;

@@ -31,13 +31,13 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 use fenced_backends::{
-    random_id, DistLock, EtcdLock, FencedGrpc, FencedResp, LockMode, RedisConfig, RedisLock,
-    Redisson, Redlock, RedlockConfig, RetryPolicy, Throttle, WithMode,
+    random_id, DistLock, EtcdLock, EtcdLockService, FencedGrpc, FencedResp, LockMode, RedisConfig,
+    RedisLock, Redisson, Redlock, RedlockConfig, RetryPolicy, Throttle, WithMode,
 };
 use fenced_bench::load::{run, Measured, Summary, Workload};
 use serde::Serialize;
 
-const BACKENDS: [&str; 18] = [
+const BACKENDS: [&str; 20] = [
     "fenced",
     "fenced-resp",
     "fenced-setnx",
@@ -59,6 +59,10 @@ const BACKENDS: [&str; 18] = [
     "fenced-permit",
     "redis-aof-read",
     "redis-aof-permit",
+    // etcd's server-side lock service v3lockpb.Lock (issue 27): on a real etcd, and on
+    // fenced's gRPC port.
+    "etcd-lock",
+    "fenced-etcdlock",
 ];
 
 /// Backends of the throttle workload: each "pair" is one rate-limit decision.
@@ -200,6 +204,22 @@ struct Cli {
     /// Workload `memory`: concurrent writers.
     #[arg(long, default_value_t = 64)]
     mem_clients: usize,
+    /// Keep-alive load instead of locks (`fenced_bench::leases`): this many etcd leases kept
+    /// alive every TTL/3 by backends fenced and/or etcd for --duration per round; needs
+    /// --pids and --metrics of each backend's nodes (same order) to find and measure the
+    /// leader.
+    #[arg(long)]
+    leases: Option<usize>,
+    /// Keep-alive load: the leases' TTL (s); each is kept alive every TTL/3.
+    #[arg(long, default_value_t = 10)]
+    lease_ttl_s: i64,
+    /// Keep-alive load: LeaseKeepAlive streams (one connection each, like one Go client
+    /// each), the leases spread over them.
+    #[arg(long, default_value_t = 20)]
+    lease_streams: usize,
+    /// Each node's Prometheus address `NAME=HOST:PORT,...` (repeatable), in --pids order.
+    #[arg(long)]
+    metrics: Vec<String>,
 }
 
 fn rotate(v: &[String], i: usize) -> Vec<String> {
@@ -245,6 +265,8 @@ fn make(cli: &Cli, backend: &str, i: usize) -> anyhow::Result<Box<dyn DistLock>>
                 .context("no --etcd")?;
             Box::new(EtcdLock::connect(ep)?)
         }
+        "etcd-lock" => Box::new(EtcdLockService::etcd(pick(&cli.etcd, i)?)?),
+        "fenced-etcdlock" => Box::new(EtcdLockService::fenced(pick(&cli.fenced, i)?)?),
         "fenced-resp-read" | "fenced-resp-permit" | "fenced-read" | "fenced-permit"
         | "redis-aof-read" | "redis-aof-permit" => {
             let mode = if backend.ends_with("-read") {
@@ -364,6 +386,9 @@ fn main() -> anyhow::Result<()> {
 async fn bench(cli: Cli) -> anyhow::Result<()> {
     if !cli.kv.is_empty() {
         return kv_bench(cli).await;
+    }
+    if cli.leases.is_some() {
+        return lease_bench(cli).await;
     }
     let backends: Vec<String> = match (&cli.backend, cli.compare.is_empty()) {
         (Some(b), _) => vec![b.clone()],
@@ -496,6 +521,8 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
                     | "fenced-resp"
                     | "fenced-setnx"
                     | "etcd"
+                    | "etcd-lock"
+                    | "fenced-etcdlock"
                     | "fenced-resp-read"
                     | "fenced-resp-permit"
                     | "fenced-read"
@@ -522,27 +549,41 @@ async fn bench(cli: Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--kv`: etcd's API against fenced and/or etcd.
-async fn kv_bench(cli: Cli) -> anyhow::Result<()> {
-    use fenced_bench::kv::KvOp;
-    use fenced_bench::kvbench::{KvConfig, Target};
+/// The backends of an etcd-API run (`--backend` or `--compare`: fenced and/or etcd) with their
+/// endpoints; `mode` names the flag in errors.
+fn etcd_api_backends(cli: &Cli, mode: &str) -> anyhow::Result<Vec<(String, Vec<String>)>> {
     let names: Vec<String> = match (&cli.backend, cli.compare.is_empty()) {
         (Some(b), _) => vec![b.clone()],
         (None, false) => cli.compare.clone(),
         (None, true) => bail!("give --backend NAME or --compare A,B,..."),
     };
+    names
+        .into_iter()
+        .map(|n| {
+            let endpoints = match n.as_str() {
+                "fenced" => cli.fenced.clone(),
+                "etcd" => cli.etcd.clone(),
+                other => {
+                    bail!("{mode}: backend {other:?} does not speak etcd's API (fenced, etcd)")
+                }
+            };
+            Ok((n, endpoints))
+        })
+        .collect()
+}
+
+/// `--kv`: etcd's API against fenced and/or etcd.
+async fn kv_bench(cli: Cli) -> anyhow::Result<()> {
+    use fenced_bench::kv::KvOp;
+    use fenced_bench::kvbench::{KvConfig, Target};
     let pids = fenced_bench::cpu::parse_pids(&cli.pids)?;
     let mut targets = Vec::new();
-    for n in &names {
-        let endpoints = match n.as_str() {
-            "fenced" => cli.fenced.clone(),
-            "etcd" => cli.etcd.clone(),
-            other => bail!("--kv: backend {other:?} does not speak etcd's API (fenced, etcd)"),
-        };
+    for (name, endpoints) in etcd_api_backends(&cli, "--kv")? {
+        let pids = pids.get(&name).cloned();
         targets.push(Target {
-            name: n.clone(),
+            name,
             endpoints,
-            pids: pids.get(n).cloned(),
+            pids,
         });
     }
     let mut ops = Vec::new();
@@ -599,6 +640,74 @@ async fn kv_bench(cli: Cli) -> anyhow::Result<()> {
     println!("{}", report.markdown);
     if let Some(p) = &cli.markdown {
         std::fs::write(p, &report.markdown).with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// `--leases`: the keep-alive load against fenced and/or etcd, interleaved rounds.
+async fn lease_bench(cli: Cli) -> anyhow::Result<()> {
+    use fenced_bench::leases::{markdown, run_leases, LeaseLoad, LeaseResult, LeaseTarget};
+    let pids = fenced_bench::cpu::parse_pids(&cli.pids)?;
+    let mut targets = Vec::new();
+    for (name, endpoints) in etcd_api_backends(&cli, "--leases")? {
+        let metrics: Vec<String> = cli
+            .metrics
+            .iter()
+            .filter_map(|m| m.strip_prefix(&format!("{name}=")))
+            .flat_map(|m| m.split(',').map(str::to_owned))
+            .collect();
+        let p = pids.get(&name).cloned().unwrap_or_default();
+        if p.is_empty() || p.len() != metrics.len() {
+            bail!(
+                "--leases: give --pids {name}=... and --metrics {name}=... for each node, same order"
+            );
+        }
+        targets.push(LeaseTarget {
+            name,
+            endpoints,
+            nodes: p.into_iter().zip(metrics).collect(),
+        });
+    }
+    let load = LeaseLoad {
+        leases: cli.leases.unwrap_or(0),
+        ttl_s: cli.lease_ttl_s,
+        streams: cli.lease_streams,
+        duration: Duration::from_secs_f64(cli.duration),
+        idle: Duration::from_secs(5),
+    };
+    let mut rows: Vec<LeaseResult> = Vec::new();
+    for round in 0..cli.rounds.max(1) {
+        for k in 0..targets.len() {
+            let t = &targets[(k + round) % targets.len()];
+            eprintln!(
+                "round {} {}: {} leases, TTL {} s, {} streams ...",
+                round + 1,
+                t.name,
+                load.leases,
+                load.ttl_s,
+                load.streams
+            );
+            let r = run_leases(t, &load).await?;
+            eprintln!(
+                "    leader CPU {:.1} % of a core, {:.1} entries/s, {:.0} keep-alives/s, {} lost",
+                r.leader_cpu_percent, r.leader_entries_per_s, r.keepalives_per_s, r.lost
+            );
+            rows.push(r);
+            // Let the revocations settle.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+    rows.sort_by(|a, b| a.backend.cmp(&b.backend));
+    let json = serde_json::to_string_pretty(&rows)?;
+    if let Some(p) = &cli.json {
+        std::fs::write(p, &json).with_context(|| format!("writing {}", p.display()))?;
+    } else {
+        println!("{json}");
+    }
+    let md = markdown(&rows);
+    println!("{md}");
+    if let Some(p) = &cli.markdown {
+        std::fs::write(p, &md).with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ pub async fn probe(spec: ClientSpec) -> Result<(), ClientError> {
         match probe_once(&spec, t).await {
             Ok(()) => return Ok(()),
             // No point waiting for a command this build does not have.
-            Err(e) if e.contains("unknown command") => {
+            Err(e) if e.contains("unknown command") || e.contains("not served here") => {
                 return Err(ClientError::Other(format!("not ready: {e}")))
             }
             Err(e) => last = e,
@@ -57,7 +57,7 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
     }
     let system = system_of(spec).map_err(|e| e.to_string())?;
     match system {
-        System::Fenced => {
+        System::Fenced | System::FencedEtcdLock => {
             // Every node up and agreeing on a leader.
             for ep in &spec.lock_endpoints {
                 let c = fenced_client::Client::connect([ep]).map_err(|e| e.to_string())?;
@@ -88,6 +88,7 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
         }
         // Checked below, through etcd's API (kv and watch workloads).
         System::Etcd => {}
+        System::EtcdLock => {}
         s if s.is_fenced_resp() => {
             // Every node answers PING and takes a lock write (forwarded to the leader), with
             // the run's own client: RESP up, a leader known everywhere.
@@ -117,6 +118,24 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
             for ep in &spec.lock_endpoints {
                 ping(ep, t).await?;
             }
+        }
+    }
+    if system.is_etcd_lock_service() {
+        // Every node grants a lock through the Lock service (a build of fenced without it
+        // answers UNIMPLEMENTED: "not served here").
+        for (i, ep) in spec.lock_endpoints.iter().enumerate() {
+            let l = make_lock(spec, i).map_err(|e| e.to_string())?;
+            let key = format!("probe-{i}");
+            let g =
+                tokio::time::timeout(t, l.acquire(&key, Duration::from_secs(2), Duration::ZERO))
+                    .await
+                    .map_err(|_| format!("{ep}: probe Lock timed out"))?
+                    .map_err(|e| format!("{ep}: probe Lock: {e}"))?
+                    .ok_or_else(|| format!("{ep}: probe Lock not granted"))?;
+            tokio::time::timeout(t, l.release(&g))
+                .await
+                .map_err(|_| format!("{ep}: probe Unlock timed out"))?
+                .map_err(|e| format!("{ep}: probe Unlock: {e}"))?;
         }
     }
     if spec.workload == "kv" || spec.workload == "watch" {

@@ -11,7 +11,6 @@ use super::{
 };
 use crate::client::ClientSpec;
 use crate::env::{Env, Spec};
-use crate::system::System;
 
 /// The wall-clock shim for redis-server (see `shim/clockshim.c` for why not libfaketime),
 /// compiled with the system C compiler into `out`. `None` if there is no compiler.
@@ -122,7 +121,7 @@ pub(crate) fn node_spec(
                 env: vec![("FENCED_TEST_CLOCK_OFFSET_FILE".into(), clock)],
             }
         }
-        System::Etcd => {
+        s if s.is_etcd_cluster() => {
             // A restart (kill nemesis) reuses the data dir, where etcd ignores the
             // --initial-cluster flags.
             let cluster: Vec<String> = l.nodes[..l.initial]
