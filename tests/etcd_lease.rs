@@ -405,6 +405,43 @@ async fn etcd_leases_are_fenced_sessions() {
     );
     drop(streams);
 
+    // The same leases on one stream (as etcd's Go client keeps every lease of a client):
+    // answered together, a few commands again — not one commit after another, which let
+    // leases lapse while their client was keeping them alive.
+    let (tx, req_rx) = mpsc::channel(MANY);
+    let mut one = LeaseClient::new(c.raw_channel(f))
+        .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(req_rx))
+        .await
+        .expect("keep-alive stream")
+        .into_inner();
+    let before = get_revision(&c, f).await;
+    for id in &ids {
+        tx.send(epb::LeaseKeepAliveRequest { id: *id })
+            .await
+            .expect("send");
+    }
+    let mut answered = std::collections::BTreeSet::new();
+    while answered.len() < MANY {
+        let a = tokio::time::timeout(RESPONSE, one.message())
+            .await
+            .expect("a keep-alive answer in time")
+            .expect("stream ok")
+            .expect("an answer");
+        assert_eq!(a.ttl, 60, "{a:?}");
+        answered.insert(a.id);
+    }
+    let after = get_revision(&c, f).await;
+    eprintln!(
+        "{MANY} keep-alives on one stream: {} revisions",
+        after - before
+    );
+    assert!(
+        after - before <= (MANY / 4) as i64,
+        "{MANY} keep-alives on one stream took {} revisions: answered one at a time",
+        after - before
+    );
+    drop(tx);
+
     // A session opened over RESP is a lease: keys attached to it go with SESSION.CLOSE.
     let mut con = support::resp_connect(&c, f).await;
     let s: i64 = support::resp_cmd(&mut con, &["SESSION.OPEN", "60000"]).await;

@@ -10,8 +10,11 @@
 //!   ([`core::lease_ttl`]): raised to [`core::MIN_LEASE_TTL_S`], refused above
 //!   [`core::MAX_LEASE_TTL_S`]. A client-chosen ID is refused: fenced assigns lease ids.
 //! * `LeaseKeepAlive` streams' requests (of every stream on this node) are **coalesced**: a
-//!   single task collects what arrived while its previous proposal was in flight and keeps
-//!   them all alive in one [`Command::KeepAliveMany`] ([`KeepAlives`]).
+//!   single task collects what arrives within [`KEEPALIVE_LINGER`] (and while its previous
+//!   proposal is in flight) and keeps them all alive in one [`Command::KeepAliveMany`]
+//!   ([`KeepAlives`]). A stream's requests are answered concurrently, each when its batch
+//!   commits, so a client keeping thousands of leases on one stream is not served one
+//!   commit at a time.
 //! * `LeaseTimeToLive` and `LeaseLeases` take the read path with the committed time
 //!   ([`crate::node::Node::read_timed`]): a lease's time left is judged at a log time the log
 //!   holds, so it counts down across a leader change.
@@ -20,11 +23,12 @@
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use fenced_core::etcd::{self as core, EtcdError};
 use fenced_core::{Command, Response, SessionId, SessionLife};
 use fenced_proto::etcd::etcdserverpb as epb;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio_stream::Stream;
 use tonic::{Request, Status, Streaming};
 
@@ -38,6 +42,16 @@ pub const MAX_KEEPALIVE_BATCH: usize = 16_384;
 
 /// Queued keep-alives waiting for the coalescer.
 const QUEUE: usize = 65_536;
+
+/// How long the coalescer goes on collecting after the first keep-alive of a batch: a
+/// keep-alive is answered up to this much later, and a node proposes at most one
+/// [`Command::KeepAliveMany`] per this (plus a commit) however many leases it keeps alive.
+/// etcd's clients send a lease's keep-alive every TTL/3, ≥ 666 ms.
+pub const KEEPALIVE_LINGER: Duration = Duration::from_millis(50);
+
+/// Keep-alives of one `LeaseKeepAlive` stream in flight at once (etcd's Go client sends every
+/// lease of a client on one stream): past it the stream's next request waits.
+const STREAM_IN_FLIGHT: usize = 16_384;
 
 type KeepAliveStream =
     Pin<Box<dyn Stream<Item = Result<epb::LeaseKeepAliveResponse, Status>> + Send>>;
@@ -83,16 +97,18 @@ impl KeepAlives {
     }
 }
 
-/// The coalescer's loop: take every queued keep-alive (up to [`MAX_KEEPALIVE_BATCH`]
-/// distinct sessions), propose them as one command, answer each; again.
+/// The coalescer's loop: take the keep-alives that arrive within [`KEEPALIVE_LINGER`] of
+/// the first (up to [`MAX_KEEPALIVE_BATCH`] distinct sessions), propose them as one command,
+/// answer each; again.
 async fn coalesce(node: Node, mut rx: mpsc::Receiver<(SessionId, Answer)>) {
     while let Some(first) = rx.recv().await {
         let mut waiting: BTreeMap<SessionId, Vec<Answer>> = BTreeMap::new();
         waiting.entry(first.0).or_default().push(first.1);
+        let until = tokio::time::Instant::now() + KEEPALIVE_LINGER;
         while waiting.len() < MAX_KEEPALIVE_BATCH {
-            match rx.try_recv() {
-                Ok((id, answer)) => waiting.entry(id).or_default().push(answer),
-                Err(_) => break,
+            match tokio::time::timeout_at(until, rx.recv()).await {
+                Ok(Some((id, answer))) => waiting.entry(id).or_default().push(answer),
+                Ok(None) | Err(_) => break,
             }
         }
         let sessions: Vec<SessionId> = waiting.keys().copied().collect();
@@ -221,8 +237,11 @@ impl Lease for EtcdApi {
         self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         self.node.serving().map_err(status_of)?;
         let mut input = req.into_inner();
-        let (tx, rx) = mpsc::channel(16);
+        let (tx, rx) = mpsc::channel(256);
         let api = self.clone();
+        // Each request is answered by a task of its own, so that many leases on one stream
+        // are kept alive together (one coalesced command), not one commit after another.
+        let in_flight = Arc::new(Semaphore::new(STREAM_IN_FLIGHT));
         tokio::spawn(async move {
             loop {
                 let msg = tokio::select! {
@@ -233,20 +252,29 @@ impl Lease for EtcdApi {
                     Ok(Some(m)) => m.id,
                     Ok(None) | Err(_) => return,
                 };
-                let life = match core::lease_session(id) {
-                    Some(s) => api.keep_alives.keep_alive(s).await,
-                    None => Ok(None),
+                let permit = tokio::select! {
+                    p = in_flight.clone().acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                    () = tx.closed() => return,
                 };
-                let answer = life.map(|life| epb::LeaseKeepAliveResponse {
-                    header: api.header_now(),
-                    id,
-                    // etcd's: the granted TTL after a renewal, 0 for a lease not found.
-                    ttl: life.map_or(0, |l| secs(l.ttl_ms)),
+                let (api, tx) = (api.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    let life = match core::lease_session(id) {
+                        Some(s) => api.keep_alives.keep_alive(s).await,
+                        None => Ok(None),
+                    };
+                    // An error ends the stream: the client reconnects (to another member).
+                    let answer = life.map(|life| epb::LeaseKeepAliveResponse {
+                        header: api.header_now(),
+                        id,
+                        // etcd's: the granted TTL after a renewal, 0 for a lease not found.
+                        ttl: life.map_or(0, |l| secs(l.ttl_ms)),
+                    });
+                    let _ = tx.send(answer).await;
                 });
-                let failed = answer.is_err();
-                if tx.send(answer).await.is_err() || failed {
-                    return;
-                }
             }
         });
         let out: KeepAliveStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
