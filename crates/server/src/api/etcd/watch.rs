@@ -401,9 +401,24 @@ impl Feed {
     }
 }
 
+/// A leader that has not heard from a majority for this long counts as no leader for
+/// require-leader streams (etcd's leader steps down then: CheckQuorum).
+pub const LEADER_QUORUM_SILENCE_MS: u64 = 1_000;
+
 impl EtcdApi {
+    /// Whether this member knows a leader, for require-leader streams: a follower that knows
+    /// one, or a leader that heard from a majority within [`LEADER_QUORUM_SILENCE_MS`] — a
+    /// leader cut off from the others stays leader in Raft's terms until it hears of a newer
+    /// term, but its clients must move on as etcd's would.
     pub(super) fn has_leader(&self) -> bool {
-        self.node.raft().metrics().borrow().current_leader.is_some()
+        let m = self.node.raft().metrics().borrow().clone();
+        match m.current_leader {
+            None => false,
+            Some(l) if l == m.id => m
+                .millis_since_quorum_ack
+                .is_none_or(|ms| ms < LEADER_QUORUM_SILENCE_MS),
+            Some(_) => true,
+        }
     }
 }
 
