@@ -168,13 +168,7 @@ impl Election for EtcdApi {
     async fn observe(&self, req: Request<elpb::LeaderRequest>) -> Reply<Self::ObserveStream> {
         let name = lock_name(&req.get_ref().name)?;
         self.users.permit(&req, "LOCK.INFO", &[name.as_bytes()])?;
-        let require_leader = req
-            .metadata()
-            .get("hasleader")
-            .is_some_and(|v| v.as_bytes() == b"true");
-        if require_leader && !self.has_leader() {
-            return Err(watch::no_leader());
-        }
+        let require_leader = watch::RequireLeader::of(self, &req)?;
         // Where the stream starts: a linearizable read.
         let (after, live) = self
             .node
@@ -263,13 +257,11 @@ struct Observer {
 struct Gone;
 
 impl Observer {
-    async fn run(mut self, require_leader: bool) {
+    async fn run(mut self, mut require_leader: Option<watch::RequireLeader>) {
         let mut changes = self.api.node.hub().etcd_changes();
         if self.send_leader(self.after).await.is_err() {
             return;
         }
-        let mut leader_check = tokio::time::interval(watch::LEADER_CHECK);
-        let mut leaderless = 0u32;
         loop {
             tokio::select! {
                 changed = changes.changed() => {
@@ -277,12 +269,9 @@ impl Observer {
                         return;
                     }
                 }
-                _ = leader_check.tick(), if require_leader => {
-                    leaderless = if self.api.has_leader() { 0 } else { leaderless + 1 };
-                    if leaderless >= watch::LEADER_CHECKS {
-                        let _ = self.tx.send(Err(watch::no_leader())).await;
-                        return;
-                    }
+                () = watch::RequireLeader::lost(&mut require_leader) => {
+                    let _ = self.tx.send(Err(watch::no_leader())).await;
+                    return;
                 }
                 () = self.tx.closed() => return,
             }

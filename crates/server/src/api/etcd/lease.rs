@@ -238,13 +238,7 @@ impl Lease for EtcdApi {
         self.node.serving().map_err(status_of)?;
         // clientv3's lessor opens its stream with `hasleader: true` (WithRequireLeader): on a
         // member without a leader it ends, and the client keeps its leases alive elsewhere.
-        let require_leader = req
-            .metadata()
-            .get("hasleader")
-            .is_some_and(|v| v.as_bytes() == b"true");
-        if require_leader && !self.has_leader() {
-            return Err(super::watch::no_leader());
-        }
+        let mut require_leader = super::watch::RequireLeader::of(self, &req)?;
         let mut input = req.into_inner();
         let (tx, rx) = mpsc::channel(256);
         let api = self.clone();
@@ -252,19 +246,13 @@ impl Lease for EtcdApi {
         // are kept alive together (one coalesced command), not one commit after another.
         let in_flight = Arc::new(Semaphore::new(STREAM_IN_FLIGHT));
         tokio::spawn(async move {
-            let mut leader_check = tokio::time::interval(super::watch::LEADER_CHECK);
-            let mut leaderless = 0u32;
             loop {
                 let msg = tokio::select! {
                     m = input.message() => m,
                     () = tx.closed() => return,
-                    _ = leader_check.tick(), if require_leader => {
-                        leaderless = if api.has_leader() { 0 } else { leaderless + 1 };
-                        if leaderless >= super::watch::LEADER_CHECKS {
-                            let _ = tx.send(Err(super::watch::no_leader())).await;
-                            return;
-                        }
-                        continue;
+                    () = super::watch::RequireLeader::lost(&mut require_leader) => {
+                        let _ = tx.send(Err(super::watch::no_leader())).await;
+                        return;
                     }
                 };
                 let id = match msg {

@@ -89,13 +89,7 @@ impl Watch for EtcdApi {
     async fn watch(&self, req: Request<Streaming<epb::WatchRequest>>) -> Reply<Self::WatchStream> {
         let user = self.users.caller(&req)?;
         self.node.serving().map_err(status_of)?;
-        let require_leader = req
-            .metadata()
-            .get("hasleader")
-            .is_some_and(|v| v.as_bytes() == b"true");
-        if require_leader && !self.has_leader() {
-            return Err(no_leader());
-        }
+        let require_leader = RequireLeader::of(self, &req)?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let stream = Feed {
             api: self.clone(),
@@ -144,12 +138,14 @@ impl Drop for Feed {
 }
 
 impl Feed {
-    async fn run(mut self, mut inbound: Streaming<epb::WatchRequest>, require_leader: bool) {
+    async fn run(
+        mut self,
+        mut inbound: Streaming<epb::WatchRequest>,
+        mut require_leader: Option<RequireLeader>,
+    ) {
         let mut changes = self.api.node.hub().etcd_changes();
         let mut progress = tokio::time::interval(PROGRESS_NOTIFY / 10);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut leader_check = tokio::time::interval(LEADER_CHECK);
-        let mut leaderless = 0u32;
         loop {
             let step = tokio::select! {
                 msg = inbound.message() => match msg {
@@ -162,13 +158,9 @@ impl Feed {
                     Err(_) => return,
                 },
                 _ = progress.tick() => self.notify_progress().await,
-                _ = leader_check.tick(), if require_leader => {
-                    leaderless = if self.api.has_leader() { 0 } else { leaderless + 1 };
-                    if leaderless >= LEADER_CHECKS {
-                        let _ = self.tx.send(Err(no_leader())).await;
-                        return;
-                    }
-                    Ok(())
+                () = RequireLeader::lost(&mut require_leader) => {
+                    let _ = self.tx.send(Err(no_leader())).await;
+                    return;
                 }
                 () = self.tx.closed() => return,
             };
@@ -418,6 +410,57 @@ impl EtcdApi {
                 .millis_since_quorum_ack
                 .is_none_or(|ms| ms < LEADER_QUORUM_SILENCE_MS),
             Some(_) => true,
+        }
+    }
+}
+
+/// etcd's require-leader rule of one stream (clientv3's `WithRequireLeader`, the
+/// `hasleader: true` metadata): the stream ends with [`no_leader`] once its member has known
+/// no leader at [`LEADER_CHECKS`] checks in a row, [`LEADER_CHECK`] apart. Watch, Observe
+/// and LeaseKeepAlive streams share it.
+pub(super) struct RequireLeader {
+    api: EtcdApi,
+    checks: tokio::time::Interval,
+    leaderless: u32,
+}
+
+impl RequireLeader {
+    /// The rule of a stream opened with `req`: `None` without `hasleader: true`; refused
+    /// at once if this member knows no leader now.
+    pub(super) fn of<T>(api: &EtcdApi, req: &Request<T>) -> Result<Option<RequireLeader>, Status> {
+        let asked = req
+            .metadata()
+            .get("hasleader")
+            .is_some_and(|v| v.as_bytes() == b"true");
+        if !asked {
+            return Ok(None);
+        }
+        if !api.has_leader() {
+            return Err(no_leader());
+        }
+        Ok(Some(RequireLeader {
+            api: api.clone(),
+            checks: tokio::time::interval(LEADER_CHECK),
+            leaderless: 0,
+        }))
+    }
+
+    /// Resolves when the stream must end for want of a leader (never without the rule).
+    /// Cancel-safe: a `select!` may drop it between checks.
+    pub(super) async fn lost(rule: &mut Option<RequireLeader>) {
+        let Some(rule) = rule else {
+            return std::future::pending().await;
+        };
+        loop {
+            rule.checks.tick().await;
+            rule.leaderless = if rule.api.has_leader() {
+                0
+            } else {
+                rule.leaderless + 1
+            };
+            if rule.leaderless >= LEADER_CHECKS {
+                return;
+            }
         }
     }
 }
