@@ -20,7 +20,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::locks::{check_name, LockKind};
+use super::locks::{check_name, Lock, LockKind};
 use super::StateMachine;
 use crate::command::*;
 use crate::cow::CowMap;
@@ -96,14 +96,7 @@ impl StateMachine {
                 return Ok(granted);
             }
             // Waiting already (a retried or repeated call): this request takes its place.
-            let earlier = lock.queue.iter().copied().find(|r| {
-                self.etcd_locks.waiting.contains_key(r)
-                    && self
-                        .waiters
-                        .get(r)
-                        .is_some_and(|w| w.owner == owner && w.session == Some(lease))
-            });
-            if let Some(earlier) = earlier {
+            if let Some(earlier) = self.queued_etcd_wait(lock, &owner, lease) {
                 let Some(request) = rid else {
                     return Err(CoreError::WaitNeedsRequestId);
                 };
@@ -131,6 +124,17 @@ impl StateMachine {
             _ => {}
         }
         Ok(response)
+    }
+
+    /// The etcd lock wait of `lease` (its owner `owner`) in `lock`'s queue, if any.
+    fn queued_etcd_wait(&self, lock: &Lock, owner: &str, lease: SessionId) -> Option<RequestId> {
+        lock.queue.iter().copied().find(|r| {
+            self.etcd_locks.waiting.contains_key(r)
+                && self
+                    .waiters
+                    .get(r)
+                    .is_some_and(|w| w.owner == owner && w.session == Some(lease))
+        })
     }
 
     /// Give the queued etcd lock wait `from` to request `to`: same place in every queue,
@@ -190,14 +194,7 @@ impl StateMachine {
         if token.is_some() {
             return Response::NotHeld;
         }
-        let waiting = lock.queue.iter().copied().find(|r| {
-            self.etcd_locks.waiting.contains_key(r)
-                && self
-                    .waiters
-                    .get(r)
-                    .is_some_and(|w| w.owner == key.0 && w.session == key.1)
-        });
-        match waiting {
+        match self.queued_etcd_wait(lock, &key.0, lease) {
             Some(rid) => {
                 self.remove_waiter(rid, events);
                 Response::Released { holds: 0 }
