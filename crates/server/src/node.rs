@@ -22,6 +22,7 @@ use crate::clock::{LeaderClock, NodeClock};
 use crate::error::NodeError;
 use crate::forward::client::Forwarder;
 use crate::hub::Hub;
+use crate::metrics::stages::Trace;
 use crate::metrics::Metrics;
 use crate::proposal::{self, stopped, Outcome, Proposal, Proposed, PROPOSE_TIMEOUT, WAIT_SLACK};
 
@@ -54,6 +55,9 @@ pub const PROPOSE_LIMITS: Limits = Limits {
     max_queued: usize::MAX,
 };
 
+/// A proposal on its way to the proposer, with the trace of a sampled one.
+type Traced = (Proposal, Option<Arc<Trace>>);
+
 /// A running node. Cheap to clone.
 #[derive(Clone)]
 pub struct Node {
@@ -68,8 +72,9 @@ struct Inner {
     clock: LeaderClock,
     /// Identity checks of node-to-node calls, both directions.
     gate: PeerGate,
-    /// Proposals on this node while it leads, batched into entries.
-    proposer: Batcher<Proposal, Proposed>,
+    /// Proposals on this node while it leads, batched into entries; a sampled one carries its
+    /// trace ([`crate::metrics::stages`]).
+    proposer: Batcher<Traced, Proposed>,
     /// The follower's half of forwarding: proposals and read rounds passed to the leader.
     forwarder: Arc<Forwarder>,
     metrics: Arc<Metrics>,
@@ -119,7 +124,7 @@ impl Node {
                 gate,
                 proposer: Batcher::spawn(bounded(PROPOSE_LIMITS), {
                     let me = me.clone();
-                    move |batch: Vec<Proposal>| {
+                    move |batch: Vec<Traced>| {
                         let node = Node::upgrade(&me);
                         async move {
                             match node {
@@ -436,22 +441,34 @@ impl Node {
         if proposals.is_empty() {
             return Vec::new();
         }
+        let stages = &self.inner.metrics.stages;
+        let trace = stages.sample();
+        let mut traced = trace.clone();
         let sized = proposals.into_iter().map(|p| {
             let size = proposal::size(&p.1);
-            (p, size)
+            ((p, traced.take()), size)
         });
-        self.inner
+        let answers = self
+            .inner
             .proposer
             .call_all(sized, |why| {
                 Err(refused(why, "the proposal batcher stopped"))
             })
-            .await
+            .await;
+        if let Some(trace) = trace {
+            stages.finish(&trace);
+        }
+        answers
     }
 
     /// One entry: stamp the batch's log time now, when it closes (so it is never earlier
     /// than any of its commands was sent), append, and answer each command.
-    async fn propose_entry(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
+    async fn propose_entry(&self, proposals: Vec<Traced>) -> Vec<Proposed> {
         let n = proposals.len();
+        let traces: Vec<Arc<Trace>> = proposals.iter().filter_map(|p| p.1.clone()).collect();
+        for t in &traces {
+            t.batched();
+        }
         let term = match self.leader_term() {
             Ok(term) => term,
             Err(e) => return vec![Err(e); n],
@@ -463,7 +480,7 @@ impl Node {
         let batch = Batch {
             requests: proposals
                 .into_iter()
-                .map(|(client, cmd)| Request {
+                .map(|((client, cmd), _)| Request {
                     time_ms,
                     client,
                     cmd,
@@ -486,6 +503,9 @@ impl Node {
         let written =
             tokio::time::timeout(WRITE_TIMEOUT, self.inner.raft.client_write(batch)).await;
         if let Ok(Ok(resp)) = &written {
+            for t in &traces {
+                t.answered(resp.log_id.index);
+            }
             metrics
                 .commit_seconds
                 .observe(started.elapsed().as_secs_f64());

@@ -363,7 +363,12 @@ async fn listen(
         // pass).
         let router = builder
             .layer(node.metrics().grpc_layer())
-            .add_service(raft_server(raft.clone(), gate.clone(), check.clone()))
+            .add_service(raft_server(
+                raft.clone(),
+                gate.clone(),
+                check.clone(),
+                Some(node.metrics().clone()),
+            ))
             .add_service(crate::forward::server::forward_server(node.clone(), check))
             .add_service(crate::api::lock_server(node.clone(), users.clone()))
             .add_service(crate::api::session_server(node.clone(), users.clone()))

@@ -113,6 +113,7 @@ async fn start_node_with(id: NodeId, chunk: u64) -> anyhow::Result<Node> {
             raft.clone(),
             gate,
             fenced_tls::PeerCertCheck::open(),
+            None,
         )),
     );
     Ok(Node {

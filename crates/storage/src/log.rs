@@ -280,6 +280,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let since = Instant::now();
         let entries: Vec<_> = entries.into_iter().collect();
+        let first = entries.first().map_or(0, |e| e.log_id.index);
         let overwrites = {
             let last = self.wal().last_log_id();
             entries
@@ -294,6 +295,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let written = self.wal().append(entries);
         match written {
             Ok(Some((last, file))) => {
+                if let Some(o) = self.hook.get() {
+                    o.log_written(first, last.index);
+                }
                 // Acknowledged by the flusher once an fdatasync covering these entries is done
                 // and the hard state records them.
                 self.flusher.sync(file, last, callback, since);

@@ -20,6 +20,18 @@ pub trait StorageObserver: Send + Sync + 'static {
     /// A snapshot built on this node (`build_snapshot`): its file's size and how long
     /// writing and installing it took. Snapshots received from the leader are not counted.
     fn snapshot_built(&self, _bytes: u64, _took: Duration) {}
+
+    /// Where a log index is on this node's path, for the latency breakdown (the server's
+    /// stage tracer): entries `first..=last` written into the log (page cache, not durable).
+    fn log_written(&self, _first: u64, _last: u64) {}
+    /// The group commit's segment `fdatasync` covering the entries up to `last` finished.
+    fn log_synced(&self, _last: u64) {}
+    /// The hard state records the entries up to `last`: they are acknowledged next.
+    fn log_recorded(&self, _last: u64) {}
+    /// The state machine begins applying entry `index` (it is committed).
+    fn applying(&self, _index: u64) {}
+    /// The state machine applied entry `index`.
+    fn applied(&self, _index: u64) {}
 }
 
 /// The observer slot shared by the log store, its flusher thread and the state machine store

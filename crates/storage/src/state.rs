@@ -258,8 +258,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     {
         let entries = entries.into_iter();
         let mut replies = Vec::with_capacity(entries.size_hint().0);
+        let observer = self.hook.get();
         for entry in entries {
             let log_id = entry.log_id;
+            if let Some(o) = observer {
+                o.applying(log_id.index);
+            }
             let (response, events) = {
                 let mut st = self
                     .state
@@ -281,6 +285,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 self.digester.applied(log_id.index, &mut st.machine);
                 applied
             };
+            if let Some(o) = observer {
+                o.applied(log_id.index);
+            }
             if !events.is_empty() {
                 (self.events)(&events);
             }

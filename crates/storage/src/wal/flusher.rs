@@ -183,11 +183,19 @@ impl Step {
                 })
                 .map_err(|e| format!("log fsync failed: {e}"))
                 .and_then(|()| {
+                    if let (Some(o), Some(l)) = (hook.get(), last) {
+                        o.log_synced(l.index);
+                    }
                     let mut h = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
                     let mut value = h.value().clone();
                     value.last_log_id = last;
                     note_committed(&mut value, &self.committed);
                     h.write(value).map_err(|e| e.to_string())
+                })
+                .inspect(|()| {
+                    if let (Some(o), Some(l)) = (hook.get(), last) {
+                        o.log_recorded(l.index);
+                    }
                 });
             if let Err(e) = synced {
                 tracing::error!("{e}");
