@@ -7,6 +7,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+use std::io;
 
 use anyerror::AnyError;
 use futures::stream::FuturesUnordered;
@@ -99,7 +100,6 @@ use crate::Membership;
 use crate::MessageSummary;
 use crate::Node;
 use crate::NodeId;
-use crate::OptionalSend;
 use crate::RaftTypeConfig;
 use crate::StorageError;
 use crate::StorageIOError;
@@ -205,6 +205,16 @@ where
     pub(crate) tx_server_metrics: watch::Sender<RaftServerMetrics<C::NodeId, C::Node>>,
 
     pub(crate) command_state: CommandState,
+
+    /// fenced's patch (see `third_party/README.md`): a log append whose flush has not been
+    /// awaited yet, and its last log id. Only replication commands run while it is pending
+    /// (`Command::may_precede_flush`); anything else, and the end of a command run, awaits it
+    /// first. So a leader sends new entries to its followers while its own disk syncs them,
+    /// instead of after.
+    pub(crate) pending_flush: Option<(
+        crate::type_config::alias::OneshotReceiverOf<C, Result<LogIOId<C::NodeId>, io::Error>>,
+        LogId<C::NodeId>,
+    )>,
 
     pub(crate) span: Span,
 
@@ -704,32 +714,6 @@ where
         self.engine.state.membership_state.effective().get_node(&leader_id).cloned()
     }
 
-    /// A temp wrapper to make non-blocking `append_to_log` a blocking.
-    #[tracing::instrument(level = "debug", skip_all)]
-    pub(crate) async fn append_to_log<I>(
-        &mut self,
-        entries: I,
-        vote: Vote<C::NodeId>,
-        last_log_id: LogId<C::NodeId>,
-    ) -> Result<(), StorageError<C::NodeId>>
-    where
-        I: IntoIterator<Item = C::Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
-        tracing::debug!("append_to_log");
-
-        let (tx, rx) = C::AsyncRuntime::oneshot();
-        let log_io_id = LogIOId::new(vote, Some(last_log_id));
-
-        let callback = LogFlushed::new(log_io_id, tx);
-
-        self.log_store.append(entries, callback).await?;
-        rx.await
-            .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?
-            .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?;
-        Ok(())
-    }
-
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) async fn apply_to_state_machine(
         &mut self,
@@ -887,25 +871,54 @@ where
             tracing::debug!("queued commands: end...");
         }
 
-        while let Some(cmd) = self.engine.output.pop_command() {
-            tracing::debug!("run command: {:?}", cmd);
+        loop {
+            while let Some(cmd) = self.engine.output.pop_command() {
+                tracing::debug!("run command: {:?}", cmd);
 
-            let res = self.run_command(cmd).await?;
-
-            if let Some(cmd) = res {
-                tracing::debug!("early return: postpone command: {:?}", cmd);
-                self.engine.output.postpone_command(cmd);
-
-                if tracing::enabled!(Level::DEBUG) {
-                    for c in self.engine.output.iter_commands().take(8) {
-                        tracing::debug!("postponed, first 8 queued commands: {:?}", c);
-                    }
+                if self.pending_flush.is_some() && !cmd.may_precede_flush() {
+                    self.finish_flush().await?;
                 }
 
+                let res = self.run_command(cmd).await?;
+
+                if let Some(cmd) = res {
+                    tracing::debug!("early return: postpone command: {:?}", cmd);
+                    self.engine.output.postpone_command(cmd);
+
+                    if tracing::enabled!(Level::DEBUG) {
+                        for c in self.engine.output.iter_commands().take(8) {
+                            tracing::debug!("postponed, first 8 queued commands: {:?}", c);
+                        }
+                    }
+
+                    // Commands it queues run after the postponed one, as they did when the
+                    // append awaited its flush in place.
+                    self.finish_flush().await?;
+                    return Ok(());
+                }
+            }
+            if self.pending_flush.is_none() {
                 return Ok(());
             }
+            // Its progress update may queue more commands (a commit): run them too.
+            self.finish_flush().await?;
         }
+    }
 
+    /// fenced's patch: await the pending log flush, if any, and record it as the local
+    /// progress — what `append_to_log` and `AppendInputEntries` did in place before.
+    async fn finish_flush(&mut self) -> Result<(), StorageError<C::NodeId>> {
+        let Some((rx, last_log_id)) = self.pending_flush.take() else {
+            return Ok(());
+        };
+        rx.await
+            .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?
+            .map_err(|e| StorageIOError::write_logs(AnyError::error(e)))?;
+        // The leader may have changed.
+        // But reporting to a different leader is not a problem.
+        if let Ok(mut lh) = self.engine.leader_handler() {
+            lh.replication_handler().update_local_progress(Some(last_log_id));
+        }
         Ok(())
     }
 
@@ -1637,13 +1650,12 @@ where
                 let last_log_id = entries.last().unwrap().get_log_id().clone();
                 tracing::debug!("AppendInputEntries: {}", DisplaySlice::<_>(&entries),);
 
-                self.append_to_log(entries, vote, last_log_id.clone()).await?;
-
-                // The leader may have changed.
-                // But reporting to a different leader is not a problem.
-                if let Ok(mut lh) = self.engine.leader_handler() {
-                    lh.replication_handler().update_local_progress(Some(last_log_id));
-                }
+                // fenced's patch: written now, its flush awaited by `finish_flush` once the
+                // replication commands queued after it have run.
+                let (tx, rx) = C::AsyncRuntime::oneshot();
+                let callback = LogFlushed::new(LogIOId::new(vote, Some(last_log_id.clone())), tx);
+                self.log_store.append(entries, callback).await?;
+                self.pending_flush = Some((rx, last_log_id));
             }
             Command::SaveVote { vote } => {
                 self.log_store.save_vote(&vote).await?;

@@ -150,6 +150,14 @@ where
 impl<C> Command<C>
 where C: RaftTypeConfig
 {
+    /// fenced's patch: whether this command may run while a log append's flush is pending
+    /// (`RaftCore::pending_flush`). Only sending to the replication streams may: a follower
+    /// stores and acknowledges entries on its own disk, and the leader counts itself only
+    /// once its own flush is done.
+    pub(crate) fn may_precede_flush(&self) -> bool {
+        matches!(self, Command::Replicate { .. } | Command::ReplicateCommitted { .. })
+    }
+
     #[allow(dead_code)]
     #[rustfmt::skip]
     pub(crate) fn kind(&self) -> CommandKind {

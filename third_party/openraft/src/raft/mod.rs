@@ -299,6 +299,7 @@ where C: RaftTypeConfig
             tx_server_metrics,
 
             command_state: CommandState::default(),
+            pending_flush: None,
             span: core_span,
 
             _p: Default::default(),
