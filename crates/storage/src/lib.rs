@@ -17,8 +17,9 @@
 //! The state machine lives in memory (see [`SharedState`]) and is rebuilt on [`open`] from the
 //! stored snapshot; openraft re-applies the committed log entries after it.
 //!
-//! Durability: `append` is acknowledged after the log is fdatasync'ed *and* the hard state
-//! records its last log id (group commit, [`wal::Flusher`]); `save_vote` writes the hard state;
+//! Durability: `append` is acknowledged after the log is fdatasync'ed (group commit,
+//! [`wal::Flusher`]); the hard state then records its last log id, off the acknowledgement's
+//! path and never naming an entry not yet durable; `save_vote` writes the hard state;
 //! `truncate` and `purge` sync before they report success, as do `build_snapshot` and
 //! `install_snapshot`. `save_committed` only remembers the value; the next hard-state record
 //! carries it (openraft does not need it durable). Unreadable bytes on disk become a

@@ -299,7 +299,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                     o.log_written(first, last.index);
                 }
                 // Acknowledged by the flusher once an fdatasync covering these entries is done
-                // and the hard state records them.
+                // (its recorder then records them in the hard state).
                 self.flusher.sync(file, last, callback, since);
                 Ok(())
             }
@@ -330,6 +330,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             None => None,
         };
         let remaining = before.max(self.last_purged());
+        // The recorder must not name the removed entries after this.
+        self.flusher.truncated(remaining);
         update_hard(self, move |v| v.last_log_id = remaining)
             .await
             .map_err(|e| StorageIOError::write_logs(&e))?;

@@ -14,8 +14,9 @@
 //! A segment is closed once it passes [`SEGMENT_BYTES`] and a new one starts with the next
 //! entry. Entries are written with `pwrite` by the caller of [`Wal::append`] (openraft's core
 //! task: a copy into the page cache) and made durable by the [`Flusher`] thread, which runs one
-//! `fdatasync` for every append that arrived meanwhile, then records the last durable log id in
-//! the [`hardstate`](crate::hardstate) file, then acknowledges those appends in order.
+//! `fdatasync` for every append that arrived meanwhile and then acknowledges those appends in
+//! order; its recorder thread then records the last durable log id in the
+//! [`hardstate`](crate::hardstate) file, in parallel with the next round's `fdatasync`.
 //!
 //! **What a crash or damage leaves, and what [`Wal::open`] does with it.** Every record is
 //! checked (checksum, index, no gap between records or segments) when the log is opened. The
@@ -26,9 +27,11 @@
 //!   the wrong index, a log that ends early — is damage to acknowledged entries: the data dir
 //!   is refused, never repaired, because a node that votes from a shorter log could help
 //!   elect a leader that lacks entries this node acknowledged;
-//! * a problem after `recorded` can only be a write that a crash interrupted before its
-//!   `fdatasync` and hard-state record completed — nothing this node acknowledged. That tail
-//!   is cut off (and the cut made durable) before the log is used again;
+//! * a problem after `recorded` is taken for a write that a crash interrupted before its
+//!   `fdatasync` completed — nothing this node acknowledged. That tail is cut off (and the
+//!   cut made durable) before the log is used again. (The record trails the acknowledgements
+//!   by about one `fdatasync`, so damage to the last round acknowledged right before a crash
+//!   would be cut too: see [`Flusher`] for that window.)
 //! * intact entries after `recorded` are kept, but written again and synced before the log
 //!   is used. They may be in the page cache only: after a failed `fdatasync` Linux marks the
 //!   pages clean although they never reached the disk, so a restarted node reads them and a

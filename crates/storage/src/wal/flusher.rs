@@ -4,7 +4,8 @@
 use std::io;
 use std::path::Path;
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use fenced_fs::File;
@@ -19,25 +20,39 @@ use crate::{Io, StoreError};
 /// The group commit: makes appended entries durable and acknowledges them.
 ///
 /// Each round takes everything queued since the last one, runs one `fdatasync` of every
-/// segment file those appends wrote, then records the last log id in the hard state (its own
-/// `fdatasync`), then calls the appends' callbacks in order. An append is never acknowledged
-/// before an `fdatasync` that started after its entries were written. After a failed sync
-/// every later append fails too: the kernel may have dropped the dirty pages, so a later
-/// successful sync proves nothing (and openraft stops the node on the first failure anyway).
+/// segment file those appends wrote, then calls the appends' callbacks in order. An append is
+/// never acknowledged before an `fdatasync` that started after its entries were written.
+/// After a failed sync every later append fails too: the kernel may have dropped the dirty
+/// pages, so a later successful sync proves nothing (and openraft stops the node on the first
+/// failure anyway).
 ///
-/// The round ([`Step::round`]) is one piece of code for both [`Io`] modes: with
-/// [`Io::Threads`] a thread of its own (`fenced-wal`) runs it over whatever queued meanwhile;
-/// with [`Io::Inline`] [`Flusher::sync`] runs it at once over the one append, in the caller.
+/// **The hard state's record of the log's end** (what [`Wal::open`](super::Wal::open) checks
+/// a log against, to tell damage from a torn tail) is written by a second thread, the
+/// *recorder* (`fenced-hardstate`), after the round's sync and in parallel with the next
+/// round's: one `fdatasync` on the acknowledgement's path instead of two in series. The record
+/// only ever names entries already durable, and trails the acknowledgements by about one
+/// `fdatasync`. What that costs: damage to the entries of the very last round acknowledged
+/// before a crash, inside that trailing window, reads as a torn tail and is cut instead of
+/// refused — a window of one sync, for a fault (a disk losing synced data) that the record
+/// exists to catch everywhere else. [`Flusher::drain`] and dropping the flusher wait for the
+/// recorder, so a clean stop leaves the record complete.
+///
+/// With [`Io::Inline`] [`Flusher::sync`] runs the round at once over the one append, in the
+/// caller, and records the hard state before it acknowledges, as before: nothing runs on
+/// another thread there (the simulator's determinism).
 ///
 /// Dropping the last handle: the thread finishes the rounds already queued (fsyncs and
-/// acknowledges them), then ends; nothing is written that a crash at the same moment would
-/// need — an append is promised only once acknowledged. Inline mode has nothing queued.
+/// acknowledges them), the recorder records their end, and both end before the drop returns.
 pub struct Flusher {
     mode: Mode,
 }
 
 enum Mode {
-    Thread(mpsc::Sender<Job>),
+    Thread {
+        jobs: Option<mpsc::Sender<Job>>,
+        thread: Option<JoinHandle<()>>,
+        recorder: Arc<Recorder>,
+    },
     Inline(Mutex<Step>),
 }
 
@@ -49,7 +64,7 @@ enum Job {
         /// When openraft called `append` (for [`StorageObserver::wal_append`]).
         since: Instant,
     },
-    /// Answered once every append queued before it is acknowledged.
+    /// Answered once every append queued before it is acknowledged and recorded.
     Barrier(tokio::sync::oneshot::Sender<()>),
 }
 
@@ -59,13 +74,105 @@ struct Step {
     committed: Arc<Mutex<Option<LogId<NodeId>>>>,
     hook: Hook,
     failed: Option<String>,
+    /// With [`Io::Threads`], who records the hard state; `None`: the round does, inline.
+    recorder: Option<Arc<Recorder>>,
+}
+
+/// The hand-over between the flusher and the recorder thread.
+struct Recorder {
+    state: Mutex<Target>,
+    /// Signalled when there is something to record, or to stop.
+    work: Condvar,
+    /// Signalled when the recorder finished a pass.
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct Target {
+    /// The last log id known durable: what the record should say.
+    durable: Option<LogId<NodeId>>,
+    /// Bumped when the log is cut ([`Flusher::truncated`]): a pass that read an older epoch
+    /// records nothing (it would name removed entries).
+    epoch: u64,
+    /// What the recorder last handled: (`durable`, `epoch`).
+    handled: (Option<LogId<NodeId>>, u64),
+    /// A failed hard-state write: every later append fails.
+    failed: Option<String>,
+    stop: bool,
+}
+
+impl Recorder {
+    fn lock(&self) -> MutexGuard<'_, Target> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wait until everything posted so far is recorded (or recording failed).
+    fn caught_up(&self) {
+        let mut t = self.lock();
+        while t.failed.is_none() && t.handled != (t.durable, t.epoch) {
+            t = self.done.wait(t).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// The recorder thread: record the latest durable log id whenever it moves, never naming
+    /// entries cut meanwhile, never lowering the record (a truncate lowers it itself).
+    fn run(
+        &self,
+        hard: &Mutex<HardState>,
+        committed: &Mutex<Option<LogId<NodeId>>>,
+        hook: &Hook,
+    ) {
+        loop {
+            let (want, epoch) = {
+                let mut t = self.lock();
+                while !t.stop && t.handled == (t.durable, t.epoch) {
+                    t = self.work.wait(t).unwrap_or_else(PoisonError::into_inner);
+                }
+                if t.handled == (t.durable, t.epoch) {
+                    return;
+                }
+                (t.durable, t.epoch)
+            };
+            let result = {
+                let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
+                let current = h.value().last_log_id;
+                // Checked under the hard-state lock, which a truncate holds to lower it.
+                let same_log = self.lock().epoch == epoch;
+                if same_log && want.map(|w| w.index) > current.map(|c| c.index) {
+                    let mut value = h.value().clone();
+                    value.last_log_id = want;
+                    note_committed(&mut value, committed);
+                    h.write(value).map_err(|e| e.to_string())
+                } else {
+                    Ok(())
+                }
+            };
+            let mut t = self.lock();
+            match result {
+                Ok(()) => {
+                    if let (Some(o), Some(w)) = (hook.get(), want) {
+                        o.log_recorded(w.index);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("hard state write failed: {e}");
+                    t.failed = Some(e);
+                }
+            }
+            // A truncate meanwhile set what it handled itself.
+            if t.epoch == epoch {
+                t.handled = (want, epoch);
+            }
+            self.done.notify_all();
+        }
+    }
 }
 
 impl Flusher {
-    /// Start the group commit (with [`Io::Threads`], its thread; it ends when the last
-    /// [`Flusher`] handle is dropped). `committed` is written with every hard-state record
-    /// (see [`HardStateValue::committed`](crate::hardstate::HardStateValue)). Fsync and
-    /// append timings go to the observer in `hook`, once one is installed.
+    /// Start the group commit (with [`Io::Threads`], its thread and the recorder's; they end
+    /// when the last [`Flusher`] handle is dropped). `committed` is written with every
+    /// hard-state record (see [`HardStateValue::committed`](crate::hardstate::HardStateValue)).
+    /// Fsync and append timings go to the observer in `hook`, once one is installed.
     pub(crate) fn start(
         hard: Arc<Mutex<HardState>>,
         committed: Arc<Mutex<Option<LogId<NodeId>>>>,
@@ -77,12 +184,39 @@ impl Flusher {
             committed,
             hook,
             failed: None,
+            recorder: None,
         };
         let mode = match io {
             Io::Inline => Mode::Inline(Mutex::new(step)),
             Io::Threads => {
+                let recorder = Arc::new(Recorder {
+                    state: Mutex::new(Target {
+                        durable: step.hard_value_last(),
+                        ..Target::default()
+                    }),
+                    work: Condvar::new(),
+                    done: Condvar::new(),
+                });
+                {
+                    let mut t = recorder.lock();
+                    t.handled = (t.durable, t.epoch);
+                }
+                step.recorder = Some(recorder.clone());
+                let recording = {
+                    let (r, hard, committed, hook) = (
+                        recorder.clone(),
+                        step.hard.clone(),
+                        step.committed.clone(),
+                        step.hook.clone(),
+                    );
+                    std::thread::Builder::new()
+                        .name("fenced-hardstate".into())
+                        .spawn(move || r.run(&hard, &committed, &hook))
+                        .map_err(|e| StoreError::file(Path::new("fenced-hardstate thread"), e))?
+                };
                 let (jobs, rx) = mpsc::channel::<Job>();
-                std::thread::Builder::new()
+                let stopping = recorder.clone();
+                let thread = std::thread::Builder::new()
                     .name("fenced-wal".into())
                     .spawn(move || {
                         let mut batch = Vec::new();
@@ -91,9 +225,17 @@ impl Flusher {
                             batch.extend(rx.try_iter());
                             step.round(&mut batch);
                         }
+                        // Every handle is gone: record what is durable, then end.
+                        stopping.lock().stop = true;
+                        stopping.work.notify_all();
+                        let _ = recording.join();
                     })
                     .map_err(|e| StoreError::file(Path::new("fenced-wal thread"), e))?;
-                Mode::Thread(jobs)
+                Mode::Thread {
+                    jobs: Some(jobs),
+                    thread: Some(thread),
+                    recorder,
+                }
             }
         };
         Ok(Flusher { mode })
@@ -117,8 +259,10 @@ impl Flusher {
             since,
         };
         match &self.mode {
-            Mode::Thread(jobs) => {
-                let _ = jobs.send(job);
+            Mode::Thread { jobs, .. } => {
+                if let Some(jobs) = jobs {
+                    let _ = jobs.send(job);
+                }
             }
             Mode::Inline(step) => step
                 .lock()
@@ -127,14 +271,40 @@ impl Flusher {
         }
     }
 
-    /// Wait until every append queued so far is acknowledged (inline: at once, none is).
+    /// Wait until every append queued so far is acknowledged and its end recorded in the hard
+    /// state (inline: at once, none is pending).
     pub async fn drain(&self) {
-        let Mode::Thread(jobs) = &self.mode else {
+        let Mode::Thread {
+            jobs: Some(jobs), ..
+        } = &self.mode
+        else {
             return;
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         if jobs.send(Job::Barrier(tx)).is_ok() {
             let _ = rx.await;
+        }
+    }
+
+    /// The log was cut: entries after `to` are gone, and the recorder must not name them. Call
+    /// after [`Flusher::drain`] and before writing the lowered record yourself.
+    pub fn truncated(&self, to: Option<LogId<NodeId>>) {
+        if let Mode::Thread { recorder, .. } = &self.mode {
+            let mut t = recorder.lock();
+            t.durable = to;
+            t.epoch += 1;
+            t.handled = (t.durable, t.epoch);
+        }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        if let Mode::Thread { jobs, thread, .. } = &mut self.mode {
+            drop(jobs.take());
+            if let Some(thread) = thread.take() {
+                let _ = thread.join();
+            }
         }
     }
 }
@@ -156,9 +326,36 @@ pub(crate) fn note_committed(
 }
 
 impl Step {
-    /// One round of the group commit over `batch` (emptied): sync, record, acknowledge.
+    fn hard_value_last(&self) -> Option<LogId<NodeId>> {
+        self.hard
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .value()
+            .last_log_id
+    }
+
+    /// Record `last` in the hard state now, in this thread (inline mode).
+    fn record_inline(&self, last: Option<LogId<NodeId>>) -> Result<(), String> {
+        let mut h = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut value = h.value().clone();
+        value.last_log_id = last;
+        note_committed(&mut value, &self.committed);
+        h.write(value).map_err(|e| e.to_string())?;
+        if let (Some(o), Some(l)) = (self.hook.get(), last) {
+            o.log_recorded(l.index);
+        }
+        Ok(())
+    }
+
+    /// One round of the group commit over `batch` (emptied): sync, hand the new end to the
+    /// recorder (inline: record it), acknowledge.
     fn round(&mut self, batch: &mut Vec<Job>) {
         let hook = &self.hook;
+        if self.failed.is_none() {
+            if let Some(r) = &self.recorder {
+                self.failed = r.lock().failed.clone();
+            }
+        }
         let mut files: Vec<&Arc<dyn File>> = Vec::new();
         let mut last = None;
         for job in batch.iter() {
@@ -186,15 +383,13 @@ impl Step {
                     if let (Some(o), Some(l)) = (hook.get(), last) {
                         o.log_synced(l.index);
                     }
-                    let mut h = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
-                    let mut value = h.value().clone();
-                    value.last_log_id = last;
-                    note_committed(&mut value, &self.committed);
-                    h.write(value).map_err(|e| e.to_string())
-                })
-                .inspect(|()| {
-                    if let (Some(o), Some(l)) = (hook.get(), last) {
-                        o.log_recorded(l.index);
+                    match &self.recorder {
+                        Some(r) => {
+                            r.lock().durable = last;
+                            r.work.notify_one();
+                            Ok(())
+                        }
+                        None => self.record_inline(last),
                     }
                 });
             if let Err(e) = synced {
@@ -220,6 +415,9 @@ impl Step {
                     callback.log_io_completed(result);
                 }
                 Job::Barrier(done) => {
+                    if let Some(r) = &self.recorder {
+                        r.caught_up();
+                    }
                     let _ = done.send(());
                 }
             }
