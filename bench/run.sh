@@ -270,50 +270,35 @@ if [ "${STAGES:-1}" != 0 ] && need fenced; then
     done
     python3 - "$OUT" ${STAGE_CELLS:-1:c 64:1} <<'STAGES' | tee "$OUT/stages.md"
 import json, os, sys
-out = sys.argv[1]
-print("| stage (µs since queued on the leader) | " + " | ".join(
-    f"{c.split(':')[0]} client(s), {'one lock' if c.split(':')[1] == '1' else 'own locks'}: p50 / p99"
-    for c in sys.argv[2:]) + " |")
-print("|---|" + "---:|" * len(sys.argv[2:]))
-cols = []
-for c in sys.argv[2:]:
-    sc, sk = c.split(":")
-    best = None
-    for i in (1, 2, 3):
-        with open(os.path.join(out, f"stages-{sc}-{sk}-node{i}.json")) as f:
-            s = json.load(f)
-        if best is None or s["samples"] > best["samples"]:
-            best = s
-    cols.append(best)
-for row, stage in enumerate(cols[0]["stages"]):
-    cells = []
-    for s in cols:
-        st = s["stages"][row]
-        cells.append(f"{st['p50_us']} / {st['p99_us']}" if st["count"] else "–")
-    print(f"| {stage['stage']} | " + " | ".join(cells) + " |")
-print("| samples | " + " | ".join(str(s["samples"]) for s in cols) + " |")
-# The followers' side: the follower with the most sampled appends, per cell.
+out, cells = sys.argv[1], sys.argv[2:]
+
+def table(title, heading, samples, stages):
+    """One column per cell, from the node with the most samples of that kind (the leader for
+    the proposals' stages, a follower for the appends')."""
+    print(f"| {title} | " + " | ".join(heading(*c.split(":")) for c in cells) + " |")
+    print("|---|" + "---:|" * len(cells))
+    cols = []
+    for c in cells:
+        sc, sk = c.split(":")
+        nodes = []
+        for i in (1, 2, 3):
+            with open(os.path.join(out, f"stages-{sc}-{sk}-node{i}.json")) as f:
+                nodes.append(json.load(f))
+        cols.append(max(nodes, key=lambda s: s.get(samples, 0)))
+    for row, stage in enumerate(cols[0].get(stages, [])):
+        vals = []
+        for s in cols:
+            st = s[stages][row]
+            vals.append(f"{st['p50_us']} / {st['p99_us']}" if st["count"] else "–")
+        print(f"| {stage['stage']} | " + " | ".join(vals) + " |")
+    print("| samples | " + " | ".join(str(s.get(samples, 0)) for s in cols) + " |")
+
+table("stage (µs since queued on the leader)",
+      lambda sc, sk: f"{sc} client(s), {'one lock' if sk == '1' else 'own locks'}: p50 / p99",
+      "samples", "stages")
 print()
-print("| follower stage (µs since its AppendEntries arrived) | " + " | ".join(
-    f"{c.split(':')[0]} client(s): p50 / p99" for c in sys.argv[2:]) + " |")
-print("|---|" + "---:|" * len(sys.argv[2:]))
-fcols = []
-for c in sys.argv[2:]:
-    sc, sk = c.split(":")
-    best = None
-    for i in (1, 2, 3):
-        with open(os.path.join(out, f"stages-{sc}-{sk}-node{i}.json")) as f:
-            s = json.load(f)
-        if best is None or s["follower_samples"] > best["follower_samples"]:
-            best = s
-    fcols.append(best)
-for row, stage in enumerate(fcols[0]["follower_stages"]):
-    cells = []
-    for s in fcols:
-        st = s["follower_stages"][row]
-        cells.append(f"{st['p50_us']} / {st['p99_us']}" if st["count"] else "–")
-    print(f"| {stage['stage']} | " + " | ".join(cells) + " |")
-print("| samples | " + " | ".join(str(s["follower_samples"]) for s in fcols) + " |")
+table("follower stage (µs since its AppendEntries arrived)",
+      lambda sc, sk: f"{sc} client(s): p50 / p99", "follower_samples", "follower_stages")
 STAGES
 fi
 

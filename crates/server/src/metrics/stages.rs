@@ -53,8 +53,8 @@ struct Slot {
 const STAGES: [&str; 11] = [
     "batched",  // its batch closed: the proposer took it (propose_entry began)
     "written",  // the entry written into the leader's log (page cache)
-    "synced",   // the leader's segment fdatasync done
-    "recorded", // the leader's hard state records it: the leader's own vote for it
+    "synced",   // the leader's segment fdatasync done: the leader's own acknowledgement
+    "recorded", // the leader's hard state records it (after its own acknowledgement)
     "ack1",     // the first follower's acknowledgement arrived
     "ack2",     // the second follower's
     "applying", // the leader applies it: committed (and the apply task woke)
@@ -373,13 +373,18 @@ impl Stages {
 mod tests {
     use super::*;
 
+    /// The next proposal that is traced.
+    fn traced(s: &Stages) -> Arc<Trace> {
+        std::iter::repeat_with(|| s.sample())
+            .flatten()
+            .next()
+            .expect("a sample")
+    }
+
     #[test]
     fn a_traced_proposal_gets_every_stage_its_index_passed() {
         let s = Stages::new();
-        let trace = std::iter::repeat_with(|| s.sample())
-            .flatten()
-            .next()
-            .expect("a sample");
+        let trace = traced(&s);
         trace.batched();
         s.written(40, 42);
         s.synced(42);
@@ -418,10 +423,7 @@ mod tests {
     #[test]
     fn a_reused_slot_leaves_the_stage_out() {
         let s = Stages::new();
-        let trace = std::iter::repeat_with(|| s.sample())
-            .flatten()
-            .next()
-            .expect("a sample");
+        let trace = traced(&s);
         s.written(5, 5);
         s.written(5 + RING, 5 + RING);
         trace.answered(5);
