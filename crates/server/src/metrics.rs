@@ -372,7 +372,7 @@ impl Metrics {
         );
         r.register(
             "wal_append_duration_seconds",
-            "Log appends from the append call to durable (written, fsynced, hard state recorded)",
+            "Log appends from the append call to durable (written and fsynced)",
             m.wal_append.clone(),
         );
         r.register(

@@ -8,8 +8,10 @@
 //! start, a log that ends before it is refused (see [`crate::open`]).
 //!
 //! Layout: two slots of [`SLOT`] bytes; each write goes to the slot not holding the newest
-//! value and is fdatasync'ed before the caller acknowledges anything, so a torn write leaves
-//! the previous value readable. A slot is `magic | seq u64 | len u32 | crc32 u32 | payload`,
+//! value and is fdatasync'ed before it returns, so a torn write leaves the previous value
+//! readable. A vote is written before it is acknowledged; the log's end is written by the
+//! group commit's recorder just after the appends it names are acknowledged (it trails them
+//! by about one sync: [`crate::wal::Flusher`]). A slot is `magic | seq u64 | len u32 | crc32 u32 | payload`,
 //! the payload being bincode of [`HardStateValue`]; the valid slot with the larger `seq` wins.
 //! Magic `FHS2` slots carry `committed` too; `FHS1` slots (the first layout) are still read.
 //!

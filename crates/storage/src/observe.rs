@@ -13,9 +13,9 @@ pub trait StorageObserver: Send + Sync + 'static {
     /// One `fdatasync` of a write-ahead log segment (the group commit's; one per round of
     /// the flusher thread, covering every append queued meanwhile).
     fn wal_fsync(&self, _took: Duration) {}
-    /// One append, from openraft's `append` call to its acknowledgement: written, the log
-    /// fsynced and the hard state recorded (the latency the leader's commit waits for on
-    /// each voter). Not called for appends that fail.
+    /// One append, from openraft's `append` call to its acknowledgement: written and the log
+    /// fsynced (the latency the leader's commit waits for on each voter). Not called for
+    /// appends that fail.
     fn wal_append(&self, _took: Duration) {}
     /// A snapshot built on this node (`build_snapshot`): its file's size and how long
     /// writing and installing it took. Snapshots received from the leader are not counted.
@@ -26,7 +26,8 @@ pub trait StorageObserver: Send + Sync + 'static {
     fn log_written(&self, _first: u64, _last: u64) {}
     /// The group commit's segment `fdatasync` covering the entries up to `last` finished.
     fn log_synced(&self, _last: u64) {}
-    /// The hard state records the entries up to `last`: they are acknowledged next.
+    /// The hard state records the entries up to `last` (acknowledged already, except with
+    /// inline I/O, where the record comes first).
     fn log_recorded(&self, _last: u64) {}
     /// The state machine begins applying entry `index` (it is committed).
     fn applying(&self, _index: u64) {}

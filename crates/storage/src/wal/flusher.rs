@@ -116,12 +116,7 @@ impl Recorder {
 
     /// The recorder thread: record the latest durable log id whenever it moves, never naming
     /// entries cut meanwhile, never lowering the record (a truncate lowers it itself).
-    fn run(
-        &self,
-        hard: &Mutex<HardState>,
-        committed: &Mutex<Option<LogId<NodeId>>>,
-        hook: &Hook,
-    ) {
+    fn run(&self, hard: &Mutex<HardState>, committed: &Mutex<Option<LogId<NodeId>>>, hook: &Hook) {
         loop {
             let (want, epoch) = {
                 let mut t = self.lock();
