@@ -237,6 +237,60 @@ async fn a_segment_named_before_a_failed_sync_is_durable_once_the_log_is_opened(
     }
 }
 
+/// With the group commit on threads, the hard state's record of the log's end trails the
+/// acknowledgement (the flusher's recorder writes it after the round's sync): a power loss that
+/// takes the record of the last acknowledged append with it loses no acknowledged entry, and
+/// the data dir opens — the entry past the record is kept, not taken for a torn tail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_append_survives_a_power_loss_that_took_its_record() {
+    use openraft::storage::{RaftLogReader, RaftLogStorageExt};
+    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+    let blank = |i: u64| Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
+        payload: EntryPayload::Blank,
+    };
+    for seed in 0..10 {
+        let disk = fenced_fs::SimFs::new(VIRTUAL, seed);
+        let fs: Arc<dyn Fs> = Arc::new(disk.clone());
+        let dir = Path::new(VIRTUAL).join("node-1");
+        fs.create_dir_all(&dir).expect("mkdir");
+        fs.sync_dir(Path::new(VIRTUAL)).expect("sync");
+        let env = Env::new(fs, Io::Threads);
+        let (mut log, _sm) = open_with(&dir, no_events(), env.clone()).expect("open");
+        log.blocking_append((1..=4).map(blank))
+            .await
+            .expect("append");
+        // Let the recorder record entry 4; then the power goes at the second sync from now:
+        // the next append's segment sync succeeds (it is acknowledged), the recorder's
+        // hard-state sync for it fails with the machine.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        disk.lose_power_at_sync(2);
+        log.blocking_append([blank(5)])
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed}: the append was not acknowledged: {e}"));
+        for _ in 0..100 {
+            if disk.is_dead() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(disk.is_dead(), "seed {seed}: the recorder never synced");
+        let lost = disk.power_loss();
+        drop(log);
+        drop(_sm);
+        let (mut log, _sm) = open_with(&dir, no_events(), env.clone())
+            .unwrap_or_else(|e| panic!("seed {seed}: {e} after {lost:?}"));
+        let found = log.try_get_log_entries(1..6).await.expect("read");
+        assert_eq!(found.len(), 5, "seed {seed}: entries lost after {lost:?}");
+        // And the log goes on, the record catching up.
+        log.blocking_append([blank(6)]).await.expect("append 6");
+        drop(log);
+        drop(_sm);
+        let (mut log, _sm) = open_with(&dir, no_events(), env).expect("reopen");
+        assert_eq!(log.try_get_log_entries(1..7).await.expect("read").len(), 6);
+    }
+}
+
 /// A learner that has received nothing yet, restarted while `--join`'s lookup had no answer
 /// (no cluster id in its plan), waits for the leader's log instead of being refused; with
 /// its store's files gone it is refused, as any member that lost its Raft state. (Found by
