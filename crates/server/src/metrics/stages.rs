@@ -198,8 +198,30 @@ impl Stages {
         }
     }
 
+    /// The ring's stamp of an instant: nanoseconds since the epoch, + 1 (0 is "not yet").
+    fn ns(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_nanos() as u64 + 1
+    }
+
     fn now(&self) -> u64 {
-        self.epoch.elapsed().as_nanos() as u64 + 1
+        self.ns(Instant::now())
+    }
+
+    /// Microseconds from `from` to ring stamp `stamp`; `None` if there is none (0).
+    fn us_after(&self, from: Instant, stamp: u64) -> Option<u64> {
+        (stamp != 0).then(|| stamp.saturating_sub(self.ns(from)) / 1000)
+    }
+
+    /// `first..=last`, cut to the indexes the ring holds.
+    fn recent(first: u64, last: u64) -> std::ops::RangeInclusive<u64> {
+        first.max(last.saturating_sub(RING - 1))..=last
+    }
+
+    /// The indexes after the last one reported through `upto` (which becomes `last`), up to
+    /// `last`; just `last` if the reports went backwards (a truncated log).
+    fn newly(upto: &AtomicU64, last: u64) -> std::ops::RangeInclusive<u64> {
+        let prev = upto.swap(last, Ordering::Relaxed);
+        Self::recent(if prev < last { prev + 1 } else { last }, last)
     }
 
     fn slot(&self, index: u64) -> Option<&Slot> {
@@ -217,9 +239,7 @@ impl Stages {
     /// Stamp `at` on every index after the last one so stamped (`upto`) through `last`.
     fn stamp_upto(&self, upto: &AtomicU64, last: u64, at: At) {
         let now = self.now();
-        let prev = upto.swap(last, Ordering::Relaxed);
-        let from = if prev < last { prev + 1 } else { last };
-        for index in from.max(last.saturating_sub(RING - 1))..=last {
+        for index in Self::newly(upto, last) {
             self.stamp(index, at, now);
         }
     }
@@ -227,7 +247,7 @@ impl Stages {
     /// Entries `first..=last` were written into this node's log.
     pub fn written(&self, first: u64, last: u64) {
         let now = self.now();
-        for index in first.max(last.saturating_sub(RING - 1))..=last {
+        for index in Self::recent(first, last) {
             let slot = &self.ring[(index % RING) as usize];
             slot.index.store(index, Ordering::Relaxed);
             for (i, a) in slot.at.iter().enumerate() {
@@ -262,9 +282,7 @@ impl Stages {
     pub fn acked(&self, peer: NodeId, last: u64) {
         let p = (peer % PEERS as u64) as usize;
         let now = self.now();
-        let prev = self.acked[p].swap(last, Ordering::Relaxed);
-        let from = if prev < last { prev + 1 } else { last };
-        for index in from.max(last.saturating_sub(RING - 1))..=last {
+        for index in Self::newly(&self.acked[p], last) {
             if let Some(slot) = self.slot(index) {
                 let _ = slot.acks[p].compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
             }
@@ -289,13 +307,7 @@ impl Stages {
         let t = trace.lock();
         let Some(index) = t.index else { return };
         let since = |i: Instant| i.saturating_duration_since(trace.queued).as_micros() as u64;
-        // Ring stamps are nanoseconds since the epoch (+1).
-        let queued_ns = trace
-            .queued
-            .saturating_duration_since(self.epoch)
-            .as_nanos() as u64
-            + 1;
-        let ring_us = |ns: u64| (ns != 0).then(|| ns.saturating_sub(queued_ns) / 1000);
+        let ring_us = |ns: u64| self.us_after(trace.queued, ns);
         let mut values: Vec<Option<u64>> = vec![None; STAGES.len()];
         values[0] = t.batched.map(since);
         if let Some(slot) = self.slot(index) {
@@ -335,15 +347,13 @@ impl Stages {
             return;
         }
         let answered = received.elapsed().as_micros() as u64;
-        let received_ns = received.saturating_duration_since(self.epoch).as_nanos() as u64 + 1;
-        let ring_us = |ns: u64| (ns != 0).then(|| ns.saturating_sub(received_ns) / 1000);
+        let stage = |index: u64, at: At| {
+            let slot = self.slot(index)?;
+            self.us_after(received, slot.at[at as usize].load(Ordering::Relaxed))
+        };
         // Written: when the first of them was; synced: when the last of them was.
-        let written = self
-            .slot(first)
-            .and_then(|s| ring_us(s.at[At::Written as usize].load(Ordering::Relaxed)));
-        let synced = self
-            .slot(last)
-            .and_then(|s| ring_us(s.at[At::Synced as usize].load(Ordering::Relaxed)));
+        let written = stage(first, At::Written);
+        let synced = stage(last, At::Synced);
         self.follower
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -429,17 +439,14 @@ mod tests {
         trace.answered(5);
         s.finish(&trace);
         let sum = s.summary(false);
-        let written = sum
-            .stages
-            .iter()
-            .find(|x| x.stage == "written")
-            .expect("written");
-        assert_eq!(written.count, 0);
-        let total = sum
-            .stages
-            .iter()
-            .find(|x| x.stage == "total")
-            .expect("total");
-        assert_eq!(total.count, 1);
+        let count = |name: &str| {
+            sum.stages
+                .iter()
+                .find(|x| x.stage == name)
+                .map(|x| x.count)
+                .expect(name)
+        };
+        assert_eq!(count("written"), 0);
+        assert_eq!(count("total"), 1);
     }
 }
