@@ -134,10 +134,7 @@ impl Recorder {
                 // Checked under the hard-state lock, which a truncate holds to lower it.
                 let same_log = self.lock().epoch == epoch;
                 if same_log && want.map(|w| w.index) > current.map(|c| c.index) {
-                    let mut value = h.value().clone();
-                    value.last_log_id = want;
-                    note_committed(&mut value, committed);
-                    h.write(value).map_err(|e| e.to_string())
+                    record_end(&mut h, want, committed)
                 } else {
                     Ok(())
                 }
@@ -308,6 +305,18 @@ fn same_file(a: &Arc<dyn File>, b: &Arc<dyn File>) -> bool {
     Arc::as_ptr(a) as *const () == Arc::as_ptr(b) as *const ()
 }
 
+/// Write `last` as the log's end into the hard state, with the latest committed log id.
+fn record_end(
+    h: &mut HardState,
+    last: Option<LogId<NodeId>>,
+    committed: &Mutex<Option<LogId<NodeId>>>,
+) -> Result<(), String> {
+    let mut value = h.value().clone();
+    value.last_log_id = last;
+    note_committed(&mut value, committed);
+    h.write(value).map_err(|e| e.to_string())
+}
+
 /// Put the latest committed log id into a hard-state record about to be written, if the log
 /// it records reaches it.
 pub(crate) fn note_committed(
@@ -332,10 +341,7 @@ impl Step {
     /// Record `last` in the hard state now, in this thread (inline mode).
     fn record_inline(&self, last: Option<LogId<NodeId>>) -> Result<(), String> {
         let mut h = self.hard.lock().unwrap_or_else(PoisonError::into_inner);
-        let mut value = h.value().clone();
-        value.last_log_id = last;
-        note_committed(&mut value, &self.committed);
-        h.write(value).map_err(|e| e.to_string())?;
+        record_end(&mut h, last, &self.committed)?;
         if let (Some(o), Some(l)) = (self.hook.get(), last) {
             o.log_recorded(l.index);
         }
