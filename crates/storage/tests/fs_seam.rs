@@ -195,6 +195,25 @@ fn a_new_data_dir_survives_a_power_loss() {
     }
 }
 
+/// A simulated disk (seed `seed`) with an empty node dir on it, and the store environment over
+/// it with I/O as `io` says.
+fn simulated_disk(seed: u64, io: Io) -> (fenced_fs::SimFs, PathBuf, Env) {
+    let disk = fenced_fs::SimFs::new(VIRTUAL, seed);
+    let fs: Arc<dyn Fs> = Arc::new(disk.clone());
+    let dir = Path::new(VIRTUAL).join("node-1");
+    fs.create_dir_all(&dir).expect("mkdir");
+    fs.sync_dir(Path::new(VIRTUAL)).expect("sync");
+    (disk, dir, Env::new(fs, io))
+}
+
+/// A blank log entry of term 1 at `index`.
+fn blank(index: u64) -> openraft::Entry<TypeConfig> {
+    openraft::Entry {
+        log_id: openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+        payload: openraft::EntryPayload::Blank,
+    }
+}
+
 /// A log segment whose name a failed directory fsync left unsure survives a power loss after
 /// the next process appended to it: opening the log syncs its directory. (Found by fenced-sim:
 /// a new learner's first segment vanished in a power loss, and with it 76 entries it had
@@ -202,18 +221,8 @@ fn a_new_data_dir_survives_a_power_loss() {
 #[tokio::test]
 async fn a_segment_named_before_a_failed_sync_is_durable_once_the_log_is_opened() {
     use openraft::storage::{RaftLogReader, RaftLogStorageExt};
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
-    let blank = |i: u64| Entry::<TypeConfig> {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
-        payload: EntryPayload::Blank,
-    };
     for seed in 0..20 {
-        let disk = fenced_fs::SimFs::new(VIRTUAL, seed);
-        let fs: Arc<dyn Fs> = Arc::new(disk.clone());
-        let dir = Path::new(VIRTUAL).join("node-1");
-        fs.create_dir_all(&dir).expect("mkdir");
-        fs.sync_dir(Path::new(VIRTUAL)).expect("sync");
-        let env = Env::new(fs, Io::Inline);
+        let (disk, dir, env) = simulated_disk(seed, Io::Inline);
         let (mut log, _sm) = open_with(&dir, no_events(), env.clone()).expect("open");
         // The first append creates the first segment; its syncs fail.
         disk.change_faults(|f| f.fsync_error = 1.0);
@@ -244,18 +253,8 @@ async fn a_segment_named_before_a_failed_sync_is_durable_once_the_log_is_opened(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acknowledged_append_survives_a_power_loss_that_took_its_record() {
     use openraft::storage::{RaftLogReader, RaftLogStorageExt};
-    use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
-    let blank = |i: u64| Entry::<TypeConfig> {
-        log_id: LogId::new(CommittedLeaderId::new(1, 1), i),
-        payload: EntryPayload::Blank,
-    };
     for seed in 0..10 {
-        let disk = fenced_fs::SimFs::new(VIRTUAL, seed);
-        let fs: Arc<dyn Fs> = Arc::new(disk.clone());
-        let dir = Path::new(VIRTUAL).join("node-1");
-        fs.create_dir_all(&dir).expect("mkdir");
-        fs.sync_dir(Path::new(VIRTUAL)).expect("sync");
-        let env = Env::new(fs, Io::Threads);
+        let (disk, dir, env) = simulated_disk(seed, Io::Threads);
         let (mut log, _sm) = open_with(&dir, no_events(), env.clone()).expect("open");
         log.blocking_append((1..=4).map(blank))
             .await
@@ -334,12 +333,8 @@ fn a_learner_that_received_nothing_restarts_without_the_clusters_answer() {
 fn opening_a_store_makes_its_dirs_names_durable() {
     for sub in [None, Some("snapshots")] {
         for seed in 0..20 {
-            let disk = fenced_fs::SimFs::new(VIRTUAL, seed);
+            let (disk, dir, env) = simulated_disk(seed, Io::Inline);
             let fs: Arc<dyn Fs> = Arc::new(disk.clone());
-            let dir = Path::new(VIRTUAL).join("node-1");
-            fs.create_dir_all(&dir).expect("mkdir");
-            fs.sync_dir(Path::new(VIRTUAL)).expect("sync");
-            let env = Env::new(fs.clone(), Io::Inline);
             drop(open_with(&dir, no_events(), env.clone()).expect("open"));
             let in_dir = match sub {
                 Some(sub) => {
