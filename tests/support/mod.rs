@@ -18,7 +18,8 @@
 //! By concern: [`cluster`] (the processes, addresses, status and catch-up waits), [`wait`]
 //! (bounded waiting), [`programs`] (outside programs: required, run with a time limit),
 //! [`etcd`] (etcd API calls), [`etcd_cluster`] (a real etcd cluster, to hold fenced to),
-//! [`holders`] (the holders' log of a lock recipe), [`resp`] (redis-rs connections),
+//! [`holders`] (the holders' log of a lock recipe), [`resp`] (redis-rs connections), [`raw`]
+//! (a blocking RESP client showing replies exactly as sent),
 //! [`http`] (GETs of a node's metrics listener).
 #![allow(dead_code)]
 
@@ -28,6 +29,7 @@ pub mod etcd_cluster;
 pub mod holders;
 pub mod http;
 pub mod programs;
+pub mod raw;
 pub mod resp;
 pub mod wait;
 
@@ -44,6 +46,8 @@ pub use holders::*;
 pub use http::*;
 #[allow(unused_imports)]
 pub use programs::*;
+#[allow(unused_imports)]
+pub use raw::*;
 #[allow(unused_imports)]
 pub use resp::*;
 #[allow(unused_imports)]

@@ -30,7 +30,7 @@ mod pubsub;
 mod server;
 
 use lock::Parsed;
-use pubsub::{push_message, recv, recv_lost, Lagged, SESSION_CHECK};
+use pubsub::{recv, recv_lost, reserved_publish, Lagged, SESSION_CHECK};
 
 /// Most requests taken from the read buffer before replying.
 const MAX_PIPELINE: usize = 1024;
@@ -260,7 +260,7 @@ impl Connection {
                         .fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Woke::Event(Some(KvEvent::Published { channel, message })) => {
-                    push_message(&self.st, &channel, &message, &mut self.out);
+                    self.deliver_published(&channel, &message);
                     if self.flush().await.is_err() {
                         break;
                     }
@@ -477,7 +477,11 @@ impl Connection {
             None if !matches!(name.as_str(), "AUTH" | "HELLO" | "QUIT" | "RESET") => {
                 Some(Reply::err(NOAUTH))
             }
-            Some(user) if class.is_ok() => user.check(argv).err().map(Reply::Error),
+            Some(user) if class.is_ok() => user
+                .check(argv)
+                .err()
+                .map(Reply::Error)
+                .or_else(|| reserved_publish(argv)),
             _ => None,
         };
         if let Some(e) = refused {

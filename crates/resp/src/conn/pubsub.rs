@@ -3,10 +3,14 @@
 //! lock-loss channels this node fills itself (`fenced:lost:session:<id>`,
 //! `fenced:lost:owner:<owner>`; docs/resp.md, "Lock-loss events") from the grants that end
 //! on it. Those events are a hint: the hub is lossy, and a restart loses them.
+//!
+//! Only the server publishes on `fenced:*` ([`RESERVED`]): `PUBLISH` there is refused for
+//! every user, administrators included ([`reserved_publish`]), and a message that was
+//! applied on such a channel anyway is never delivered ([`Connection::deliver_published`]).
 
 use std::time::Duration;
 
-use fenced_core::kv::{KvEvent, Reply};
+use fenced_core::kv::{Argv, KvEvent, Reply};
 use fenced_core::Event;
 use tokio::sync::broadcast;
 
@@ -93,6 +97,19 @@ impl Connection {
         }
     }
 
+    /// A message a `PUBLISH` applied on this node: to this connection's subscriptions,
+    /// unless its channel is one of the server's own ([`RESERVED`]). Those are refused at
+    /// the front end before they are proposed, but a `PUBLISH` can still be applied on one:
+    /// a script's `redis.call('PUBLISH', …)` (the state machine runs it; refusing it there
+    /// would change what replicas apply for old log entries, so it needs an
+    /// apply-semantics gate), or an entry proposed before the refusal existed. Dropping it
+    /// here is what keeps a forged lock-loss event from every subscriber.
+    pub(super) fn deliver_published(&mut self, channel: &[u8], message: &[u8]) {
+        if !channel.starts_with(RESERVED) {
+            push_message(&self.st, channel, message, &mut self.out);
+        }
+    }
+
     /// An ended grant (or the loss of some): a message on its session's and its owner's
     /// lock-loss channels, to a user who may `LOCK.ACQUIRE` its name.
     pub(super) fn deliver_lost(&mut self, ev: Result<Event, Lagged>) {
@@ -157,6 +174,22 @@ impl Connection {
             push_message(&self.st, channel.as_bytes(), msg.as_bytes(), &mut self.out);
         }
     }
+}
+
+/// The prefix of the channels only the server publishes on (its lock-loss events are under
+/// it; docs/resp.md, "Lock-loss events").
+pub(super) const RESERVED: &[u8] = b"fenced:";
+const RESERVED_ERR: &str =
+    "ERR channels starting with 'fenced:' are reserved for the server's own events";
+
+/// The refusal of `argv` if it publishes on a reserved channel: for every user, checked in
+/// [`Connection::gate`] before anything is proposed (so the state machine's `PUBLISH`,
+/// which old log entries replay, is unchanged). `PUBLISH` is the only command that
+/// publishes (there is no `SPUBLISH`); `SUBSCRIBE`/`PSUBSCRIBE` stay allowed.
+pub(super) fn reserved_publish(argv: &Argv) -> Option<Reply> {
+    (argv[0].eq_ignore_ascii_case(b"PUBLISH")
+        && argv.get(1).is_some_and(|c| c.starts_with(RESERVED)))
+    .then(|| Reply::err(RESERVED_ERR))
 }
 
 /// The prefix of the lock-loss channels.
