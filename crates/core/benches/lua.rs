@@ -1,8 +1,11 @@
 //! `EVAL` of a small compare-and-delete script through `Keyspace::apply`, as the state
-//! machine runs it: `cargo bench -p fenced-core --bench lua`.
+//! machine runs it, and how long the costliest scripts run before their budget stops them
+//! (`eval_stopped/*`: the longest pause one script can cause, docs/operations.md):
+//! `cargo bench -p fenced-core --bench lua`.
 
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use fenced_core::kv::{Argv, Keyspace, KvCommand};
+use fenced_core::kv::{Argv, Keyspace, KvCommand, Reply, COSTLY_SCRIPTS};
+use fenced_core::Semantics;
 
 const CAD: &str =
     "if redis.call('get',KEYS[1])==ARGV[1] then return redis.call('del',KEYS[1]) else return 0 end";
@@ -96,9 +99,63 @@ fn eval_bench(c: &mut Criterion, name: &str, script: &str) {
     });
 }
 
+/// Scripts that only their budget stops, each run to its `BUSY` error: Lua instructions alone
+/// (under the bounded rules and, for comparison, under the older 50 M-instruction budget),
+/// allocation in Lua, and every script of `COSTLY_SCRIPTS` (work in C).
+fn eval_stopped(c: &mut Criterion) {
+    let mut group = c.benchmark_group("eval_stopped");
+    group.sample_size(10);
+    let mut scripts: Vec<(String, &str, Semantics)> = vec![
+        (
+            "instructions".into(),
+            "while true do end",
+            Semantics::NEWEST,
+        ),
+        (
+            "instructions_old_rules".into(),
+            "while true do end",
+            Semantics::ELECTIONS,
+        ),
+        (
+            "tables".into(),
+            "local t = {} while true do t = {t} end",
+            Semantics::NEWEST,
+        ),
+    ];
+    for (i, script) in COSTLY_SCRIPTS.iter().enumerate() {
+        scripts.push((format!("costly_{i:02}"), script, Semantics::NEWEST));
+    }
+    for (name, script, semantics) in scripts {
+        let mut ks = Keyspace::default();
+        let mut events = Vec::new();
+        let cmd = KvCommand::Batch(vec![argv(&["EVAL", script, "1", "k"])]);
+        let mut index: u64 = 1;
+        group.bench_function(name.as_str(), |b| {
+            b.iter(|| {
+                index += 1;
+                let r = ks.apply(
+                    &mut index,
+                    semantics,
+                    1_000_000,
+                    black_box(&cmd),
+                    &mut events,
+                );
+                events.clear();
+                assert!(
+                    matches!(r.replies.first(), Some(Reply::Error(e)) if e.starts_with("BUSY")),
+                    "{name} should stop at its budget: {:?}",
+                    r.replies
+                );
+                r
+            })
+        });
+    }
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(50).measurement_time(std::time::Duration::from_secs(4));
-    targets = eval_compare_and_delete, eval_pairs
+    targets = eval_compare_and_delete, eval_pairs, eval_stopped
 }
 criterion_main!(benches);

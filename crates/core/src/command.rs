@@ -90,8 +90,17 @@ impl Semantics {
     /// cannot decode), and a grant they make projects a key into the etcd keyspace
     /// (`machine::etcd_locks`), which a snapshot body of version 4 carries.
     pub const ELECTIONS: Semantics = Semantics(6);
+    /// The election rules, and every script's work bounded: the work Lua's library functions
+    /// and interpreter do in C (pattern matching, searching, comparing, converting, copying,
+    /// allocating) is charged to the script's budget as instructions are, pattern matching
+    /// recurses at most 200 deep ("pattern too complex"), a `redis.call`'s reply is charged
+    /// by its size, and the budget is [`crate::kv::LUA_STEP_BUDGET`] steps instead of
+    /// [`crate::kv::LUA_INSTRUCTION_BUDGET`] instructions — so a script stops at the same
+    /// point on every replica within a bounded pause, whatever it does
+    /// (`kv/script/lua.rs`, third_party/README.md). Older entries run as they did.
+    pub const BOUNDED: Semantics = Semantics(7);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::ELECTIONS;
+    pub const NEWEST: Semantics = Semantics::BOUNDED;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -121,6 +130,11 @@ impl Semantics {
     /// etcd's Lock and Election commands exist ([`Semantics::ELECTIONS`]).
     pub fn elections(self) -> bool {
         self.0 >= Semantics::ELECTIONS.0
+    }
+
+    /// Every script's work is bounded ([`Semantics::BOUNDED`]).
+    pub fn bounded(self) -> bool {
+        self.0 >= Semantics::BOUNDED.0
     }
 
     /// The oldest rules under which `cmd` does what its caller means: the rules it exists

@@ -39,6 +39,12 @@ const SCRIPTS: &[&str] = &[
     // An error a Rust helper raised, shown by its __tostring.
     "local ok, e = pcall(redis.sha1hex) redis.call('SET', KEYS[1], tostring(e)) return e",
     "local ok, e = pcall(cjson.encode, {[{}] = 1}) return {tostring(ok), e, tostring(cjson.null)}",
+    // Stopped by the budget between writes, the work in C (pattern matching, allocating)
+    // charged to it (Semantics::BOUNDED): the same number of writes on every replica.
+    "local s = string.rep('a', 40) while true do redis.call('INCR', KEYS[1]) \
+       s:find(string.rep('a*', 5) .. 'b') end",
+    "local s = string.rep('x', 1000) local t = {} \
+       while true do t[#t + 1] = s:rep(10) redis.call('INCR', KEYS[1]) end",
     // A table key moving other keys between a table's parts.
     "local t = {} for i = 1, 20 do t[i] = i end t[5] = nil t[{}] = 1 t[{}] = 2 t[9] = nil \
        local ok, e = pcall(function() local n = 0 for _ in pairs(t) do n = n + 1 end return n end) \

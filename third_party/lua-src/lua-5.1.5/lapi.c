@@ -266,6 +266,8 @@ LUA_API int lua_iscfunction (lua_State *L, int idx) {
 LUA_API int lua_isnumber (lua_State *L, int idx) {
   TValue n;
   const TValue *o = index2adr(L, idx);
+  if (ttisstring(o))  /* fenced: the conversion scans the string */
+    luaD_fenceddebt(L, tsvalue(o)->len / LUA_FENCED_BYTES);
   return tonumber(o, &n);
 }
 
@@ -319,6 +321,8 @@ LUA_API int lua_lessthan (lua_State *L, int index1, int index2) {
 LUA_API lua_Number lua_tonumber (lua_State *L, int idx) {
   TValue n;
   const TValue *o = index2adr(L, idx);
+  if (ttisstring(o))  /* fenced: the conversion scans the string */
+    luaD_fenceddebt(L, tsvalue(o)->len / LUA_FENCED_BYTES);
   if (tonumber(o, &n))
     return nvalue(o);
   else
@@ -329,6 +333,8 @@ LUA_API lua_Number lua_tonumber (lua_State *L, int idx) {
 LUA_API lua_Integer lua_tointeger (lua_State *L, int idx) {
   TValue n;
   const TValue *o = index2adr(L, idx);
+  if (ttisstring(o))  /* fenced: the conversion scans the string */
+    luaD_fenceddebt(L, tsvalue(o)->len / LUA_FENCED_BYTES);
   if (tonumber(o, &n)) {
     lua_Integer res;
     lua_Number num = nvalue(o);
@@ -1091,3 +1097,31 @@ LUA_API const char *lua_setupvalue (lua_State *L, int funcindex, int n) {
   return name;
 }
 
+
+
+
+/*
+** fenced: see luaD_fenceddebt in ldo.c.
+*/
+LUA_API void lua_fenced_charging (int on) {
+  luaD_fencedswitch(on);
+}
+
+
+LUA_API int lua_fenced_on (void) {
+  return luaD_fencedon();
+}
+
+
+LUA_API void lua_fenced_debt (lua_State *L, size_t units) {
+  luaD_fenceddebt(L, (lu_mem)units);
+}
+
+
+LUA_API void lua_fenced_work (lua_State *L, size_t units) {
+  if (!luaD_fencedon()) return;
+  lua_lock(L);
+  luaD_fenceddebt(L, (lu_mem)units);
+  if (L->hookmask & LUA_MASKCOUNT) luaD_fencedpay(L);
+  lua_unlock(L);
+}

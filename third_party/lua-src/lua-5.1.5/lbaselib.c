@@ -60,9 +60,11 @@ static int luaB_tonumber (lua_State *L) {
     }
   }
   else {
-    const char *s1 = luaL_checkstring(L, 1);
+    size_t l1;
+    const char *s1 = luaL_checklstring(L, 1, &l1);
     char *s2;
     unsigned long n;
+    lua_fenced_debt(L, l1 / LUA_FENCED_BYTES);  /* fenced: strtoul scans it (ldo.c) */
     luaL_argcheck(L, 2 <= base && base <= 36, 2, "base out of range");
     n = strtoul(s1, &s2, base);
     if (s1 != s2) {  /* at least one valid digit? */

@@ -12,6 +12,7 @@
 
 #include "lua.h"
 
+#include "ldo.h"
 #include "lmem.h"
 #include "lobject.h"
 #include "lstate.h"
@@ -83,6 +84,8 @@ TString *luaS_newlstr (lua_State *L, const char *str, size_t l) {
        o != NULL;
        o = o->gch.next) {
     TString *ts = rawgco2ts(o);
+    /* fenced: a step of the chain, and the bytes a compare may read (ldo.c) */
+    luaD_fenceddebt(L, 1 + (ts->tsv.len == l ? l / LUA_FENCED_BYTES : 0));
     if (ts->tsv.len == l && (memcmp(str, getstr(ts), l) == 0)) {
       /* string may be dead */
       if (isdead(G(L), o)) changewhite(o);

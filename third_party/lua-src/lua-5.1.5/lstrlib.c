@@ -96,8 +96,11 @@ static int str_rep (lua_State *L) {
   const char *s = luaL_checklstring(L, 1, &l);
   int n = luaL_checkint(L, 2);
   luaL_buffinit(L, &b);
-  while (n-- > 0)
+  if (l == 0) n = 0;  /* fenced: the same empty result, without n empty appends */
+  while (n-- > 0) {
+    lua_fenced_work(L, 1 + l / LUA_FENCED_BYTES);  /* fenced: each copy (ldo.c) */
     luaL_addlstring(&b, s, l);
+  }
   luaL_pushresult(&b);
   return 1;
 }
@@ -172,6 +175,9 @@ typedef struct MatchState {
   const char *src_end;  /* end (`\0') of source string */
   lua_State *L;
   int level;  /* total number of captures (finished or unfinished) */
+  int fenced;  /* fenced: charging work (ldo.c); then matchdepth bounds the recursion */
+  int matchdepth;  /* fenced: calls of `match' left before "pattern too complex" */
+  size_t pending;  /* fenced: steps not yet charged */
   struct {
     const char *init;
     ptrdiff_t len;
@@ -180,6 +186,39 @@ typedef struct MatchState {
 
 
 #define L_ESC		'%'
+
+/* fenced: deepest recursion of `match' while charging (Lua 5.2's MAXCCALLS) */
+#define FENCED_MAXMATCH	200
+
+/* fenced: steps are charged in batches of this many (the hook may run then) */
+#define FENCED_BATCH	64
+
+static void fenced_initmatch (MatchState *ms) {
+  ms->fenced = lua_fenced_on();
+  ms->matchdepth = FENCED_MAXMATCH;
+  ms->pending = 0;
+}
+
+static void fenced_charge (MatchState *ms, size_t units) {
+  ms->pending += units;
+  if (ms->pending >= FENCED_BATCH) {
+    size_t n = ms->pending;
+    ms->pending = 0;
+    lua_fenced_work(ms->L, n);
+  }
+}
+
+/* fenced: after a match from one start position, the rest of its steps as a debt */
+static void fenced_flush (MatchState *ms) {
+  if (ms->fenced && ms->pending > 0) {
+    lua_fenced_debt(ms->L, ms->pending);
+    ms->pending = 0;
+  }
+}
+
+/* fenced: units of matching work, where a hook may run (ldo.c) */
+#define fenced_step(ms,units) \
+  { if ((ms)->fenced) fenced_charge((ms), (units)); }
 #define SPECIALS	"^$*+?.([%-"
 
 
@@ -287,12 +326,17 @@ static const char *matchbalance (MatchState *ms, const char *s,
     int b = *p;
     int e = *(p+1);
     int cont = 1;
+    const char *start = s;
     while (++s < ms->src_end) {
       if (*s == e) {
-        if (--cont == 0) return s+1;
+        if (--cont == 0) {
+          fenced_step(ms, (size_t)(s - start) / 4);
+          return s+1;
+        }
       }
       else if (*s == b) cont++;
     }
+    fenced_step(ms, (size_t)(s - start) / 4);
   }
   return NULL;  /* string ends out of balance */
 }
@@ -303,6 +347,7 @@ static const char *max_expand (MatchState *ms, const char *s,
   ptrdiff_t i = 0;  /* counts maximum expand for item */
   while ((s+i)<ms->src_end && singlematch(uchar(*(s+i)), p, ep))
     i++;
+  fenced_step(ms, (size_t)i / 4);  /* fenced: the scan, a unit per 4 bytes */
   /* keeps trying to match with the maximum repetitions */
   while (i>=0) {
     const char *res = match(ms, (s+i), ep+1);
@@ -362,8 +407,23 @@ static const char *match_capture (MatchState *ms, const char *s, int l) {
 }
 
 
+static const char *do_match (MatchState *ms, const char *s, const char *p);
+
 static const char *match (MatchState *ms, const char *s, const char *p) {
+  const char *res;
+  if (!ms->fenced) return do_match(ms, s, p);
+  /* fenced: bounded recursion (the C stack), each call and step charged */
+  if (ms->matchdepth-- == 0)
+    luaL_error(ms->L, "pattern too complex");
+  res = do_match(ms, s, p);
+  ms->matchdepth++;
+  return res;
+}
+
+
+static const char *do_match (MatchState *ms, const char *s, const char *p) {
   init: /* using goto's to optimize tail recursion */
+  fenced_step(ms, 1);
   switch (*p) {
     case '(': {  /* start capture */
       if (*(p+1) == ')')  /* position capture? */
@@ -441,8 +501,9 @@ static const char *match (MatchState *ms, const char *s, const char *p) {
 
 
 
-static const char *lmemfind (const char *s1, size_t l1,
+static const char *lmemfind (lua_State *L, const char *s1, size_t l1,
                                const char *s2, size_t l2) {
+  int fenced = lua_fenced_on();
   if (l2 == 0) return s1;  /* empty strings are everywhere */
   else if (l2 > l1) return NULL;  /* avoids a negative `l1' */
   else {
@@ -450,6 +511,9 @@ static const char *lmemfind (const char *s1, size_t l1,
     l2--;  /* 1st char will be checked by `memchr' */
     l1 = l1-l2;  /* `s2' cannot be found after that */
     while (l1 > 0 && (init = (const char *)memchr(s1, *s2, l1)) != NULL) {
+      /* fenced: the bytes scanned to this candidate and the compare (ldo.c) */
+      if (fenced)
+        lua_fenced_work(L, 1 + ((size_t)(init - s1) + l2) / LUA_FENCED_BYTES);
       init++;   /* 1st char is already checked */
       if (memcmp(init, s2+1, l2) == 0)
         return init-1;
@@ -499,10 +563,11 @@ static int str_find_aux (lua_State *L, int find) {
   ptrdiff_t init = posrelat(luaL_optinteger(L, 3, 1), l1) - 1;
   if (init < 0) init = 0;
   else if ((size_t)(init) > l1) init = (ptrdiff_t)l1;
+  lua_fenced_debt(L, l2 / LUA_FENCED_BYTES);  /* fenced: strpbrk scans the pattern */
   if (find && (lua_toboolean(L, 4) ||  /* explicit request? */
       strpbrk(p, SPECIALS) == NULL)) {  /* or no special characters? */
     /* do a plain search */
-    const char *s2 = lmemfind(s+init, l1-init, p, l2);
+    const char *s2 = lmemfind(L, s+init, l1-init, p, l2);
     if (s2) {
       lua_pushinteger(L, s2-s+1);
       lua_pushinteger(L, s2-s+l2);
@@ -516,10 +581,13 @@ static int str_find_aux (lua_State *L, int find) {
     ms.L = L;
     ms.src_init = s;
     ms.src_end = s+l1;
+    fenced_initmatch(&ms);
     do {
       const char *res;
       ms.level = 0;
-      if ((res=match(&ms, s1, p)) != NULL) {
+      res = match(&ms, s1, p);
+      fenced_flush(&ms);
+      if (res != NULL) {
         if (find) {
           lua_pushinteger(L, s1-s+1);  /* start */
           lua_pushinteger(L, res-s);   /* end */
@@ -554,12 +622,15 @@ static int gmatch_aux (lua_State *L) {
   ms.L = L;
   ms.src_init = s;
   ms.src_end = s+ls;
+  fenced_initmatch(&ms);
   for (src = s + (size_t)lua_tointeger(L, lua_upvalueindex(3));
        src <= ms.src_end;
        src++) {
     const char *e;
     ms.level = 0;
-    if ((e = match(&ms, src, p)) != NULL) {
+    e = match(&ms, src, p);
+    fenced_flush(&ms);
+    if (e != NULL) {
       lua_Integer newstart = e-s;
       if (e == src) newstart++;  /* empty match? go at least one position */
       lua_pushinteger(L, newstart);
@@ -591,6 +662,7 @@ static void add_s (MatchState *ms, luaL_Buffer *b, const char *s,
                                                    const char *e) {
   size_t l, i;
   const char *news = lua_tolstring(ms->L, 3, &l);
+  fenced_step(ms, 1 + l);  /* fenced: the replacement's copy, a unit per byte */
   for (i = 0; i < l; i++) {
     if (news[i] != L_ESC)
       luaL_addchar(b, news[i]);
@@ -658,6 +730,7 @@ static int str_gsub (lua_State *L) {
   ms.L = L;
   ms.src_init = src;
   ms.src_end = src+srcl;
+  fenced_initmatch(&ms);
   while (n < max_s) {
     const char *e;
     ms.level = 0;
@@ -666,6 +739,7 @@ static int str_gsub (lua_State *L) {
       n++;
       add_value(&ms, &b, src, e);
     }
+    fenced_flush(&ms);
     if (e && e>src) /* non empty match? */
       src = e;  /* skip it */
     else if (src < ms.src_end)

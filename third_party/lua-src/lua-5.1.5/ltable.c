@@ -151,7 +151,7 @@ static int findindex (lua_State *L, Table *t, StkId key) {
         /* hash elements are numbered after array ones */
         return i + t->sizearray;
       }
-      else n = gnext(n);
+      else { luaD_fencedstep(); n = gnext(n); }  /* fenced: a chain step (ldo.c) */
     } while (n);
     luaG_runerror(L, "invalid key to " LUA_QL("next"));  /* key not found */
     return 0;  /* to avoid warnings */
@@ -409,7 +409,10 @@ static TValue *newkey (lua_State *L, Table *t, const TValue *key) {
     othern = mainposition(t, key2tval(mp));
     if (othern != mp) {  /* is colliding node out of its main position? */
       /* yes; move colliding node into free position */
-      while (gnext(othern) != mp) othern = gnext(othern);  /* find previous */
+      while (gnext(othern) != mp) {  /* find previous */
+        luaD_fencedstep();  /* fenced: a chain step (ldo.c) */
+        othern = gnext(othern);
+      }
       gnext(othern) = n;  /* redo the chain with `n' in place of `mp' */
       *n = *mp;  /* copy colliding node into free pos. (mp->next also goes) */
       gnext(mp) = NULL;  /* now `mp' is free */
@@ -442,7 +445,7 @@ const TValue *luaH_getnum (Table *t, int key) {
     do {  /* check whether `key' is somewhere in the chain */
       if (ttisnumber(gkey(n)) && luai_numeq(nvalue(gkey(n)), nk))
         return gval(n);  /* that's it */
-      else n = gnext(n);
+      else { luaD_fencedstep(); n = gnext(n); }  /* fenced: a chain step (ldo.c) */
     } while (n);
     return luaO_nilobject;
   }
@@ -457,7 +460,7 @@ const TValue *luaH_getstr (Table *t, TString *key) {
   do {  /* check whether `key' is somewhere in the chain */
     if (ttisstring(gkey(n)) && rawtsvalue(gkey(n)) == key)
       return gval(n);  /* that's it */
-    else n = gnext(n);
+    else { luaD_fencedstep(); n = gnext(n); }  /* fenced: a chain step (ldo.c) */
   } while (n);
   return luaO_nilobject;
 }
@@ -483,7 +486,7 @@ const TValue *luaH_get (Table *t, const TValue *key) {
       do {  /* check whether `key' is somewhere in the chain */
         if (luaO_rawequalObj(key2tval(n), key))
           return gval(n);  /* that's it */
-        else n = gnext(n);
+        else { luaD_fencedstep(); n = gnext(n); }  /* fenced: a chain step (ldo.c) */
       } while (n);
       return luaO_nilobject;
     }

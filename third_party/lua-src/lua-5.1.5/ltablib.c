@@ -24,6 +24,7 @@ static int foreachi (lua_State *L) {
   int n = aux_getn(L, 1);
   luaL_checktype(L, 2, LUA_TFUNCTION);
   for (i=1; i <= n; i++) {
+    lua_fenced_work(L, 4);  /* fenced: each element and its call (ldo.c) */
     lua_pushvalue(L, 2);  /* function */
     lua_pushinteger(L, i);  /* 1st argument */
     lua_rawgeti(L, 1, i);  /* 2nd argument */
@@ -41,6 +42,7 @@ static int foreach (lua_State *L) {
   luaL_checktype(L, 2, LUA_TFUNCTION);
   lua_pushnil(L);  /* first key */
   while (lua_next(L, 1)) {
+    lua_fenced_work(L, 4);  /* fenced: each element and its call (ldo.c) */
     lua_pushvalue(L, 2);  /* function */
     lua_pushvalue(L, -3);  /* key */
     lua_pushvalue(L, -3);  /* value */
@@ -58,6 +60,7 @@ static int maxn (lua_State *L) {
   luaL_checktype(L, 1, LUA_TTABLE);
   lua_pushnil(L);  /* first key */
   while (lua_next(L, 1)) {
+    lua_fenced_work(L, 2);  /* fenced: each element (ldo.c) */
     lua_pop(L, 1);  /* remove value */
     if (lua_type(L, -1) == LUA_TNUMBER) {
       lua_Number v = lua_tonumber(L, -1);
@@ -100,6 +103,7 @@ static int tinsert (lua_State *L) {
       pos = luaL_checkint(L, 2);  /* 2nd argument is the position */
       if (pos > e) e = pos;  /* `grow' array if necessary */
       for (i = e; i > pos; i--) {  /* move up elements */
+        lua_fenced_work(L, 2);  /* fenced: each element moved (ldo.c) */
         lua_rawgeti(L, 1, i-1);
         lua_rawseti(L, 1, i);  /* t[i] = t[i-1] */
       }
@@ -123,6 +127,7 @@ static int tremove (lua_State *L) {
   luaL_setn(L, 1, e - 1);  /* t.n = n-1 */
   lua_rawgeti(L, 1, pos);  /* result = t[pos] */
   for ( ;pos<e; pos++) {
+    lua_fenced_work(L, 2);  /* fenced: each element moved (ldo.c) */
     lua_rawgeti(L, 1, pos+1);
     lua_rawseti(L, 1, pos);  /* t[pos] = t[pos+1] */
   }
@@ -151,6 +156,7 @@ static int tconcat (lua_State *L) {
   last = luaL_opt(L, luaL_checkint, 4, luaL_getn(L, 1));
   luaL_buffinit(L, &b);
   for (; i < last; i++) {
+    lua_fenced_work(L, 3 + lsep / LUA_FENCED_BYTES);  /* fenced: each element (ldo.c) */
     addfield(L, &b, i);
     luaL_addlstring(&b, sep, lsep);
   }
@@ -176,6 +182,7 @@ static void set2 (lua_State *L, int i, int j) {
 }
 
 static int sort_comp (lua_State *L, int a, int b) {
+  lua_fenced_work(L, 4);  /* fenced: each comparison (ldo.c) */
   if (!lua_isnil(L, 2)) {  /* function? */
     int res;
     lua_pushvalue(L, 2);

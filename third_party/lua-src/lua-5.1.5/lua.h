@@ -342,6 +342,17 @@ LUA_API lua_Hook lua_gethook (lua_State *L);
 LUA_API int lua_gethookmask (lua_State *L);
 LUA_API int lua_gethookcount (lua_State *L);
 
+/*
+** fenced: work done outside the interpreter's loop, charged to the count hook
+** (third_party/README.md). Off by default: then nothing changes.
+*/
+LUA_API void lua_fenced_charging (int on);
+LUA_API int lua_fenced_on (void);
+LUA_API void lua_fenced_work (lua_State *L, size_t units);
+LUA_API void lua_fenced_debt (lua_State *L, size_t units);
+/* one unit of work per this many bytes copied, compared, scanned or allocated */
+#define LUA_FENCED_BYTES	64
+
 
 struct lua_Debug {
   int event;

@@ -61,9 +61,10 @@ static void traceexec (lua_State *L, const Instruction *pc) {
   lu_byte mask = L->hookmask;
   const Instruction *oldpc = L->savedpc;
   L->savedpc = pc;
-  if ((mask & LUA_MASKCOUNT) && L->hookcount == 0) {
-    resethookcount(L);
-    luaD_callhook(L, LUA_HOOKCOUNT, -1);
+  if ((mask & LUA_MASKCOUNT) && L->hookcount <= 0) {
+    /* fenced: below zero by work charged in C (ldo.c); at zero this is the reset and the
+       one call of unpatched Lua */
+    luaD_fencedpay(L);
   }
   if (mask & LUA_MASKLINE) {
     Proto *p = ci_func(L->ci)->l.p;
@@ -112,6 +113,7 @@ void luaV_gettable (lua_State *L, const TValue *t, TValue *key, StkId val) {
     if (ttistable(t)) {  /* `t' is a table? */
       Table *h = hvalue(t);
       const TValue *res = luaH_get(h, key); /* do a primitive get */
+      luaD_fencedfold(L);  /* fenced: its chain steps (ldo.c) */
       if (!ttisnil(res) ||  /* result is no nil? */
           (tm = fasttm(L, h->metatable, TM_INDEX)) == NULL) { /* or no TM? */
         setobj2s(L, val, res);
@@ -139,6 +141,7 @@ void luaV_settable (lua_State *L, const TValue *t, TValue *key, StkId val) {
     if (ttistable(t)) {  /* `t' is a table? */
       Table *h = hvalue(t);
       TValue *oldval = luaH_set(L, h, key); /* do a primitive set */
+      luaD_fencedfold(L);  /* fenced: its chain steps (ldo.c) */
       if (!ttisnil(oldval) ||  /* result is no nil? */
           (tm = fasttm(L, h->metatable, TM_NEWINDEX)) == NULL) { /* or no TM? */
         setobj2t(L, oldval, val);
@@ -222,14 +225,23 @@ static int l_strcmp (const TString *ls, const TString *rs) {
 }
 
 
+/* fenced: a comparison reads up to the shorter string (ldo.c) */
+static void fenced_strcmp_debt (lua_State *L, const TValue *l, const TValue *r) {
+  size_t ll = tsvalue(l)->len, lr = tsvalue(r)->len;
+  luaD_fenceddebt(L, (ll < lr ? ll : lr) / LUA_FENCED_BYTES);
+}
+
+
 int luaV_lessthan (lua_State *L, const TValue *l, const TValue *r) {
   int res;
   if (ttype(l) != ttype(r))
     return luaG_ordererror(L, l, r);
   else if (ttisnumber(l))
     return luai_numlt(nvalue(l), nvalue(r));
-  else if (ttisstring(l))
+  else if (ttisstring(l)) {
+    fenced_strcmp_debt(L, l, r);
     return l_strcmp(rawtsvalue(l), rawtsvalue(r)) < 0;
+  }
   else if ((res = call_orderTM(L, l, r, TM_LT)) != -1)
     return res;
   return luaG_ordererror(L, l, r);
@@ -242,8 +254,10 @@ static int lessequal (lua_State *L, const TValue *l, const TValue *r) {
     return luaG_ordererror(L, l, r);
   else if (ttisnumber(l))
     return luai_numle(nvalue(l), nvalue(r));
-  else if (ttisstring(l))
+  else if (ttisstring(l)) {
+    fenced_strcmp_debt(L, l, r);
     return l_strcmp(rawtsvalue(l), rawtsvalue(r)) <= 0;
+  }
   else if ((res = call_orderTM(L, l, r, TM_LE)) != -1)  /* first try `le' */
     return res;
   else if ((res = call_orderTM(L, r, l, TM_LT)) != -1)  /* else try `lt' */
@@ -318,6 +332,9 @@ static void Arith (lua_State *L, StkId ra, const TValue *rb,
                    const TValue *rc, TMS op) {
   TValue tempb, tempc;
   const TValue *b, *c;
+  /* fenced: converting a string to a number scans it (ldo.c) */
+  if (ttisstring(rb)) luaD_fenceddebt(L, tsvalue(rb)->len / LUA_FENCED_BYTES);
+  if (ttisstring(rc)) luaD_fenceddebt(L, tsvalue(rc)->len / LUA_FENCED_BYTES);
   if ((b = luaV_tonumber(rb, &tempb)) != NULL &&
       (c = luaV_tonumber(rc, &tempc)) != NULL) {
     lua_Number nb = nvalue(b), nc = nvalue(c);
@@ -390,7 +407,7 @@ void luaV_execute (lua_State *L, int nexeccalls) {
     const Instruction i = *pc++;
     StkId ra;
     if ((L->hookmask & (LUA_MASKLINE | LUA_MASKCOUNT)) &&
-        (--L->hookcount == 0 || L->hookmask & LUA_MASKLINE)) {
+        (--L->hookcount <= 0 || L->hookmask & LUA_MASKLINE)) {
       traceexec(L, pc);
       if (L->status == LUA_YIELD) {  /* did hook yield? */
         L->savedpc = pc - 1;

@@ -322,3 +322,21 @@ impl AddFilesByExt for cc::Build {
         Ok(self)
     }
 }
+
+/// fenced: the patched Lua sources (third_party/README.md), included so that a change to
+/// them rebuilds this crate and so reruns the build script of mlua-sys, which compiles them
+/// (cargo tracks a path crate by the files its compilation reads, not by its directory).
+#[doc(hidden)]
+pub const FENCED_PATCHED_SOURCES: &[&str] = &[
+    include_str!("../lua-5.1.5/lapi.c"),
+    include_str!("../lua-5.1.5/lbaselib.c"),
+    include_str!("../lua-5.1.5/ldo.c"),
+    include_str!("../lua-5.1.5/ldo.h"),
+    include_str!("../lua-5.1.5/lmem.c"),
+    include_str!("../lua-5.1.5/lstring.c"),
+    include_str!("../lua-5.1.5/lstrlib.c"),
+    include_str!("../lua-5.1.5/ltable.c"),
+    include_str!("../lua-5.1.5/ltablib.c"),
+    include_str!("../lua-5.1.5/lua.h"),
+    include_str!("../lua-5.1.5/lvm.c"),
+];

@@ -759,6 +759,19 @@ fn cjson_state_in_a_key() {
 #[test]
 fn cjson_is_bounded_by_the_script_budgets() {
     let mut t = T::new();
+    // Under the bounded rules the step budget stops a 12 MB encode before the memory limit.
+    let r = eval(
+        &mut t,
+        "local s = string.rep('\\1', 12e6) return #cjson.encode({s})",
+        &[],
+        &[],
+    );
+    assert!(
+        matches!(&r, Reply::Error(e) if e.starts_with("BUSY")),
+        "{r:?}"
+    );
+    // Under the older, larger instruction budget the memory limits do.
+    t.semantics = Semantics::ELECTIONS;
     // Output past the memory limit fails (catchably) instead of growing a Rust buffer.
     let e = eval_err(
         &mut t,
@@ -1298,12 +1311,19 @@ fn a_global_set_in_one_run_is_gone_in_the_next() {
 
 #[test]
 fn memory_limit_fails_at_the_same_point_after_many_runs() {
-    let first = eval(&mut T::new(), OOM, &[], &["x"]);
+    // Under the older rules' budget of 50 M instructions, which the memory limit stops
+    // first; under the bounded rules the allocations count towards the 5 M-step budget,
+    // which stops these loops first (at the same point every time: bounded_tests.rs).
+    let old = || T {
+        semantics: Semantics::ELECTIONS,
+        ..T::new()
+    };
+    let first = eval(&mut old(), OOM, &[], &["x"]);
     assert!(
         matches!(first, Reply::Int(n) if n > 1_000_000 && n % 1_000_000 > 0),
         "both loops ran out of memory: {first:?}"
     );
-    let mut t = T::new();
+    let mut t = old();
     for round in 0..2 {
         // Other scripts in between: strings interned, tables and buffers grown, errors,
         // budgets; and this one.

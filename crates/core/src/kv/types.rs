@@ -17,6 +17,12 @@ pub const MAX_SCRIPTS: usize = 10_000;
 /// Lua instruction budget of one script run. Counted, never timed, so every replica stops a
 /// runaway script at the same instruction.
 pub const LUA_INSTRUCTION_BUDGET: u64 = 50_000_000;
+/// The budget of one script run under [`crate::Semantics::BOUNDED`]: steps, each a Lua
+/// instruction or a unit of work a library function or the interpreter did in C (a pattern
+/// matching step, 64 bytes compared, scanned, copied or allocated, an element of a table
+/// function, a `redis.call` reply's element or 64 bytes). Counted, never timed; chosen so
+/// that the costliest script stops within docs/operations.md's stated pause.
+pub const LUA_STEP_BUDGET: u64 = 5_000_000;
 /// Lua memory budget of one script run: bytes requested from the allocator on top of the
 /// script's idle interpreter (deterministic).
 pub const LUA_MEMORY_LIMIT: usize = 64 * 1024 * 1024;

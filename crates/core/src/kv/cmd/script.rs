@@ -2,7 +2,7 @@
 //! `kv/script/`.
 
 use super::prelude::*;
-use crate::kv::script::{compile_check, run, sha1hex};
+use crate::kv::script::{compile_check, run, sha1hex, Rules};
 use crate::kv::types::MAX_SCRIPTS;
 
 pub(super) const COMMANDS: &[CommandSpec] = &[
@@ -94,13 +94,12 @@ fn eval(ctx: &mut Ctx<'_>, a: &[Bytes], by_sha: bool) -> KvResult<Reply> {
     let was = ctx.in_script;
     ctx.in_script = true;
     let vm = ctx.ks.lua.take(&sha, &src);
-    let deterministic = ctx.semantics.deterministic();
     let (reply, vm) = run(
         vm,
         &sha,
         &src,
         ctx.revision,
-        deterministic,
+        Rules::of(ctx.semantics),
         keys,
         args,
         |cmd| ctx.exec(cmd),

@@ -8,10 +8,17 @@
 //!   just started (or installed a snapshot) has — see *Why reuse is deterministic* below.
 //! * `math.random`/`math.randomseed` are a xorshift PRNG seeded from the command's revision at the
 //!   start of every run, so every replica draws the same numbers.
-//! * Budgets are counted, never timed: [`LUA_INSTRUCTION_BUDGET`] VM instructions (checked
-//!   every 10 000, in coroutines the script creates too) and [`LUA_MEMORY_LIMIT`] bytes on top of
-//!   the idle VM. Both start from zero at every run. Once over budget, neither `pcall`/`xpcall`
-//!   nor `coroutine.resume` can swallow the error.
+//! * Budgets are counted, never timed: [`LUA_STEP_BUDGET`] steps (checked every 10 000, in
+//!   coroutines the script creates too) and [`LUA_MEMORY_LIMIT`] bytes on top of the idle VM.
+//!   Both start from zero at every run. Once over budget, neither `pcall`/`xpcall` nor
+//!   `coroutine.resume` can swallow the error. A step is a VM instruction or, under the
+//!   bounded rules ([`crate::Semantics::BOUNDED`]), a unit of work Lua did in C — pattern
+//!   matching, searching, comparing, converting, copying, allocating, walking a hash chain:
+//!   the patched Lua (`third_party/lua-src`, its README has the rates) charges it to the count
+//!   hook's counter while [`charging::On`] is alive, which is the run's `resume` only — and a
+//!   `redis.call` reply, by its size ([`reply_cost`]). So no script, whatever it does, runs
+//!   for longer than the budget allows (docs/operations.md, "Scripts", has the pause). Older
+//!   entries keep [`LUA_INSTRUCTION_BUDGET`] instructions and no charge for work in C.
 //! * `redis.call`/`redis.pcall` run the keyspace interpreter directly, with Redis's RESP2 ↔ Lua
 //!   conversions. `TIME` is the entry's log time.
 //! * `cjson` (encode/decode/null and lua-cjson's settings) as Redis bundles it, implemented in
@@ -116,7 +123,83 @@ use crate::kv::args::fmt_f64;
 use crate::kv::error::KvError;
 use crate::kv::types::{
     Bytes, Reply, LUA_CACHE_BYTES, LUA_CACHE_SCRIPTS, LUA_INSTRUCTION_BUDGET, LUA_MEMORY_LIMIT,
+    LUA_STEP_BUDGET,
 };
+
+/// The rules a run follows, from the entry's [`crate::Semantics`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rules {
+    /// Nothing a script sees shows an address ([`crate::Semantics::deterministic`]).
+    pub(crate) deterministic: bool,
+    /// Work in C is charged, the budget is [`LUA_STEP_BUDGET`] steps
+    /// ([`crate::Semantics::bounded`]); else [`LUA_INSTRUCTION_BUDGET`] instructions.
+    pub(crate) bounded: bool,
+}
+
+impl Rules {
+    /// The rules of `semantics`.
+    pub(crate) fn of(semantics: crate::Semantics) -> Rules {
+        Rules {
+            deterministic: semantics.deterministic(),
+            bounded: semantics.bounded(),
+        }
+    }
+
+    fn budget(self) -> u64 {
+        if self.bounded {
+            LUA_STEP_BUDGET
+        } else {
+            LUA_INSTRUCTION_BUDGET
+        }
+    }
+}
+
+/// The budget's charge for a `redis.call`'s reply under the bounded rules: one step, one per
+/// element and one per 64 bytes (what converting it into Lua values costs, and a bound on the
+/// work of the command that made it).
+fn reply_cost(r: &Reply) -> u64 {
+    match r {
+        Reply::Bulk(b) => 1 + b.len() as u64 / 64,
+        Reply::Double(s) | Reply::Status(s) | Reply::Error(s) => 1 + s.len() as u64 / 64,
+        Reply::Array(items) => 1 + items.iter().map(reply_cost).sum::<u64>(),
+        Reply::Map(pairs) => {
+            1 + pairs
+                .iter()
+                .map(|(k, v)| reply_cost(k) + reply_cost(v))
+                .sum::<u64>()
+        }
+        _ => 1,
+    }
+}
+
+mod charging {
+    //! The switch of the patched Lua's work charging (third_party/README.md): while on, the
+    //! work Lua's C code does on this thread is charged to the count hook.
+    use std::ffi::c_int;
+
+    extern "C" {
+        fn lua_fenced_charging(on: c_int);
+    }
+
+    /// Charging is on while this lives (on this thread); off again when dropped, whatever
+    /// way the run ends.
+    pub(super) struct On(());
+
+    impl On {
+        pub(super) fn new() -> On {
+            // SAFETY: sets a thread-local int in the patched Lua; no other state touched.
+            unsafe { lua_fenced_charging(1) };
+            On(())
+        }
+    }
+
+    impl Drop for On {
+        fn drop(&mut self) {
+            // SAFETY: as above.
+            unsafe { lua_fenced_charging(0) };
+        }
+    }
+}
 
 /// Deepest reply nesting converted between Lua and RESP.
 const MAX_DEPTH: usize = 64;
@@ -156,15 +239,15 @@ pub(crate) fn compile_check(src: &str) -> Result<(), KvError> {
 /// Run script `src` (SHA1 `sha`) as the command of `revision`, in `vm` if the cache had one
 /// for it (else in a new interpreter). `call` runs one `redis.call`/`redis.pcall` command.
 /// Any failure becomes an error reply (earlier writes stay). The interpreter comes back if it
-/// may be kept for the next run. `deterministic`: the entry's rules hide addresses (see the
-/// module docs); otherwise the script runs exactly as before those rules.
+/// may be kept for the next run. `rules`: the entry's (see the module docs); under older
+/// rules the script runs exactly as it did before them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     vm: Option<Vm>,
     sha: &str,
     src: &str,
     revision: u64,
-    deterministic: bool,
+    rules: Rules,
     keys: &[Bytes],
     args: &[Bytes],
     call: impl FnMut(&[Bytes]) -> Reply,
@@ -176,7 +259,7 @@ pub(crate) fn run(
             Err(e) => return (Reply::Error(e.to_string()), None),
         },
     };
-    let (reply, reusable) = vm.run(&vm.func, sha, revision, deterministic, keys, args, call);
+    let (reply, reusable) = vm.run(&vm.func, sha, revision, rules, keys, args, call);
     (reply, reusable.then_some(vm))
 }
 
@@ -351,7 +434,11 @@ impl Vm {
             .set_name("=warmup")
             .set_mode(ChunkMode::Text)
             .into_function()?;
-        self.invoke(&noop, 0, false, &[], &[], |_| Reply::Nil)?;
+        let old = Rules {
+            deterministic: false,
+            bounded: false,
+        };
+        self.invoke(&noop, 0, old, &[], &[], |_| Reply::Nil)?;
         drop(noop);
         let mut last = self.cleanup()?;
         for _ in 0..CLEANUP_ROUNDS {
@@ -372,20 +459,21 @@ impl Vm {
         f: &Function,
         sha: &str,
         index: u64,
-        det: bool,
+        rules: Rules,
         keys: &[Bytes],
         args: &[Bytes],
         exec: impl FnMut(&[Bytes]) -> Reply,
     ) -> (Reply, bool) {
-        let outcome = self.invoke(f, index, det, keys, args, exec);
+        let outcome = self.invoke(f, index, rules, keys, args, exec);
         let over = self.budget.is_over();
         let reusable = outcome.is_ok() && !over && self.back_to_baseline().unwrap_or(false);
         let reply = match outcome {
+            // Work charged in C and still owed when the script's pcall returned is paid by
+            // the driver's next instruction, outside that pcall.
+            Err(_) if over && rules.bounded => busy(sha, rules),
             Err(e) => Reply::err(format!("ERR {} script: {sha}", clean(&e.to_string()))),
             Ok((true, reply)) => reply,
-            Ok((false, _)) if over => Reply::err(format!(
-                "BUSY script exceeded the budget of {LUA_INSTRUCTION_BUDGET} instructions and was stopped (earlier writes stay) script: {sha}"
-            )),
+            Ok((false, _)) if over => busy(sha, rules),
             // error({err = ...}) / a failed redis.call: pass the error reply through.
             Ok((false, Reply::Error(e))) => Reply::Error(e),
             Ok((false, Reply::Bulk(msg))) => Reply::err(format!(
@@ -403,14 +491,16 @@ impl Vm {
         &self,
         f: &Function,
         index: u64,
-        det: bool,
+        rules: Rules,
         keys: &[Bytes],
         args: &[Bytes],
         mut exec: impl FnMut(&[Bytes]) -> Reply,
     ) -> mlua::Result<(bool, Reply)> {
-        self.budget.reset();
+        let det = rules.deterministic;
+        self.budget.reset(rules.budget());
         self.rng.store(seed(index), Ordering::Relaxed);
         self.cjson.reset(det);
+        let budget = &self.budget;
         let lua = &self.lua;
         // The limit holds during the run only: restoring and collecting afterwards must not
         // fail (mlua makes some of those calls unprotected).
@@ -442,16 +532,18 @@ impl Vm {
                     );
                 }
                 let reply = exec(&cmd);
+                if rules.bounded {
+                    budget.charge(reply_cost(&reply))?;
+                }
                 reply_to_lua(lua, &reply, 0)
             })?;
             let driver = if det { &self.det_driver } else { &self.driver };
             let thread = lua.create_thread(driver.clone())?;
-            let (ok, value): (bool, LV) = thread.resume((
-                f.clone(),
-                dispatch,
-                strings(lua, keys)?,
-                strings(lua, args)?,
-            ))?;
+            let (f, keys, args) = (f.clone(), strings(lua, keys)?, strings(lua, args)?);
+            let charging = rules.bounded.then(charging::On::new);
+            let resumed = thread.resume::<(bool, LV)>((f, dispatch, keys, args));
+            drop(charging);
+            let (ok, value) = resumed?;
             Ok((ok, lua_to_reply(&value, 0, det)))
         });
         let unlimited = lua.set_memory_limit(0);
@@ -494,6 +586,19 @@ impl Vm {
         self.normalize.call::<()>(&self.pad)?;
         self.lua.gc_collect()?;
         Ok(self.lua.used_memory())
+    }
+}
+
+/// The reply of a run stopped by its budget.
+fn busy(sha: &str, rules: Rules) -> Reply {
+    if rules.bounded {
+        Reply::err(format!(
+            "BUSY script exceeded the budget of {LUA_STEP_BUDGET} steps (Lua instructions and the work of library functions) and was stopped (earlier writes stay) script: {sha}"
+        ))
+    } else {
+        Reply::err(format!(
+            "BUSY script exceeded the budget of {LUA_INSTRUCTION_BUDGET} instructions and was stopped (earlier writes stay) script: {sha}"
+        ))
     }
 }
 

@@ -4,9 +4,14 @@
 
 mod budget;
 mod cjson;
+mod costly;
 mod lua;
 
-pub(crate) use lua::{compile_check, run, sha1hex, LuaCache};
+pub use costly::COSTLY_SCRIPTS;
 
+pub(crate) use lua::{compile_check, run, sha1hex, LuaCache, Rules};
+
+#[cfg(test)]
+mod bounded_tests;
 #[cfg(test)]
 mod tests;
