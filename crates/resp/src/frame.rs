@@ -19,7 +19,17 @@ pub struct Limits {
     pub max_request: usize,
     /// Deepest nesting of aggregates.
     pub max_depth: usize,
+    /// The connection is not authenticated yet (and the server requires it): Redis's
+    /// bounds for that (CVE-2021-32675) apply on top — at most [`UNAUTH_MAX_ARGS`]
+    /// arguments of at most [`UNAUTH_MAX_BULK`] bytes, checked when the header is read,
+    /// before any of the body is buffered.
+    pub before_auth: bool,
 }
+
+/// Most arguments of a request before authentication (Redis: `ll > 10 && authRequired(c)`).
+pub const UNAUTH_MAX_ARGS: usize = 10;
+/// Largest bulk of a request before authentication (Redis: `ll > 16384 && authRequired(c)`).
+pub const UNAUTH_MAX_BULK: usize = 16 * 1024;
 
 impl Default for Limits {
     fn default() -> Self {
@@ -28,6 +38,7 @@ impl Default for Limits {
             max_elements: 1024 * 1024,
             max_request: 64 * 1024 * 1024,
             max_depth: 8,
+            before_auth: false,
         }
     }
 }
@@ -49,6 +60,12 @@ pub enum FrameError {
     BadArrayLength,
     #[error("Protocol error: invalid bulk length")]
     BadBulkLength,
+    /// More than [`UNAUTH_MAX_ARGS`] arguments before authentication (Redis's text).
+    #[error("Protocol error: unauthenticated multibulk length")]
+    UnauthArrayLength,
+    /// A bulk over [`UNAUTH_MAX_BULK`] bytes before authentication (Redis's text).
+    #[error("Protocol error: unauthenticated bulk length")]
+    UnauthBulkLength,
     #[error("Protocol error: expected '\\r\\n' after bulk data")]
     MissingCrlf,
     #[error("Protocol error: invalid integer")]
@@ -257,6 +274,9 @@ impl Cursor<'_> {
                 if n < 0 || n as u64 > self.limits.max_bulk as u64 {
                     return Err(FrameError::BadBulkLength);
                 }
+                if self.limits.before_auth && n as u64 > UNAUTH_MAX_BULK as u64 {
+                    return Err(FrameError::UnauthBulkLength);
+                }
                 let n = n as usize;
                 if self.buf.len() - self.pos < n + 2 {
                     return Ok(None);
@@ -275,6 +295,9 @@ impl Cursor<'_> {
                 }
                 if n < 0 || n as u64 > self.limits.max_elements as u64 {
                     return Err(FrameError::BadArrayLength);
+                }
+                if self.limits.before_auth && n as u64 > UNAUTH_MAX_ARGS as u64 {
+                    return Err(FrameError::UnauthArrayLength);
                 }
                 // Never trust the claimed count for the allocation.
                 let mut items = Vec::with_capacity((n as usize).min(1024));
@@ -417,6 +440,42 @@ mod tests {
         assert_eq!(p(b"*1\r\n*1\r\n$1\r\na\r\n"), Err(FrameError::NotACommand));
         let deep = "*1\r\n".repeat(100);
         assert_eq!(p(deep.as_bytes()), Err(FrameError::TooDeep(8)));
+    }
+
+    #[test]
+    fn before_auth_requests_are_small_and_refused_at_the_header() {
+        let anon = Limits {
+            before_auth: true,
+            ..Limits::default()
+        };
+        let p = |b: &[u8]| parse_request(b, &anon);
+        // The header alone is enough: nothing of the body needs to have arrived.
+        assert_eq!(p(b"*11\r\n"), Err(FrameError::UnauthArrayLength));
+        assert_eq!(p(b"*4\r\n$16000000\r\n"), Err(FrameError::UnauthBulkLength));
+        assert_eq!(p(b"*1\r\n$16385\r\n"), Err(FrameError::UnauthBulkLength));
+        assert_eq!(
+            FrameError::UnauthBulkLength.to_string(),
+            "Protocol error: unauthenticated bulk length"
+        );
+        assert_eq!(
+            FrameError::UnauthArrayLength.to_string(),
+            "Protocol error: unauthenticated multibulk length"
+        );
+        // Redis's order: the absolute bounds first.
+        assert_eq!(p(b"*99999999999\r\n"), Err(FrameError::BadArrayLength));
+        assert_eq!(
+            p(b"*1\r\n$999999999999\r\n"),
+            Err(FrameError::BadBulkLength)
+        );
+        // At the bounds: accepted.
+        assert_eq!(p(b"*10\r\n"), Ok(None));
+        let mut req = b"*1\r\n$16384\r\n".to_vec();
+        req.extend(std::iter::repeat_n(b'a', 16384));
+        req.extend_from_slice(b"\r\n");
+        assert!(matches!(p(&req), Ok(Some((argv, n))) if argv[0].len() == 16384 && n == req.len()));
+        // Authenticated: the same requests are only partial.
+        assert_eq!(super::tests::p(b"*11\r\n"), Ok(None));
+        assert_eq!(super::tests::p(b"*4\r\n$16000000\r\n"), Ok(None));
     }
 
     #[test]

@@ -113,7 +113,16 @@ pub struct Config {
     /// Close connections idle for this long (0: never, like Redis's default). Subscribed
     /// connections and blocked pops do not count as idle.
     pub idle_timeout: Duration,
+    /// Bounds on one request. `limits.max_request` (64 MiB by default) is also the
+    /// per-connection cap on unparsed input (Redis's `client-query-buffer-limit`): a
+    /// connection reads more only once its buffer holds no whole request, and a partial
+    /// request past it closes the connection. `limits.before_auth` is set per connection.
     pub limits: Limits,
+    /// The node-wide cap on unparsed input, all connections together (bytes; 0: none;
+    /// `--resp-query-buffer-total`): a read that takes the total past it closes its
+    /// connection, unless that connection's own unparsed input is small (16 KiB), so the
+    /// total stays under the cap plus 16 KiB per connection.
+    pub max_query_buffer_total: usize,
     /// Serve TLS only (the node's `--tls-cert`); the handshake must finish within
     /// [`TLS_HANDSHAKE_TIMEOUT`].
     pub tls: Option<fenced_tls::TlsAcceptor>,
@@ -132,7 +141,18 @@ pub trait CommandObserver: Send + Sync + 'static {
     /// is served together (one barrier, one log entry), so each of its commands counts the
     /// run's time.
     fn command(&self, command: &'static str, ok: bool, took: Duration);
+
+    /// A connection was closed for its unparsed input: `reason` is `unauthenticated` (over
+    /// the limits before authentication), `query_buffer` (a request over
+    /// [`Limits::max_request`]) or `query_buffer_total` (the node-wide
+    /// [`Config::max_query_buffer_total`]).
+    fn input_refused(&self, reason: &'static str) {
+        let _ = reason;
+    }
 }
+
+/// Default [`Config::max_query_buffer_total`]: 256 MiB.
+pub const DEFAULT_MAX_QUERY_BUFFER_TOTAL: usize = 256 * 1024 * 1024;
 
 /// The name [`CommandObserver::command`] gets for `argv`: its row's name in the command
 /// table, else `"unknown"`.
@@ -153,6 +173,7 @@ impl Config {
             max_connections: 10_000,
             idle_timeout: Duration::ZERO,
             limits: Limits::default(),
+            max_query_buffer_total: DEFAULT_MAX_QUERY_BUFFER_TOTAL,
             tls: None,
             observer: None,
         }
@@ -229,6 +250,8 @@ pub(crate) struct Shared {
     pub subs: Subscriptions,
     pub next_id: std::sync::atomic::AtomicU64,
     pub live: std::sync::atomic::AtomicUsize,
+    /// Unparsed input held by every connection, bytes (each adds its read buffer's length).
+    pub buffered: std::sync::atomic::AtomicUsize,
     pub shutdown: watch::Receiver<bool>,
     /// `INFO`'s counters.
     pub stats: clients::Stats,
@@ -288,6 +311,7 @@ impl Front {
                 subs: Subscriptions::default(),
                 next_id: std::sync::atomic::AtomicU64::new(1),
                 live: std::sync::atomic::AtomicUsize::new(0),
+                buffered: std::sync::atomic::AtomicUsize::new(0),
                 shutdown,
                 stats: clients::Stats::new(),
                 clients: clients::Registry::default(),

@@ -127,6 +127,9 @@ pub struct NodeConfig {
     pub max_pending_requests: usize,
     /// `--max-clients`: connections at once per listener (RESP, gRPC).
     pub max_clients: usize,
+    /// `--resp-query-buffer-total`: the RESP port's cap on unparsed input, all connections
+    /// together (bytes; 0: none; [`fenced_resp::Config::max_query_buffer_total`]).
+    pub resp_query_buffer_total: usize,
     /// `--digest-interval`: digest the state every N log indexes for the divergence alarm
     /// (0: off). See `crate::node::alarm`.
     pub digest_interval: u64,
@@ -200,6 +203,7 @@ impl NodeConfig {
             bump_revision: crate::backup::DEFAULT_BUMP_REVISION,
             max_pending_requests: DEFAULT_MAX_PENDING_REQUESTS,
             max_clients: DEFAULT_MAX_CLIENTS,
+            resp_query_buffer_total: fenced_resp::DEFAULT_MAX_QUERY_BUFFER_TOTAL,
             digest_interval: DEFAULT_DIGEST_INTERVAL,
             raft_max_payload_entries: DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES,
             test_hooks: TestHooks::default(),

@@ -201,6 +201,13 @@ struct ServeArgs {
     /// new connection is closed (RESP: after "-ERR max number of clients reached").
     #[arg(long, default_value_t = fenced_server::config::DEFAULT_MAX_CLIENTS)]
     max_clients: usize,
+    /// Bytes of received but not yet parsed RESP input all connections together may hold
+    /// (0: no cap). A read that takes the total past it closes its connection (after
+    /// "-ERR Protocol error: the node's unparsed input …"), unless that connection's own
+    /// unparsed input is under 16 KiB. Each connection is capped at the largest request
+    /// (64 MiB); before AUTH, at Redis's 10 arguments of 16 KiB.
+    #[arg(long, default_value_t = fenced_resp::DEFAULT_MAX_QUERY_BUFFER_TOTAL)]
+    resp_query_buffer_total: usize,
     /// Recovery after a lost quorum: make this member's data dir (all of its log, committed
     /// or not) a new cluster of this member alone, revision bumped by --bump-revision and
     /// every lock dropped; the old data dir is kept beside it. Other members never rejoin:
@@ -461,6 +468,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     }
     cfg.max_pending_requests = a.max_pending_requests;
     cfg.max_clients = a.max_clients;
+    cfg.resp_query_buffer_total = a.resp_query_buffer_total;
     cfg.bump_revision = a.bump_revision;
     cfg.digest_interval = a.digest_interval;
     a.etcd.apply(&mut cfg)?;

@@ -61,6 +61,8 @@ pub struct Metrics {
     releases: Family<Reason, Counter>,
     /// Fenced writes refused for a stale token, answered by this node as leader, by API.
     stale_writes: Family<Via, Counter>,
+    /// RESP connections closed for their unparsed input, by limit.
+    resp_input_closed: Family<Reason, Counter>,
     term: Gauge,
     is_leader: Gauge,
     /// 1 while this member's divergence alarm is raised.
@@ -197,6 +199,7 @@ impl Metrics {
             waiter_gave_up: Counter::default(),
             releases: Family::default(),
             stale_writes: Family::default(),
+            resp_input_closed: Family::default(),
             term: Gauge::default(),
             is_leader: Gauge::default(),
             alarm_corrupt: Gauge::default(),
@@ -275,6 +278,13 @@ impl Metrics {
             "Fenced writes refused because their token was older than the key's mark, by API \
              (grpc: Kv.FencedPut, resp: FENCE.SET), answered by this node as leader",
             m.stale_writes.clone(),
+        );
+        r.register(
+            "resp_input_closed",
+            "RESP connections closed for what they sent before it was parsed, by reason: \
+             unauthenticated (over 10 arguments or a 16 KiB bulk before AUTH), query_buffer \
+             (a request over 64 MiB), query_buffer_total (--resp-query-buffer-total)",
+            m.resp_input_closed.clone(),
         );
         r.register("raft_term", "Current Raft term", m.term.clone());
         r.register(
@@ -561,6 +571,14 @@ struct Peer {
 impl fenced_resp::CommandObserver for Metrics {
     fn command(&self, command: &'static str, ok: bool, took: Duration) {
         self.resp.record(command, ok, took.as_secs_f64());
+    }
+
+    fn input_refused(&self, reason: &'static str) {
+        self.resp_input_closed
+            .get_or_create(&Reason {
+                reason: reason.to_string(),
+            })
+            .inc();
     }
 }
 

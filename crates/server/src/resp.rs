@@ -60,6 +60,7 @@ pub fn config(node: &Node, cfg: &NodeConfig) -> Result<fenced_resp::Config, Star
     let mut config = fenced_resp::Config::new(cfg.resp_addr.clone());
     config.acl = cfg.acl.clone();
     config.max_connections = cfg.max_clients.max(1);
+    config.max_query_buffer_total = cfg.resp_query_buffer_total;
     config.observer = Some(node.metrics().clone());
     if let Some(t) = &cfg.tls {
         config.tls = Some(

@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use fenced_core::kv::{command_class, Argv, CommandClass, KvCommand, KvEvent, Reply, Restriction};
 use fenced_core::limits::DEDUP_WINDOW;
 use fenced_core::RequestId;
@@ -21,7 +21,7 @@ use tokio::sync::broadcast;
 
 use crate::acl::User;
 use crate::clients::{Client, Meta};
-use crate::frame::{encode, parse_request, Proto};
+use crate::frame::{encode, parse_request, FrameError, Proto};
 use crate::{BackendError, Shared};
 
 mod client;
@@ -34,6 +34,15 @@ use pubsub::{recv, recv_lost, reserved_publish, Lagged, SESSION_CHECK};
 
 /// Most requests taken from the read buffer before replying.
 const MAX_PIPELINE: usize = 1024;
+/// A connection's own unparsed input up to this size never counts as what takes the node
+/// over [`crate::Config::max_query_buffer_total`] (one read of ordinary requests; the
+/// buffer's first allocation): the connection that is closed is one with a large request
+/// in progress.
+const SMALL_INPUT: usize = 16 * 1024;
+/// Most bytes taken from the socket in one read.
+const READ_CHUNK: usize = 64 * 1024;
+/// A read buffer grown past this (by a large request) is given back once it is empty.
+const SHRINK_ABOVE: usize = 1024 * 1024;
 /// Longest `BLPOP`/`BRPOP` wait (`0` = "forever" is capped here, then nil like a timeout).
 const MAX_BLOCK: Duration = Duration::from_secs(24 * 3600);
 
@@ -55,6 +64,9 @@ pub struct Connection {
     socket: Box<dyn Stream>,
     local: Option<SocketAddr>,
     rbuf: BytesMut,
+    /// What this connection adds to the node's count of unparsed input
+    /// ([`crate::Shared::buffered`]): `rbuf`'s length when last brought up to date.
+    accounted: usize,
     out: Vec<u8>,
     st: State,
     /// This connection in the node's registry (`CLIENT LIST`/`KILL`/`UNBLOCK`).
@@ -172,7 +184,8 @@ impl Connection {
             shared,
             socket,
             local,
-            rbuf: BytesMut::with_capacity(16 * 1024),
+            rbuf: BytesMut::with_capacity(SMALL_INPUT),
+            accounted: 0,
             out: Vec::with_capacity(16 * 1024),
             st: State {
                 proto: Proto::Resp2,
@@ -203,8 +216,14 @@ impl Connection {
         session_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let mut reqs = Vec::new();
-            while reqs.len() < MAX_PIPELINE {
-                match parse_request(&self.rbuf, &self.shared.config.limits) {
+            // Before authentication (`user` is `None` only when the server requires it),
+            // Redis's small limits apply, and one request is taken at a time: an `AUTH`
+            // pipelined with a large request is served before the next one is parsed.
+            let mut limits = self.shared.config.limits;
+            limits.before_auth = self.st.user.is_none();
+            let most = if limits.before_auth { 1 } else { MAX_PIPELINE };
+            while reqs.len() < most {
+                match parse_request(&self.rbuf, &limits) {
                     Ok(Some((argv, n))) => {
                         self.rbuf.advance(n);
                         if !argv.is_empty() {
@@ -215,6 +234,7 @@ impl Connection {
                     Err(e) => {
                         // Serve what came before, then report and close (like Redis).
                         self.process(reqs).await;
+                        self.input_refused(&e);
                         encode(
                             &Reply::err(format!("ERR {e}")),
                             self.st.proto,
@@ -224,6 +244,10 @@ impl Connection {
                         return;
                     }
                 }
+            }
+            self.account();
+            if self.rbuf.is_empty() && self.rbuf.capacity() > SHRINK_ABOVE {
+                self.rbuf = BytesMut::with_capacity(SMALL_INPUT);
             }
             if !reqs.is_empty() {
                 self.process(reqs).await;
@@ -242,8 +266,11 @@ impl Connection {
                 Stop,
             }
             let watching_sessions = self.st.watches_sessions();
+            // At most READ_CHUNK a read, so that a read takes the node's unparsed input
+            // little past its cap before `over_total` sees it.
+            let mut room = (&mut self.rbuf).limit(READ_CHUNK);
             let woke = tokio::select! {
-                r = self.socket.read_buf(&mut self.rbuf) => Woke::Read(r),
+                r = self.socket.read_buf(&mut room) => Woke::Read(r),
                 ev = recv(&mut self.st.events) => Woke::Event(ev),
                 ev = recv_lost(&mut self.st.lost) => Woke::Lost(ev),
                 _ = session_check.tick(), if watching_sessions => Woke::CheckSessions,
@@ -258,6 +285,11 @@ impl Connection {
                         .stats
                         .net_in
                         .fetch_add(n as u64, Ordering::Relaxed);
+                    if let Some(over) = self.over_total() {
+                        encode(&Reply::err(over), self.st.proto, &mut self.out);
+                        let _ = self.flush().await;
+                        break;
+                    }
                 }
                 Woke::Event(Some(KvEvent::Published { channel, message })) => {
                     self.deliver_published(&channel, &message);
@@ -281,6 +313,71 @@ impl Connection {
                     }
                 }
             }
+        }
+    }
+
+    /// Bring the node's count of unparsed input up to date with `rbuf`; the node's total.
+    fn account(&mut self) -> usize {
+        let (now, before) = (self.rbuf.len(), self.accounted);
+        self.accounted = now;
+        let total = &self.shared.buffered;
+        if now >= before {
+            total.fetch_add(now - before, Ordering::Relaxed) + (now - before)
+        } else {
+            total
+                .fetch_sub(before - now, Ordering::Relaxed)
+                .saturating_sub(before - now)
+        }
+    }
+
+    /// After a read: if it took the node's unparsed input over
+    /// [`crate::Config::max_query_buffer_total`] and this connection has a large request in
+    /// progress, the error to close it with (logged and counted here).
+    fn over_total(&mut self) -> Option<String> {
+        let total = self.account();
+        let cap = self.shared.config.max_query_buffer_total;
+        if cap == 0 || total <= cap || self.rbuf.len() <= SMALL_INPUT {
+            return None;
+        }
+        tracing::warn!(
+            peer = %self.client.addr,
+            id = self.st.id,
+            buffered = self.rbuf.len(),
+            total,
+            cap,
+            "closing a RESP connection: the node's unparsed input is over --resp-query-buffer-total"
+        );
+        self.observe_refused("query_buffer_total");
+        Some(format!(
+            "ERR Protocol error: the node's unparsed input from all connections is over its \
+             limit of {cap} bytes (--resp-query-buffer-total)"
+        ))
+    }
+
+    /// A protocol error `e` closes the connection: logged and counted when it is one of
+    /// the input limits (before authentication, the request size).
+    fn input_refused(&self, e: &FrameError) {
+        match e {
+            FrameError::UnauthArrayLength | FrameError::UnauthBulkLength => {
+                // Debug only: an unauthenticated flood must not become a flood of log lines.
+                tracing::debug!(peer = %self.client.addr, id = self.st.id, "RESP: {e}");
+                self.observe_refused("unauthenticated");
+            }
+            FrameError::TooLarge(_) => {
+                tracing::warn!(
+                    peer = %self.client.addr,
+                    id = self.st.id,
+                    "closing a RESP connection: {e}"
+                );
+                self.observe_refused("query_buffer");
+            }
+            _ => {}
+        }
+    }
+
+    fn observe_refused(&self, reason: &'static str) {
+        if let Some(o) = &self.shared.config.observer {
+            o.input_refused(reason);
         }
     }
 
@@ -660,6 +757,9 @@ impl Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         self.shared.live.fetch_sub(1, Ordering::Relaxed);
+        self.shared
+            .buffered
+            .fetch_sub(self.accounted, Ordering::Relaxed);
         self.shared.clients.remove(self.st.id);
         self.cleanup();
     }
