@@ -99,8 +99,13 @@ impl Semantics {
     /// point on every replica within a bounded pause, whatever it does
     /// (`kv/script/lua.rs`, third_party/README.md). Older entries run as they did.
     pub const BOUNDED: Semantics = Semantics(7);
+    /// The bounded rules, and sessions that belong to the user who opened them:
+    /// [`Command::AsUser`] exists (a log format older nodes cannot decode). A session opened
+    /// in one records its user (snapshot body 5), and a non-administrator's command that
+    /// names a session another user opened is refused ([`CoreError::NotSessionOwner`]).
+    pub const SESSION_OWNERS: Semantics = Semantics(8);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::BOUNDED;
+    pub const NEWEST: Semantics = Semantics::SESSION_OWNERS;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -137,6 +142,11 @@ impl Semantics {
         self.0 >= Semantics::BOUNDED.0
     }
 
+    /// Sessions belong to their users ([`Semantics::SESSION_OWNERS`]).
+    pub fn session_owners(self) -> bool {
+        self.0 >= Semantics::SESSION_OWNERS.0
+    }
+
     /// The oldest rules under which `cmd` does what its caller means: the rules it exists
     /// under ([`Semantics::defined_by`]), and [`Semantics::LEASES`] for an etcd put naming a
     /// lease (older rules refuse it). The leader's gate ([`crate::gate::admit`]) asks this.
@@ -162,6 +172,7 @@ impl Semantics {
                 Semantics::QUOTA
             }
             Command::Etcd(_) => Semantics::ETCD,
+            Command::AsUser { .. } => Semantics::SESSION_OWNERS,
             _ => Semantics::REVISIONS,
         }
     }
@@ -338,6 +349,68 @@ pub enum Command {
         lease: SessionId,
         request: RequestId,
     },
+    /// `cmd` as user `user` asks it (a front end wraps what an authenticated user sends,
+    /// [`Command::as_user`]): a session it opens belongs to `user`, and unless `admin` it is
+    /// refused ([`CoreError::NotSessionOwner`], nothing done) if it names a session another
+    /// user opened — a keep-alive of several answers "not alive" for those instead. Sessions
+    /// opened outside one (by entries before these rules) belong to nobody and stay open
+    /// to all. Appended last; needs [`Semantics::SESSION_OWNERS`].
+    AsUser {
+        user: String,
+        admin: bool,
+        cmd: Box<Command>,
+    },
+}
+
+impl Command {
+    /// `self` as `user` sends it: wrapped in [`Command::AsUser`] if it opens or names a
+    /// session, unchanged otherwise (nothing else depends on who asks).
+    pub fn as_user(self, user: &str, admin: bool) -> Command {
+        let scoped = self.opens_session() || !self.sessions_named().is_empty();
+        if !scoped || matches!(self, Command::AsUser { .. }) {
+            return self;
+        }
+        Command::AsUser {
+            user: user.to_owned(),
+            admin,
+            cmd: Box::new(self),
+        }
+    }
+
+    /// The command inside any [`Command::AsUser`] (what a leader proposes while some member
+    /// runs rules older than [`Semantics::SESSION_OWNERS`]).
+    pub fn without_user(self) -> Command {
+        match self {
+            Command::AsUser { cmd, .. } => cmd.without_user(),
+            other => other,
+        }
+    }
+
+    /// Opens a session ([`Command::OpenSession`], [`Command::OpenLease`]).
+    pub fn opens_session(&self) -> bool {
+        matches!(
+            self,
+            Command::OpenSession { .. } | Command::OpenLease { .. }
+        )
+    }
+
+    /// The sessions this command acts in or on: kept alive, closed, acquired in, a lease an
+    /// etcd key is attached to or an etcd lock is taken for.
+    pub fn sessions_named(&self) -> Vec<SessionId> {
+        match self {
+            Command::Acquire { session, .. } => session.iter().copied().collect(),
+            Command::AcquireWith(spec) => spec.session.iter().copied().collect(),
+            Command::KeepAlive { session } | Command::CloseSession { session } => vec![*session],
+            Command::KeepAliveMany { sessions } => sessions.clone(),
+            Command::EtcdLock { lease, .. }
+            | Command::EtcdUnlock { lease, .. }
+            | Command::EtcdCancel { lease, .. } => vec![*lease],
+            Command::Etcd(EtcdCommand::Put(p)) if p.lease != 0 => vec![p.lease as SessionId],
+            Command::Etcd(EtcdCommand::Txn(t)) => t.leases_named(),
+            Command::AsUser { cmd, .. } => cmd.sessions_named(),
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// The etcd v3 calls that go through the log (etcd's `KV.Put`, `KV.DeleteRange`, `KV.Txn`,
@@ -421,6 +494,16 @@ impl Command {
             Command::EtcdLock { .. } => "etcd_lock",
             Command::EtcdUnlock { .. } => "etcd_unlock",
             Command::EtcdCancel { .. } => "etcd_cancel",
+            Command::AsUser { cmd, .. } => cmd.kind(),
+        }
+    }
+
+    /// The command a [`Command::AsUser`] carries (itself for any other): what callers that
+    /// ask "what kind of command is this" look at.
+    pub fn inner(&self) -> &Command {
+        match self {
+            Command::AsUser { cmd, .. } => cmd.inner(),
+            other => other,
         }
     }
 }

@@ -91,6 +91,10 @@ pub enum CoreError {
     /// have yet: some member runs older code ([`gate`]). Appended last.
     #[error("cluster not upgraded: {detail}")]
     NotUpgraded { needs: u8, detail: String },
+    /// A command of one user ([`Command::AsUser`]) named a session another user opened.
+    /// Appended last.
+    #[error("session {session} belongs to another user")]
+    NotSessionOwner { session: u64 },
 }
 
 /// Errors decoding a snapshot of the state machine.

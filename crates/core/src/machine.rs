@@ -43,6 +43,9 @@ mod invariants;
 #[cfg(test)]
 mod lease_tests;
 mod locks;
+mod owners;
+#[cfg(test)]
+mod owners_tests;
 #[cfg(test)]
 mod quota_tests;
 mod restore;
@@ -103,6 +106,11 @@ pub struct StateMachine {
     /// and only while not empty (`body`).
     #[serde(skip)]
     etcd_locks: EtcdLocks,
+    /// The user each session was opened by, for sessions opened in a [`Command::AsUser`]
+    /// (`owners`). Encoded after etcd's locks, in body version 5 only, and only while not
+    /// empty (`body`).
+    #[serde(skip)]
+    session_owners: CowMap<SessionId, String>,
 }
 
 /// The snapshot layout written before tokens were revisions (format 1): [`StateMachine`]
@@ -180,6 +188,7 @@ impl StateMachine {
             etcd: EtcdStore::default(),
             etcd_quota: Quota::default(),
             etcd_locks: EtcdLocks::default(),
+            session_owners: Default::default(),
         })
     }
 
@@ -357,6 +366,15 @@ impl StateMachine {
                 request,
             } => Ok(self.etcd_cancel(name, *lease, *request, events)),
             Command::KeepAliveMany { sessions } => Ok(self.keep_alive_many(sessions)),
+            Command::AsUser { .. } if !semantics.session_owners() => Err(
+                crate::gate::refused_by_entry(cmd, semantics).unwrap_or(CoreError::NotUpgraded {
+                    needs: Semantics::SESSION_OWNERS.0,
+                    detail: "a user's command in an older entry".into(),
+                }),
+            ),
+            Command::AsUser { user, admin, cmd } => {
+                Ok(self.as_user(rid, user, *admin, cmd, semantics, events))
+            }
             Command::Tick => Ok(Response::Ticked),
             Command::Kv(cmd) => {
                 // A pipeline (`KvCommand::Batch`) takes one more revision per command after

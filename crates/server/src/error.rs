@@ -53,6 +53,7 @@ impl From<NodeError> for Status {
             NodeError::Invalid(_) => Status::invalid_argument(msg),
             NodeError::Rejected(ref c) => match c {
                 CoreError::NoSuchSession(_) => Status::not_found(msg),
+                CoreError::NotSessionOwner { .. } => Status::permission_denied(msg),
                 CoreError::TooManyWaiters { .. }
                 | CoreError::TooManyHolds { .. }
                 | CoreError::LimitReached { .. } => Status::resource_exhausted(msg),

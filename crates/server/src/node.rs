@@ -408,9 +408,20 @@ impl Node {
     /// A command that needs newer apply rules than the leader stamps now (an etcd write
     /// while a member runs an older release) is refused here, unproposed ([`Node::admit`]):
     /// every proposal, local or forwarded, passes this door on the leader.
-    pub async fn propose_local_all(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
+    pub async fn propose_local_all(&self, mut proposals: Vec<Proposal>) -> Vec<Proposed> {
         if let Err(e) = self.leader_term() {
             return vec![Err(e); proposals.len()];
+        }
+        // While some member runs rules without session owners, a user's command goes in as
+        // it was before them (its sessions unowned) rather than being refused: sessions are
+        // no new feature that could wait for the upgrade (docs/operations.md).
+        if !self.stamp_semantics().session_owners() {
+            for p in &mut proposals {
+                if matches!(p.1, Command::AsUser { .. }) {
+                    let cmd = std::mem::replace(&mut p.1, Command::Tick);
+                    p.1 = cmd.without_user();
+                }
+            }
         }
         // The usual case, without a vector per call: every command passes.
         if proposals.iter().all(|p| self.admit(&p.1).is_ok()) {

@@ -67,6 +67,19 @@ impl TxnRequest {
             RequestOp::Range(_) | RequestOp::DeleteRange(_) => false,
         })
     }
+
+    /// The leases the puts of either branch name, nested txns included.
+    pub fn leases_named(&self) -> Vec<crate::SessionId> {
+        let mut out = Vec::new();
+        for op in self.success.iter().chain(&self.failure) {
+            match op {
+                RequestOp::Put(p) if p.lease != 0 => out.push(p.lease as crate::SessionId),
+                RequestOp::Txn(t) => out.extend(t.leases_named()),
+                _ => {}
+            }
+        }
+        out
+    }
 }
 
 impl super::EtcdStore {

@@ -13,6 +13,11 @@
 //!   `Election` (`EtcdLocks`' encoding), written only while there are some (made only by
 //!   entries stamped [`Semantics::ELECTIONS`](crate::Semantics::ELECTIONS), i.e. once every
 //!   member reads version 4). Version 4 always carries the quota, default or not.
+//! * **Version 5**: version 4 followed by the owners of sessions (the user each was opened
+//!   by, `session_owners`' encoding), written only while some session has one (recorded only
+//!   by entries stamped [`Semantics::SESSION_OWNERS`](crate::Semantics::SESSION_OWNERS), i.e.
+//!   once every member reads version 5). Version 5 always carries the quota and etcd's
+//!   locks, empty or not.
 //!
 //! A state whose etcd keyspace was never touched is written as version 1, byte for byte what
 //! earlier builds wrote: a member that has not been upgraded yet can still install a
@@ -32,7 +37,7 @@ use crate::etcd::{EtcdStore, Quota};
 use crate::SnapshotError;
 
 /// The newest snapshot body version this build reads and writes.
-pub const BODY_VERSION: u32 = 4;
+pub const BODY_VERSION: u32 = 5;
 
 /// bincode as `bincode::serialize` and `bincode::deserialize` use it.
 pub(super) fn options() -> impl Options + Clone {
@@ -53,15 +58,20 @@ pub(super) fn from_bytes(bytes: &[u8]) -> Result<StateMachine, SnapshotError> {
     if !r.is_empty() {
         sm.etcd_locks = options().deserialize_from(&mut r)?;
     }
+    if !r.is_empty() {
+        sm.session_owners = options().deserialize_from(&mut r)?;
+    }
     Ok(sm)
 }
 
 impl StateMachine {
-    /// The body version [`write_body`](Self::write_body) writes for this state: 4 while
-    /// etcd's Lock or Election holds or waits, else 3 once the etcd quota or alarm differs
+    /// The body version [`write_body`](Self::write_body) writes for this state: 5 while a
+    /// session has an owner, 4 while etcd's Lock or Election holds or waits, else 3 once the etcd quota or alarm differs
     /// from the default, else 1 while the etcd keyspace is untouched, else 2 (module docs).
     pub fn body_version(&self) -> u32 {
-        if !self.etcd_locks.is_empty() {
+        if !self.session_owners.is_empty() {
+            5
+        } else if !self.etcd_locks.is_empty() {
             4
         } else if !self.etcd_quota.is_default() {
             3
@@ -88,7 +98,10 @@ impl StateMachine {
             opts.clone().serialize_into(&mut w, &self.etcd_quota)?;
         }
         if version >= 4 {
-            opts.serialize_into(&mut w, &self.etcd_locks)?;
+            opts.clone().serialize_into(&mut w, &self.etcd_locks)?;
+        }
+        if version >= 5 {
+            opts.serialize_into(&mut w, &self.session_owners)?;
         }
         Ok(())
     }
@@ -119,6 +132,14 @@ impl StateMachine {
                 sm.etcd = opts.clone().deserialize_from::<_, EtcdStore>(&mut r)?;
                 sm.etcd_quota = opts.clone().deserialize_from::<_, Quota>(&mut r)?;
                 sm.etcd_locks = opts.deserialize_from::<_, EtcdLocks>(&mut r)?;
+                Ok(sm)
+            }
+            5 => {
+                let mut sm: StateMachine = opts.clone().deserialize_from(&mut r)?;
+                sm.etcd = opts.clone().deserialize_from::<_, EtcdStore>(&mut r)?;
+                sm.etcd_quota = opts.clone().deserialize_from::<_, Quota>(&mut r)?;
+                sm.etcd_locks = opts.clone().deserialize_from::<_, EtcdLocks>(&mut r)?;
+                sm.session_owners = opts.deserialize_from(&mut r)?;
                 Ok(sm)
             }
             found => Err(SnapshotError::Decode(Box::new(bincode::ErrorKind::Custom(

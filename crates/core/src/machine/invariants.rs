@@ -107,6 +107,11 @@ impl StateMachine {
                 }
             }
         }
+        for (id, _) in &self.session_owners {
+            if !self.sessions.contains_key(id) {
+                return Err(format!("session {id} has an owner but does not exist"));
+            }
+        }
         for (id, s) in &self.sessions {
             expected.insert((s.deadline, Due::Session(*id)));
             for (name, owner) in &s.holds {

@@ -84,6 +84,7 @@ impl StateMachine {
         self.waiters.clear();
         self.sessions.clear();
         self.etcd_locks = Default::default();
+        self.session_owners.clear();
         self.clients.clear();
         // Every deadline belongs to a lease, session, wait, lock-delay or dedup record.
         self.deadlines.clear();

@@ -88,17 +88,19 @@ impl StateMachine {
 
     /// Keep each of `ids` alive (`Command::KeepAliveMany`): one answer per id, in order.
     pub(super) fn keep_alive_many(&mut self, ids: &[SessionId]) -> Response {
-        let alive = ids
-            .iter()
-            .map(|id| match self.keep_alive(*id) {
-                Response::SessionAlive { deadline_ms } => Some(SessionLife {
-                    deadline_ms,
-                    ttl_ms: self.sessions.get(id).map_or(0, |s| s.ttl_ms),
-                }),
-                _ => None,
-            })
-            .collect();
+        let alive = ids.iter().map(|id| self.keep_alive_life(*id)).collect();
         Response::SessionsAlive { alive }
+    }
+
+    /// Keep `id` alive: its life now, `None` if it does not exist.
+    pub(super) fn keep_alive_life(&mut self, id: SessionId) -> Option<SessionLife> {
+        match self.keep_alive(id) {
+            Response::SessionAlive { deadline_ms } => Some(SessionLife {
+                deadline_ms,
+                ttl_ms: self.sessions.get(&id).map_or(0, |s| s.ttl_ms),
+            }),
+            _ => None,
+        }
     }
 
     /// End session `id`: its waits withdrawn, its grants ended, and under
@@ -114,6 +116,7 @@ impl StateMachine {
         let Some(s) = self.sessions.remove(&id) else {
             return Response::NoSuchSession;
         };
+        self.forget_owner(id);
         if semantics.leases() {
             self.delete_lease_keys(id, events);
         }

@@ -8,7 +8,9 @@
 //! [`Connection::lock_cmd`].
 
 use fenced_core::kv::{Argv, Reply};
-use fenced_core::{AcquireSpec, Command, LockKind, Mode, RequestId, Response, StateMachine};
+use fenced_core::{
+    AcquireSpec, Command, CoreError, LockKind, Mode, RequestId, Response, StateMachine,
+};
 
 use super::{backend_error, parse_u64, text, upper, Connection};
 use crate::BackendError;
@@ -262,6 +264,9 @@ pub(super) fn render(shape: Shape, r: Result<Response, BackendError>, log_time: 
         (Shape::Alive, Response::NoSuchSession) => Reply::Nil,
         (Shape::Closed, Response::SessionClosed) => Reply::Int(1),
         (Shape::Closed, Response::NoSuchSession) => Reply::Int(0),
+        (_, Response::Rejected(e @ CoreError::NotSessionOwner { .. })) => {
+            Reply::err(format!("NOPERM {e}"))
+        }
         (_, Response::Rejected(e)) => Reply::err(format!("ERR {e}")),
         (_, other) => Reply::err(format!("ERR internal: unexpected answer {other:?}")),
     }
@@ -348,6 +353,15 @@ impl Connection {
         }
     }
 
+    /// `cmd` as this connection's user sends it ([`Command::as_user`]): a session it opens
+    /// belongs to the user, and another user's session is refused to it.
+    pub(super) fn as_user(&self, cmd: Command) -> Command {
+        match &self.st.user {
+            Some(user) => cmd.as_user(user.name(), user.is_admin()),
+            None => cmd,
+        }
+    }
+
     /// A lock-family command served alone: a waiting acquire, `LOCK.INFO`, `SESSION.INFO`,
     /// `SESSION.CLOSE`, or one that does not wait (runs of those come through
     /// [`Connection::process`]).
@@ -365,10 +379,24 @@ impl Connection {
             )
             .await
             .unwrap_or_else(backend_error),
-            Parsed::SessionInfo(id) => read_one(
-                &*backend,
-                Box::new(move |sm, now| vec![session_info(sm, now, id)]),
-            )
+            Parsed::SessionInfo(id) => {
+                let user = self.st.user.clone();
+                read_one(
+                    &*backend,
+                    Box::new(move |sm, now| {
+                        let other = user.as_ref().is_some_and(|u| {
+                            !u.is_admin() && sm.session_owner(id).is_some_and(|o| o != u.name())
+                        });
+                        if other {
+                            return vec![Reply::err(format!(
+                                "NOPERM {}",
+                                fenced_core::CoreError::NotSessionOwner { session: id }
+                            ))];
+                        }
+                        vec![session_info(sm, now, id)]
+                    }),
+                )
+            }
             .await
             .unwrap_or_else(backend_error),
             Parsed::Write {
@@ -383,6 +411,7 @@ impl Connection {
                         return e;
                     }
                 }
+                let cmd = self.as_user(cmd);
                 let rid = self.lock_rid(reqid);
                 let r = if wait_ms > 0 {
                     backend.lock_wait(rid, cmd, wait_ms).await

@@ -527,6 +527,7 @@ impl Connection {
                                 shape,
                                 reqid,
                             })) if !matches!(cmd, fenced_core::Command::CloseSession { .. }) => {
+                                let cmd = self.as_user(cmd);
                                 let rid = self.lock_rid(reqid);
                                 run.push(((rid, cmd), shape));
                             }

@@ -53,6 +53,7 @@ impl Lock for Api {
                 lock_delay_ms: r.lock_delay_ms,
             }))
         };
+        let cmd = cmd.as_user(user.name(), user.is_admin());
         let not_granted = pb::AcquireResponse::default();
         let resolved = self.node.acquire(rid, cmd, r.wait_ms).await?;
         let out = match resolved {

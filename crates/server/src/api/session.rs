@@ -35,9 +35,19 @@ impl Session for Api {
         // The session must exist now (linearizable), or the watch ends at once.
         // Judged with the time committed: a session whose deadline passed on the leader's
         // clock is gone.
-        let exists = node
-            .read_timed(|sm, _| sm.session_info(session).is_some())
+        let (exists, owner) = node
+            .read_timed(|sm, _| {
+                (
+                    sm.session_info(session).is_some(),
+                    sm.session_owner(session).map(str::to_owned),
+                )
+            })
             .await?;
+        if !user.is_admin() && owner.is_some_and(|o| o != user.name()) {
+            return Err(Status::permission_denied(
+                fenced_core::CoreError::NotSessionOwner { session }.to_string(),
+            ));
+        }
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let gone = pb::SessionEvent {
@@ -100,7 +110,10 @@ impl Session for Api {
         let rid = request_id(&user, r.request)?;
         match self
             .node
-            .propose(Some(rid), Command::OpenSession { ttl_ms: r.ttl_ms })
+            .propose(
+                Some(rid),
+                Command::OpenSession { ttl_ms: r.ttl_ms }.as_user(user.name(), user.is_admin()),
+            )
             .await?
         {
             Response::SessionOpened { session, .. } => Ok(self.reply(pb::OpenSessionResponse {
@@ -117,7 +130,10 @@ impl Session for Api {
         let rid = request_id(&user, r.request)?;
         match self
             .node
-            .propose(Some(rid), Command::KeepAlive { session: r.session })
+            .propose(
+                Some(rid),
+                Command::KeepAlive { session: r.session }.as_user(user.name(), user.is_admin()),
+            )
             .await?
         {
             Response::SessionAlive { deadline_ms } => Ok(self.reply(pb::KeepAliveResponse {
@@ -163,7 +179,10 @@ impl Session for Api {
         let rid = request_id(&user, r.request)?;
         let closed = match self
             .node
-            .propose(Some(rid), Command::CloseSession { session: r.session })
+            .propose(
+                Some(rid),
+                Command::CloseSession { session: r.session }.as_user(user.name(), user.is_admin()),
+            )
             .await?
         {
             Response::SessionClosed => true,

@@ -102,7 +102,7 @@ impl Forward for Leader {
         let (rid, cmd): (Option<RequestId>, Command) = codec::decode(&req.data)
             .map_err(|e| Status::invalid_argument(format!("malformed proposal: {e}")))?;
         let queues = matches!(
-            cmd,
+            cmd.inner(),
             Command::Acquire { .. } | Command::AcquireWith(_) | Command::EtcdLock { .. }
         );
         let resp = match rid {

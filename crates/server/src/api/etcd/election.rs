@@ -35,6 +35,7 @@ use fenced_core::etcd::{
 };
 use fenced_core::{lock_key, Command, EtcdCommand, EtcdReply, Response, StateMachine};
 use fenced_proto::etcd::v3electionpb as elpb;
+use fenced_resp::acl::User;
 use tokio::sync::mpsc;
 use tokio_stream::Stream;
 use tonic::{Request, Status};
@@ -93,11 +94,12 @@ fn leader_in(live: &BTreeMap<Vec<u8>, core::KeyValue>) -> Option<&core::KeyValue
 impl Election for EtcdApi {
     async fn campaign(&self, req: Request<elpb::CampaignRequest>) -> Reply<elpb::CampaignResponse> {
         let name = lock_name(&req.get_ref().name)?;
-        self.users
+        let user = self
+            .users
             .permit(&req, "LOCK.ACQUIRE", &[name.as_bytes()])?;
         let r = req.into_inner();
         let lease = lock_lease(r.lease)?;
-        let token = self.take_lock(&name, lease, r.value.clone()).await?;
+        let token = self.take_lock(&user, &name, lease, r.value.clone()).await?;
         // Campaigning again while leading, with another value: the value is proclaimed, as
         // etcd's Campaign does (the grant kept the first campaign's value).
         let key = lock_key(&name, lease);
@@ -112,8 +114,15 @@ impl Election for EtcdApi {
             .first()
             .is_some_and(|kv| kv.create_revision == token && kv.value != r.value)
         {
-            self.put_leader_value(&name, lease, r.lease, rev_out(token), r.value.clone())
-                .await?;
+            self.put_leader_value(
+                &user,
+                &name,
+                lease,
+                r.lease,
+                rev_out(token),
+                r.value.clone(),
+            )
+            .await?;
         }
         Ok(tonic::Response::new(elpb::CampaignResponse {
             header: self.header(token),
@@ -128,12 +137,13 @@ impl Election for EtcdApi {
 
     async fn proclaim(&self, req: Request<elpb::ProclaimRequest>) -> Reply<elpb::ProclaimResponse> {
         let (name, lease, rev) = leader_of(req.get_ref().leader.as_ref())?;
-        self.users
+        let user = self
+            .users
             .permit(&req, "LOCK.ACQUIRE", &[name.as_bytes()])?;
         let r = req.into_inner();
         let lease_id = r.leader.as_ref().map_or(0, |l| l.lease);
         let revision = self
-            .put_leader_value(&name, lease, lease_id, rev, r.value)
+            .put_leader_value(&user, &name, lease, lease_id, rev, r.value)
             .await?
             .ok_or_else(not_leader)?;
         Ok(tonic::Response::new(elpb::ProclaimResponse {
@@ -192,10 +202,11 @@ impl Election for EtcdApi {
 
     async fn resign(&self, req: Request<elpb::ResignRequest>) -> Reply<elpb::ResignResponse> {
         let (name, lease, rev) = leader_of(req.get_ref().leader.as_ref())?;
-        self.users
+        let user = self
+            .users
             .permit(&req, "LOCK.RELEASE", &[name.as_bytes()])?;
         // etcd's Resign succeeds whether or not that term still leads.
-        self.release_lock(name, lease, Some(rev_in(rev)).filter(|t| *t != 0))
+        self.release_lock(&user, name, lease, Some(rev_in(rev)).filter(|t| *t != 0))
             .await?;
         Ok(tonic::Response::new(elpb::ResignResponse {
             header: self.header_now(),
@@ -208,6 +219,7 @@ impl EtcdApi {
     /// with the term whose token is `rev`: the put's revision, `None` if it does not.
     async fn put_leader_value(
         &self,
+        user: &User,
         name: &str,
         lease: u64,
         lease_id: i64,
@@ -228,7 +240,10 @@ impl EtcdApi {
         };
         match self
             .node
-            .propose(None, Command::Etcd(EtcdCommand::Txn(txn)))
+            .propose(
+                None,
+                Command::Etcd(EtcdCommand::Txn(txn)).as_user(user.name(), user.is_admin()),
+            )
             .await
             .map_err(status_of)?
         {

@@ -4,6 +4,7 @@
 use fenced_core::etcd::{self as core, OP_OVERHEAD};
 use fenced_core::{Command, EtcdCommand, EtcdReply, Response, StateMachine};
 use fenced_proto::etcd::etcdserverpb as epb;
+use fenced_resp::acl::User;
 use tonic::{Request, Status};
 
 use epb::kv_server::Kv;
@@ -43,7 +44,7 @@ impl Kv for EtcdApi {
             return Err(etcd_status(&core::EtcdError::EmptyKey));
         }
         too_large(r.key.len() + r.value.len() + OP_OVERHEAD)?;
-        let (revision, reply) = self.write(EtcdCommand::Put(r)).await?;
+        let (revision, reply) = self.write_as(&user, EtcdCommand::Put(r)).await?;
         match reply {
             EtcdReply::Put(p) => Ok(tonic::Response::new(convert::put_response(
                 p,
@@ -93,7 +94,7 @@ impl Kv for EtcdApi {
             )));
         }
         too_large(txn.size())?;
-        let (revision, reply) = self.write(EtcdCommand::Txn(txn)).await?;
+        let (revision, reply) = self.write_as(&user, EtcdCommand::Txn(txn)).await?;
         match reply {
             EtcdReply::Txn(t) => Ok(tonic::Response::new(convert::txn_response(
                 t,
@@ -154,12 +155,22 @@ impl EtcdApi {
     /// Propose an etcd command (through the leader, without a request id: module docs):
     /// its revision and reply, or etcd's error.
     pub(super) async fn write(&self, cmd: EtcdCommand) -> Result<(u64, EtcdReply), Status> {
-        match self
-            .node
-            .propose(None, Command::Etcd(cmd))
+        self.propose_write(Command::Etcd(cmd)).await
+    }
+
+    /// [`write`](Self::write) as `user` sends it: a lease it names must be the user's own
+    /// ([`Command::as_user`]).
+    pub(super) async fn write_as(
+        &self,
+        user: &User,
+        cmd: EtcdCommand,
+    ) -> Result<(u64, EtcdReply), Status> {
+        self.propose_write(Command::Etcd(cmd).as_user(user.name(), user.is_admin()))
             .await
-            .map_err(status_of)?
-        {
+    }
+
+    async fn propose_write(&self, cmd: Command) -> Result<(u64, EtcdReply), Status> {
+        match self.node.propose(None, cmd).await.map_err(status_of)? {
             Response::Etcd {
                 revision, reply, ..
             } => Ok((revision, reply)),

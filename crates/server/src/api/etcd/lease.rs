@@ -36,6 +36,7 @@ use epb::lease_server::Lease;
 
 use super::{etcd_status, not_etcd, status_of, EtcdApi, Reply};
 use crate::node::Node;
+use fenced_resp::acl::User;
 
 /// Most sessions one [`Command::KeepAliveMany`] keeps alive (8 bytes each in the entry).
 pub const MAX_KEEPALIVE_BATCH: usize = 16_384;
@@ -58,12 +59,16 @@ type KeepAliveStream =
 
 type Answer = oneshot::Sender<Result<Option<SessionLife>, Status>>;
 
+/// Who keeps a lease alive: a user's name and whether it is an administrator (a session
+/// belongs to the user who opened it, [`Command::AsUser`]).
+type Asker = (String, bool);
+
 /// The keep-alive coalescer of a node: one task, started on first use, that proposes the
 /// keep-alives of every `LeaseKeepAlive` stream in [`Command::KeepAliveMany`] commands, one
 /// at a time — what arrives while one is in flight goes into the next.
 pub struct KeepAlives {
     node: Node,
-    tx: Mutex<Option<mpsc::Sender<(SessionId, Answer)>>>,
+    tx: Mutex<Option<mpsc::Sender<(Asker, SessionId, Answer)>>>,
 }
 
 impl KeepAlives {
@@ -74,8 +79,13 @@ impl KeepAlives {
         }
     }
 
-    /// Keep session `id` alive: its new deadline and TTL, `None` if it does not exist.
-    pub async fn keep_alive(&self, id: SessionId) -> Result<Option<SessionLife>, Status> {
+    /// Keep session `id` alive for `asker`: its new deadline and TTL, `None` if it does not
+    /// exist (or belongs to another user).
+    pub async fn keep_alive(
+        &self,
+        asker: Asker,
+        id: SessionId,
+    ) -> Result<Option<SessionLife>, Status> {
         let tx = {
             let mut guard = self.tx.lock().unwrap_or_else(|e| e.into_inner());
             match guard.as_ref() {
@@ -89,7 +99,7 @@ impl KeepAlives {
             }
         };
         let (answer, rx) = oneshot::channel();
-        tx.send((id, answer))
+        tx.send((asker, id, answer))
             .await
             .map_err(|_| Status::unavailable("the keep-alive coalescer stopped"))?;
         rx.await
@@ -98,28 +108,53 @@ impl KeepAlives {
 }
 
 /// The coalescer's loop: take the keep-alives that arrive within [`KEEPALIVE_LINGER`] of
-/// the first (up to [`MAX_KEEPALIVE_BATCH`] distinct sessions), propose them as one command,
-/// answer each; again.
-async fn coalesce(node: Node, mut rx: mpsc::Receiver<(SessionId, Answer)>) {
-    while let Some(first) = rx.recv().await {
-        let mut waiting: BTreeMap<SessionId, Vec<Answer>> = BTreeMap::new();
-        waiting.entry(first.0).or_default().push(first.1);
+/// the first (up to [`MAX_KEEPALIVE_BATCH`] distinct sessions), propose them as one command
+/// per user who asked, answer each; again.
+async fn coalesce(node: Node, mut rx: mpsc::Receiver<(Asker, SessionId, Answer)>) {
+    while let Some((asker, id, answer)) = rx.recv().await {
+        let mut waiting: BTreeMap<Asker, BTreeMap<SessionId, Vec<Answer>>> = BTreeMap::new();
+        waiting
+            .entry(asker)
+            .or_default()
+            .entry(id)
+            .or_default()
+            .push(answer);
+        let mut count = 1;
         let until = tokio::time::Instant::now() + KEEPALIVE_LINGER;
-        while waiting.len() < MAX_KEEPALIVE_BATCH {
+        while count < MAX_KEEPALIVE_BATCH {
             match tokio::time::timeout_at(until, rx.recv()).await {
-                Ok(Some((id, answer))) => waiting.entry(id).or_default().push(answer),
+                Ok(Some((asker, id, answer))) => {
+                    let sessions = waiting.entry(asker).or_default();
+                    if !sessions.contains_key(&id) {
+                        count += 1;
+                    }
+                    sessions.entry(id).or_default().push(answer);
+                }
                 Ok(None) | Err(_) => break,
             }
         }
-        let sessions: Vec<SessionId> = waiting.keys().copied().collect();
-        let out = node
-            .propose(
-                None,
-                Command::KeepAliveMany {
-                    sessions: sessions.clone(),
-                },
-            )
-            .await;
+        // One command per user, proposed together; the next round waits for all of them.
+        let mut round = tokio::task::JoinSet::new();
+        for ((user, admin), waiting) in waiting {
+            round.spawn(keep_alive_many(node.clone(), user, admin, waiting));
+        }
+        while round.join_next().await.is_some() {}
+    }
+}
+
+/// Propose the keep-alives of one user's sessions as one command; answer each.
+async fn keep_alive_many(
+    node: Node,
+    user: String,
+    admin: bool,
+    waiting: BTreeMap<SessionId, Vec<Answer>>,
+) {
+    let sessions: Vec<SessionId> = waiting.keys().copied().collect();
+    let cmd = Command::KeepAliveMany {
+        sessions: sessions.clone(),
+    };
+    let out = node.propose(None, cmd.as_user(&user, admin)).await;
+    {
         match out {
             Ok(Response::SessionsAlive { alive }) if alive.len() == sessions.len() => {
                 for (life, answers) in alive.into_iter().zip(waiting.into_values()) {
@@ -159,7 +194,7 @@ impl Lease for EtcdApi {
         &self,
         req: Request<epb::LeaseGrantRequest>,
     ) -> Reply<epb::LeaseGrantResponse> {
-        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let r = req.into_inner();
         if r.id != 0 {
             return Err(etcd_status(&EtcdError::LeaseIdChosen { lease: r.id }));
@@ -168,7 +203,10 @@ impl Lease for EtcdApi {
         let ttl_ms = u64::try_from(ttl).unwrap_or(1).saturating_mul(1000);
         match self
             .node
-            .propose(None, Command::OpenLease { ttl_ms })
+            .propose(
+                None,
+                Command::OpenLease { ttl_ms }.as_user(user.name(), user.is_admin()),
+            )
             .await
             .map_err(status_of)?
         {
@@ -216,7 +254,10 @@ impl Lease for EtcdApi {
         }
         match self
             .node
-            .propose(None, Command::CloseSession { session })
+            .propose(
+                None,
+                Command::CloseSession { session }.as_user(user.name(), user.is_admin()),
+            )
             .await
             .map_err(status_of)?
         {
@@ -234,7 +275,8 @@ impl Lease for EtcdApi {
         &self,
         req: Request<Streaming<epb::LeaseKeepAliveRequest>>,
     ) -> Reply<Self::LeaseKeepAliveStream> {
-        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let asker: Asker = (user.name().to_owned(), user.is_admin());
         self.node.serving().map_err(status_of)?;
         // clientv3's lessor opens its stream with `hasleader: true` (WithRequireLeader): on a
         // member without a leader it ends, and the client keeps its leases alive elsewhere.
@@ -266,11 +308,11 @@ impl Lease for EtcdApi {
                     },
                     () = tx.closed() => return,
                 };
-                let (api, tx) = (api.clone(), tx.clone());
+                let (api, tx, asker) = (api.clone(), tx.clone(), asker.clone());
                 tokio::spawn(async move {
                     let _permit = permit;
                     let life = match core::lease_session(id) {
-                        Some(s) => api.keep_alives.keep_alive(s).await,
+                        Some(s) => api.keep_alives.keep_alive(asker, s).await,
                         None => Ok(None),
                     };
                     // An error ends the stream: the client reconnects (to another member).
@@ -292,7 +334,7 @@ impl Lease for EtcdApi {
         &self,
         req: Request<epb::LeaseTimeToLiveRequest>,
     ) -> Reply<epb::LeaseTimeToLiveResponse> {
-        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let r = req.into_inner();
         let (id, with_keys) = (r.id, r.keys);
         let session = core::lease_session(id);
@@ -302,6 +344,10 @@ impl Lease for EtcdApi {
             .node
             .read_timed(|sm, now| {
                 let found = session.and_then(|s| {
+                    // Another user's lease is not found for this one (stricter than etcd).
+                    if owned_by_another(sm, s, &user) {
+                        return None;
+                    }
                     let info = sm.session_info(s)?;
                     let left = info.deadline_ms.checked_sub(now).filter(|l| *l > 0)?;
                     let keys = if with_keys {
@@ -330,13 +376,14 @@ impl Lease for EtcdApi {
         &self,
         req: Request<epb::LeaseLeasesRequest>,
     ) -> Reply<epb::LeaseLeasesResponse> {
-        self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
+        let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let (revision, ids) = self
             .node
             .read_timed(|sm, now| {
                 let ids: Vec<SessionId> = sm
                     .session_ids()
                     .into_iter()
+                    .filter(|s| !owned_by_another(sm, *s, &user))
                     .filter(|s| sm.session_info(*s).is_some_and(|i| i.deadline_ms > now))
                     .collect();
                 (sm.revision(), ids)
@@ -351,6 +398,11 @@ impl Lease for EtcdApi {
                 .collect(),
         }))
     }
+}
+
+/// Session `s` was opened by a user other than `user`, who is no administrator.
+fn owned_by_another(sm: &fenced_core::StateMachine, s: SessionId, user: &User) -> bool {
+    !user.is_admin() && sm.session_owner(s).is_some_and(|o| o != user.name())
 }
 
 /// A session id as etcd's lease id.

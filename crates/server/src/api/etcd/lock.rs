@@ -32,6 +32,7 @@ use lpb::lock_server::Lock;
 use super::{not_etcd, status_of, EtcdApi, Reply};
 use crate::error::NodeError;
 use crate::node::Node;
+use fenced_resp::acl::User;
 
 /// How long one [`Node::acquire`] of a waiting `Lock` listens before it asks the request's
 /// record again (the wait itself has no end but the lease's and the call's).
@@ -69,6 +70,8 @@ struct CancelOnDrop {
     request: RequestId,
     /// The sequence number of the cancel's own request id.
     cancel_seq: u64,
+    /// The user of the `Lock` call (name, administrator), whose cancel it is.
+    user: (String, bool),
     armed: bool,
 }
 
@@ -82,7 +85,8 @@ impl Drop for CancelOnDrop {
             name: std::mem::take(&mut self.name),
             lease: self.lease,
             request: self.request,
-        };
+        }
+        .as_user(&self.user.0, self.user.1);
         // Its own request id: the node retries it across a leader change.
         let request = RequestId {
             client_id: self.request.client_id,
@@ -137,6 +141,7 @@ impl EtcdApi {
     /// cancelled.
     pub(super) async fn take_lock(
         &self,
+        user: &User,
         name: &str,
         lease: SessionId,
         value: Vec<u8>,
@@ -146,13 +151,15 @@ impl EtcdApi {
             name: name.to_owned(),
             lease,
             value,
-        };
+        }
+        .as_user(user.name(), user.is_admin());
         let mut cancel = CancelOnDrop {
             node: self.node.clone(),
             name: name.to_owned(),
             lease,
             request,
             cancel_seq: self.lock_ids.next().seq,
+            user: (user.name().to_owned(), user.is_admin()),
             armed: true,
         };
         loop {
@@ -193,6 +200,7 @@ impl EtcdApi {
     /// End `lease`'s grant of `name` (only grant `token`, if given) or withdraw its wait.
     pub(super) async fn release_lock(
         &self,
+        user: &User,
         name: String,
         lease: SessionId,
         token: Option<Token>,
@@ -202,7 +210,10 @@ impl EtcdApi {
         let request = self.lock_ids.next();
         match self
             .node
-            .propose(Some(request), Command::EtcdUnlock { name, lease, token })
+            .propose(
+                Some(request),
+                Command::EtcdUnlock { name, lease, token }.as_user(user.name(), user.is_admin()),
+            )
             .await
             .map_err(status_of)?
         {
@@ -216,10 +227,11 @@ impl EtcdApi {
 impl Lock for EtcdApi {
     async fn lock(&self, req: Request<lpb::LockRequest>) -> Reply<lpb::LockResponse> {
         let name = lock_name(&req.get_ref().name)?;
-        self.users
+        let user = self
+            .users
             .permit(&req, "LOCK.ACQUIRE", &[name.as_bytes()])?;
         let lease = lock_lease(req.get_ref().lease)?;
-        let token = self.take_lock(&name, lease, Vec::new()).await?;
+        let token = self.take_lock(&user, &name, lease, Vec::new()).await?;
         Ok(tonic::Response::new(lpb::LockResponse {
             header: self.header(token),
             key: lock_key(&name, lease),
@@ -228,9 +240,10 @@ impl Lock for EtcdApi {
 
     async fn unlock(&self, req: Request<lpb::UnlockRequest>) -> Reply<lpb::UnlockResponse> {
         let (name, lease) = parse_key(&req.get_ref().key)?;
-        self.users
+        let user = self
+            .users
             .permit(&req, "LOCK.RELEASE", &[name.as_bytes()])?;
-        self.release_lock(name, lease, None).await?;
+        self.release_lock(&user, name, lease, None).await?;
         Ok(tonic::Response::new(lpb::UnlockResponse {
             header: self.header_now(),
         }))
