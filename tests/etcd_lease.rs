@@ -295,6 +295,15 @@ async fn etcd_leases_are_fenced_sessions() {
         (e.code(), e.message()),
         (Code::OutOfRange, "etcdserver: too large lease TTL")
     );
+    // A lease is a session: at most one day, as sessions (issue 49; etcd allows 285 years).
+    for ttl in [24 * 3600 + 1, 68 * 365 * 24 * 3600] {
+        let e = lease
+            .lease_grant(epb::LeaseGrantRequest { ttl, id: 0 })
+            .await
+            .expect_err("longer than a day");
+        assert_eq!(e.code(), Code::OutOfRange, "{ttl}: {e:?}");
+    }
+    assert_eq!(grant(&c, leader, 24 * 3600).await.ttl, 24 * 3600);
     // A TTL below etcd's minimum is raised to it.
     assert_eq!(grant(&c, leader, 1).await.ttl, 2);
     // An unknown lease: TimeToLive -1, a put refused as etcd does.

@@ -117,10 +117,17 @@ pub const MAX_LEASE_TTL_S: i64 = 9_000_000_000;
 /// asking less is raised to it, as etcd's lessor does.
 pub const MIN_LEASE_TTL_S: i64 = 2;
 
+/// The longest TTL a `LeaseGrant` is granted: one day, the sessions' cap
+/// ([`crate::limits::MAX_TTL_MS`]), since a lease is a session (etcd's own cap,
+/// [`MAX_LEASE_TTL_S`], is 285 years: a lease of a client that died then outlives everyone).
+/// Checked where a grant comes in ([`lease_ttl`]); apply keeps etcd's cap, so that entries
+/// already in a log replay as they applied.
+pub const MAX_GRANTED_LEASE_TTL_S: i64 = (crate::limits::MAX_TTL_MS / 1000) as i64;
+
 /// The TTL a `LeaseGrant` asking `ttl_s` seconds is granted (etcd's rules): raised to
-/// [`MIN_LEASE_TTL_S`], refused above [`MAX_LEASE_TTL_S`].
+/// [`MIN_LEASE_TTL_S`], refused above [`MAX_GRANTED_LEASE_TTL_S`] with etcd's error.
 pub fn lease_ttl(ttl_s: i64) -> Result<i64, EtcdError> {
-    if ttl_s > MAX_LEASE_TTL_S {
+    if ttl_s > MAX_GRANTED_LEASE_TTL_S {
         return Err(EtcdError::LeaseTtlTooLarge);
     }
     Ok(ttl_s.max(MIN_LEASE_TTL_S))
