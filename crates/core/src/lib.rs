@@ -95,6 +95,13 @@ pub enum CoreError {
     /// Appended last.
     #[error("session {session} belongs to another user")]
     NotSessionOwner { session: u64 },
+    /// The request's log entry was quarantined by the operator (`fenced debug quarantine`):
+    /// it was applied as a no-op ([`StateMachine::apply_quarantined`]). Appended last.
+    #[error(
+        "quarantined by the operator: the log entry at index {index} that carried this \
+         request was applied as a no-op; the request did nothing"
+    )]
+    Quarantined { index: u64 },
 }
 
 /// Errors decoding a snapshot of the state machine.

@@ -211,6 +211,38 @@ impl StateMachine {
         AppliedBatch { responses, events }
     }
 
+    /// Apply the entry at `index` as a no-op, because the operator quarantined it (`fenced
+    /// debug quarantine`: its apply hung or panicked on every replica). A pure function of
+    /// the index and the batch, so every member that quarantined the index applies the same
+    /// replacement: the index is recorded as applied; time, the revision, locks, sessions,
+    /// deadlines and the keyspaces do not change; each request is answered
+    /// [`CoreError::Quarantined`], and a request with an id that was not seen before has
+    /// that answer stored in the dedup table, so a retry learns it instead of running the
+    /// command again (a request seen before gets its first outcome, as in
+    /// [`apply_batch`](Self::apply_batch)). Nothing of the batch's commands is looked at.
+    pub fn apply_quarantined(&mut self, index: Index, batch: &Batch) -> AppliedBatch {
+        self.last_index = self.last_index.max(index);
+        let rejected = Response::Rejected(CoreError::Quarantined { index });
+        let responses = batch
+            .requests
+            .iter()
+            .map(|req| match req.client {
+                None => rejected.clone(),
+                Some(rid) => match self.dedup_lookup(rid) {
+                    Some(previous) => previous,
+                    None => {
+                        self.dedup_store(rid, rejected.clone());
+                        rejected.clone()
+                    }
+                },
+            })
+            .collect();
+        AppliedBatch {
+            responses,
+            events: Vec::new(),
+        }
+    }
+
     /// Apply one request as the only command of the entry at `index` (tests and tools; the
     /// log carries [`Batch`]es).
     pub fn apply(&mut self, index: Index, req: &Request) -> Applied {
