@@ -36,6 +36,11 @@ pub enum InspectError {
          before it are compacted away"
     )]
     BelowSnapshot { index: u64, snapshot_index: u64 },
+    #[error(
+        "index {index} is covered by this member's snapshot (last index {snapshot_index}): \
+         its entry was applied here and is no longer in the log"
+    )]
+    InSnapshot { index: u64, snapshot_index: u64 },
     #[error("index {index} is past the last durable entry ({})", fmt_index(*last_index))]
     PastLog { index: u64, last_index: Option<u64> },
     #[error("{} holds no snapshot and no log entry: nothing to rebuild", dir.display())]
@@ -160,11 +165,17 @@ pub fn state_at_on(fs: &dyn Fs, dir: &Path, index: Option<u64>) -> Result<Rebuil
     };
     let from = snapshot_index.map_or(0, |s| s + 1);
     let mut log_id = bounds.snapshot;
+    let quarantined = crate::quarantine::load_on(fs, dir)?;
     for entry in read_entries(fs, dir, from, index)? {
         log_id = Some(entry.log_id);
-        // As `StateMachineStore::apply`: only normal entries reach the state machine.
+        // As `StateMachineStore::apply`: only normal entries reach the state machine, and
+        // the quarantined ones as a no-op.
         if let EntryPayload::Normal(batch) = &entry.payload {
-            machine.apply_batch(entry.log_id.index, batch);
+            if quarantined.contains(&entry.log_id.index) {
+                machine.apply_quarantined(entry.log_id.index, batch);
+            } else {
+                machine.apply_batch(entry.log_id.index, batch);
+            }
         }
     }
     let log_id = log_id.ok_or(InspectError::MissingEntry {
@@ -177,6 +188,28 @@ pub fn state_at_on(fs: &dyn Fs, dir: &Path, index: Option<u64>) -> Result<Rebuil
         bounds,
         machine,
     })
+}
+
+/// The entry at `index` of the log in `dir` on `fs`, read-only: `None` when the index is past
+/// the last durable entry (the member has not received it yet). Refuses an index the
+/// snapshot covers.
+pub fn entry_at_on(
+    fs: &dyn Fs,
+    dir: &Path,
+    index: u64,
+) -> Result<(Bounds, Option<Entry<TypeConfig>>), InspectError> {
+    let bounds = bounds_on(fs, dir)?;
+    if let Some(s) = bounds.snapshot.map(|l| l.index).filter(|s| index <= *s) {
+        return Err(InspectError::InSnapshot {
+            index,
+            snapshot_index: s,
+        });
+    }
+    if bounds.last.is_none_or(|l| index > l.index) {
+        return Ok((bounds, None));
+    }
+    let entry = read_entries(fs, dir, index, index)?.pop();
+    Ok((bounds, entry))
 }
 
 /// The entries `from..=to` of the log in `dir`, read without opening it for writing: every

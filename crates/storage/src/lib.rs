@@ -40,6 +40,7 @@ mod log;
 pub mod observe;
 mod open;
 pub mod purged;
+pub mod quarantine;
 pub mod restore;
 pub mod snapshot;
 mod state;

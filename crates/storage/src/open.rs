@@ -16,10 +16,10 @@ use sled::transaction::ConflictableTransactionError;
 use crate::purged::Purged;
 use crate::state::SmState;
 use crate::{
-    decode, decode_entry, decode_raw, digests, encode, frame, hardstate, observe, snapshot,
-    upgrade_entry, wal, Env, EventSink, LegacyTypeConfig, LogStore, Meta, StateMachineStore,
-    StoreError, CACHE_CAPACITY, DATA_DIR_FORMAT, KEY_COMMITTED, KEY_FORMAT, KEY_LAST_PURGED,
-    KEY_SNAPSHOT_DATA, KEY_SNAPSHOT_META, KEY_VOTE, LAST_SLED_FORMAT,
+    decode, decode_entry, decode_raw, digests, encode, frame, hardstate, observe, quarantine,
+    snapshot, upgrade_entry, wal, Env, EventSink, LegacyTypeConfig, LogStore, Meta,
+    StateMachineStore, StoreError, CACHE_CAPACITY, DATA_DIR_FORMAT, KEY_COMMITTED, KEY_FORMAT,
+    KEY_LAST_PURGED, KEY_SNAPSHOT_DATA, KEY_SNAPSHOT_META, KEY_VOTE, LAST_SLED_FORMAT,
 };
 
 /// How long [`open_sled`] waits for a just-closed handle of the same data dir to let go of
@@ -173,6 +173,14 @@ pub(crate) fn open_checked(
         }
     }
 
+    let quarantined = quarantine::load_on(&**fs, dir)?;
+    if !quarantined.is_empty() {
+        tracing::warn!(
+            indexes = ?quarantined,
+            "the operator quarantined log entries {quarantined:?}: they are applied as \
+             no-ops (every member must have the same list)"
+        );
+    }
     let hook = observe::Hook::default();
     let snapshots = Arc::new(snapshots);
     let log_store = LogStore::new(purged_file, wal, hard, hook.clone(), io, snapshots.clone())?;
@@ -184,6 +192,7 @@ pub(crate) fn open_checked(
         hook,
         digester: digests::Digester::new(io),
         io,
+        quarantined,
     };
     Ok((log_store, sm_store))
 }

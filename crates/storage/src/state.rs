@@ -89,6 +89,8 @@ pub struct StateMachineStore {
     pub(crate) digester: digests::Digester,
     /// Where snapshot file I/O runs.
     pub(crate) io: Io,
+    /// Log indexes the operator quarantined ([`crate::quarantine`]): applied as a no-op.
+    pub(crate) quarantined: std::collections::BTreeSet<u64>,
 }
 
 impl fmt::Debug for StateMachineStore {
@@ -274,7 +276,17 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     EntryPayload::Blank => (Vec::new(), Vec::new()),
                     EntryPayload::Normal(batch) => {
                         self.digester.applied_batch(batch.semantics);
-                        let applied = st.machine.apply_batch(log_id.index, &batch);
+                        let applied = if self.quarantined.contains(&log_id.index) {
+                            tracing::warn!(
+                                index = log_id.index,
+                                requests = batch.requests.len(),
+                                "log entry {} quarantined by the operator: applied as a no-op",
+                                log_id.index
+                            );
+                            st.machine.apply_quarantined(log_id.index, &batch)
+                        } else {
+                            st.machine.apply_batch(log_id.index, &batch)
+                        };
                         (applied.responses, applied.events)
                     }
                     EntryPayload::Membership(m) => {
