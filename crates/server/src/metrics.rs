@@ -9,6 +9,7 @@
 //! storage through [`fenced_storage::StorageObserver`] and the Raft transport through
 //! [`fenced_network::PeerObserver`]; [`Metrics`] implements all three traits.
 
+pub mod apply_watch;
 pub mod grpc;
 pub mod stages;
 
@@ -35,12 +36,19 @@ use crate::node::Node;
 
 /// How long `/ready` waits for the read barrier.
 const READY_TIMEOUT: Duration = Duration::from_secs(1);
+/// `/metrics` renders that may wait for the state at once (see [`Metrics::renders`]).
+const MAX_RENDERS: usize = 4;
 
 /// The node's metrics. Cheap to share (`Arc`).
 pub struct Metrics {
     registry: Registry,
     /// The latency breakdown of sampled proposals (`/debug/stages`).
     pub stages: stages::Stages,
+    /// The entry being applied and since when: is apply stuck? (`/health`, the watchdog).
+    pub apply: apply_watch::ApplyWatch,
+    /// `/metrics` renders in flight (each on a blocking thread: a hung apply holds the lock
+    /// the state's gauges read), at most [`MAX_RENDERS`].
+    renders: std::sync::atomic::AtomicUsize,
     /// Commands that reached the proposer on this node while it led, and how they ended.
     pub proposals_committed: Counter,
     pub proposals_failed: Counter,
@@ -189,6 +197,8 @@ impl Metrics {
         let mut registry = Registry::with_prefix("fenced");
         let m = Metrics {
             stages: stages::Stages::new(),
+            apply: apply_watch::ApplyWatch::default(),
+            renders: std::sync::atomic::AtomicUsize::new(0),
             proposals_committed: Counter::default(),
             proposals_failed: Counter::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
@@ -611,10 +621,12 @@ impl fenced_storage::StorageObserver for Metrics {
     }
 
     fn applying(&self, index: u64) {
+        self.apply.applying(index);
         self.stages.applying(index);
     }
 
     fn applied(&self, index: u64) {
+        self.apply.applied(index);
         self.stages.applied(index);
     }
 }
@@ -633,6 +645,46 @@ impl fenced_network::PeerObserver for Metrics {
     fn append_answered(&self, first: u64, last: u64, received: std::time::Instant) {
         self.stages.follower_answered(first, last, received);
     }
+}
+
+/// Start the node's watchdog thread, with a runtime of its own: it logs a stuck apply
+/// ([`apply_watch::warn_while_stuck`]) and serves `/metrics`, `/health` and `/ready` on
+/// `listener` (if any) until `shutdown`. Not on the node's runtime, so that a hung apply —
+/// which holds one of its workers, and the state lock other workers then wait for — cannot
+/// silence `/health` or the log line naming the stuck index.
+pub fn spawn_watchdog(
+    node: Node,
+    listener: Option<std::net::TcpListener>,
+    shutdown: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    std::thread::Builder::new()
+        .name("fenced-watchdog".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let mut stop_rx = shutdown.clone();
+                let stop = async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                };
+                let warn = apply_watch::warn_while_stuck(&node.metrics().apply, stop);
+                let listener = listener.map(TcpListener::from_std).transpose();
+                match listener {
+                    Ok(Some(l)) => {
+                        tokio::join!(warn, serve(node.clone(), l, shutdown));
+                    }
+                    Ok(None) => warn.await,
+                    Err(e) => {
+                        tracing::error!("metrics listener failed: {e}");
+                        warn.await
+                    }
+                }
+            });
+            // A render still waiting for a hung apply must not hold this thread.
+            rt.shutdown_background();
+        })?;
+    Ok(())
 }
 
 /// Serve `/metrics`, `/health` and `/ready` on `listener` until `shutdown`.
@@ -663,8 +715,29 @@ async fn metrics(
             "content-type",
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        node.metrics().render(&node),
+        render_off_thread(node).await,
     )
+}
+
+/// [`Metrics::render`] on a blocking thread ([`Metrics::renders`]).
+async fn render_off_thread(node: Node) -> String {
+    use std::sync::atomic::Ordering;
+    let m = node.metrics().clone();
+    if m.renders.fetch_add(1, Ordering::AcqRel) >= MAX_RENDERS {
+        m.renders.fetch_sub(1, Ordering::AcqRel);
+        let why = match m.apply.current() {
+            Some((index, took)) => apply_watch::describe(index, took),
+            None => "too many scrapes at once".to_owned(),
+        };
+        return format!("# metrics unavailable: {why}\n# EOF\n");
+    }
+    let rendered = tokio::task::spawn_blocking(move || {
+        let out = node.metrics().render(&node);
+        node.metrics().renders.fetch_sub(1, Ordering::AcqRel);
+        out
+    })
+    .await;
+    rendered.unwrap_or_else(|e| format!("# metrics unavailable: {e}\n# EOF\n"))
 }
 
 /// `/debug/stages[?reset=1]`: the latency breakdown of sampled proposals as JSON
@@ -693,6 +766,13 @@ async fn health(State(node): State<Node>) -> (StatusCode, String) {
 }
 
 async fn ready(State(node): State<Node>) -> (StatusCode, String) {
+    if let Some((index, took)) = node.metrics().apply.stuck() {
+        let why = apply_watch::describe(index, took);
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        );
+    }
     match tokio::time::timeout(READY_TIMEOUT, node.read_barrier()).await {
         Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
         Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),

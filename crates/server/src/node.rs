@@ -157,10 +157,16 @@ impl Node {
         &self.inner.metrics
     }
 
-    /// `Ok` while Raft runs and this member is not retired; else why not.
+    /// `Ok` while Raft runs, apply is not stuck on one entry (for
+    /// [`STUCK_AFTER`](crate::metrics::apply_watch::STUCK_AFTER)) and this member is not
+    /// retired; else why not.
     pub fn health(&self) -> Result<(), String> {
         if let Err(e) = &self.inner.raft.metrics().borrow().running_state {
             return Err(format!("raft stopped: {e}"));
+        }
+        // Read from atomics: a hung apply holds the state's lock.
+        if let Some((index, took)) = self.metrics().apply.stuck() {
+            return Err(crate::metrics::apply_watch::describe(index, took));
         }
         match self.inner.gate.identity().retired_reason() {
             Some(reason) => Err(format!("this member is retired: {reason}")),

@@ -329,20 +329,23 @@ async fn listen(
         health,
         shutdown_rx.clone(),
     )));
-    if let Some(addr) = &cfg.metrics_addr {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Bind {
+    // Served by the watchdog thread (crate::metrics::spawn_watchdog), beside the log line
+    // of a stuck apply: not on this runtime, which a hung apply can stop.
+    let metrics_listener = match &cfg.metrics_addr {
+        Some(addr) => {
+            let bind_error = |source| StartError::Bind {
                 addr: addr.clone(),
                 source,
-            })?;
-        tracing::info!(%addr, "metrics, /health and /ready listening");
-        tasks.push(tokio::spawn(crate::metrics::serve(
-            node.clone(),
-            listener,
-            shutdown_rx.clone(),
-        )));
-    }
+            };
+            let listener = std::net::TcpListener::bind(addr).map_err(bind_error)?;
+            listener.set_nonblocking(true).map_err(bind_error)?;
+            tracing::info!(%addr, "metrics, /health and /ready listening");
+            Some(listener)
+        }
+        None => None,
+    };
+    crate::metrics::spawn_watchdog(node.clone(), metrics_listener, shutdown_rx.clone())
+        .map_err(|e| StartError::Config(format!("starting the watchdog thread: {e}")))?;
     {
         let mut builder = tonic::transport::Server::builder();
         let mut check = fenced_tls::PeerCertCheck::open();
