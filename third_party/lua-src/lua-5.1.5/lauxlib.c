@@ -399,6 +399,9 @@ static int emptybuffer (luaL_Buffer *B) {
   size_t l = bufflen(B);
   if (l == 0) return 0;  /* put nothing on stack */
   else {
+    /* fenced: every byte a library function built in a buffer (upper, lower, reverse,
+       format, gsub, concat, rep, ...), written there one by one: a unit per 2 (ldo.c) */
+    lua_fenced_work(B->L, l / 2);
     lua_pushlstring(B->L, B->buffer, l);
     B->p = B->buffer;
     B->lvl++;

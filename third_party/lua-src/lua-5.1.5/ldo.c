@@ -208,26 +208,26 @@ void luaD_callhook (lua_State *L, int event, int line) {
 /*
 ** fenced: charging work done outside the interpreter's loop (third_party/README.md).
 ** While this thread's switch is on, work done in C on behalf of a script — pattern
-** matching steps, bytes compared, scanned, copied or allocated — is subtracted from the
+** matching steps, bytes compared, scanned or copied, new strings, tables and userdata,
+** calls of C functions — is subtracted from the
 ** running thread's `hookcount`, the counter of the count hook, as instructions are. The
 ** hook then runs after as many units of work, of either kind, as it ran after instructions
-** alone: at the next instruction for a debt (`luaD_fenceddebt`, safe anywhere, even inside
-** the allocator), or at once for work charged where a library function may call a Lua
+** alone: at the next instruction for a debt (`luaD_fenceddebt`, safe anywhere, even where
+** an object is half made), or at once for work charged where a library function may call a Lua
 ** function (`lua_fenced_work`). The count is a function of the script and its inputs only,
 ** so every replica runs the hook at the same points. Off, nothing is charged and
 ** `hookcount` is never below zero, so the interpreter behaves exactly as unpatched Lua.
 */
-__thread int luaD_fencedcharging = 0;
-/* steps of hash chains walked (ltable.c), which has no lua_State: charged at the next
-   debt, payment or table access of the interpreter (luaD_fencedfold) */
-__thread lu_mem luaD_fencedpending = 0;
+static __thread int luaD_fencedcharging = 0;
+
+/* what the call of a C function is charged, beyond the instruction that calls it */
+#define FENCED_CCALL	4
 
 /* deepest debt kept: far beyond any budget, so the budget is always over before it */
 #define FENCED_MAXDEBT	(1 << 30)
 
 void luaD_fencedswitch (int on) {
   luaD_fencedcharging = on;
-  luaD_fencedpending = 0;
 }
 
 
@@ -237,8 +237,6 @@ int luaD_fencedon (void) {
 
 
 void luaD_fenceddebt (lua_State *L, lu_mem units) {
-  units += luaD_fencedpending;
-  luaD_fencedpending = 0;
   if (!luaD_fencedcharging || !(L->hookmask & LUA_MASKCOUNT) || L->basehookcount <= 0)
     return;
   if (units > (lu_mem)FENCED_MAXDEBT) units = FENCED_MAXDEBT;
@@ -251,7 +249,6 @@ void luaD_fenceddebt (lua_State *L, lu_mem units) {
 
 /* Run the count hook once for every `basehookcount` units due (its error propagates). */
 void luaD_fencedpay (lua_State *L) {
-  luaD_fencedfold(L);
   if (L->basehookcount <= 0) return;
   while (L->hookcount <= 0) {
     L->hookcount += L->basehookcount;
@@ -362,6 +359,8 @@ int luaD_precall (lua_State *L, StkId func, int nresults) {
   else {  /* if is a C function, call it */
     CallInfo *ci;
     int n;
+    /* fenced: a call of a C function costs several instructions' worth (ldo.c) */
+    luaD_fenceddebt(L, FENCED_CCALL);
     luaD_checkstack(L, LUA_MINSTACK);  /* ensure minimum stack size */
     ci = inc_ci(L);  /* now `enter' new function */
     ci->func = restorestack(L, funcr);

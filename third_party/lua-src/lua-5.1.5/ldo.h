@@ -37,12 +37,6 @@
 /* type of protected functions, to be ran by `runprotected' */
 typedef void (*Pfunc) (lua_State *L, void *ud);
 
-/* fenced (ldo.c): the switch, and chain steps counted where no lua_State is at hand */
-LUAI_DATA __thread int luaD_fencedcharging;
-LUAI_DATA __thread lu_mem luaD_fencedpending;
-#define luaD_fencedstep()	{ if (luaD_fencedcharging) luaD_fencedpending++; }
-#define luaD_fencedfold(L)	{ if (luaD_fencedpending) luaD_fenceddebt(L, 0); }
-
 LUAI_FUNC void luaD_fenceddebt (lua_State *L, lu_mem units);
 LUAI_FUNC void luaD_fencedpay (lua_State *L);
 LUAI_FUNC int luaD_fencedon (void);

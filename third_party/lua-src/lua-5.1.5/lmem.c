@@ -81,9 +81,6 @@ void *luaM_realloc_ (lua_State *L, void *block, size_t osize, size_t nsize) {
     luaD_throw(L, LUA_ERRMEM);
   lua_assert((nsize == 0) == (block == NULL));
   g->totalbytes = (g->totalbytes - osize) + nsize;
-  /* fenced: bytes allocated are work (written, copied, later collected); a debt, since a
-     hook must not run inside the allocator (ldo.c) */
-  if (nsize > osize) luaD_fenceddebt(L, 4 + (nsize - osize) / LUA_FENCED_BYTES);
   return block;
 }
 

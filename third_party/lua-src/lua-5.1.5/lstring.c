@@ -50,6 +50,8 @@ void luaS_resize (lua_State *L, int newsize) {
 
 static TString *newlstr (lua_State *L, const char *str, size_t l,
                                        unsigned int h) {
+  /* fenced: a new string, its bytes copied (and later swept) (ldo.c) */
+  luaD_fenceddebt(L, 4 + l / LUA_FENCED_BYTES);
   TString *ts;
   stringtable *tb;
   if (l+1 > (MAX_SIZET - sizeof(TString))/sizeof(char))
@@ -98,6 +100,7 @@ TString *luaS_newlstr (lua_State *L, const char *str, size_t l) {
 
 Udata *luaS_newudata (lua_State *L, size_t s, Table *e) {
   Udata *u;
+  luaD_fenceddebt(L, 4 + s / LUA_FENCED_BYTES);  /* fenced: a new userdata (ldo.c) */
   if (s > MAX_SIZET - sizeof(Udata))
     luaM_toobig(L);
   u = cast(Udata *, luaM_malloc(L, s + sizeof(Udata)));

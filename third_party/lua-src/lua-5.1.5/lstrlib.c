@@ -208,11 +208,13 @@ static void fenced_charge (MatchState *ms, size_t units) {
   }
 }
 
-/* fenced: after a match from one start position, the rest of its steps as a debt */
+/* fenced: after a match from one start position, the rest of its steps (the hook may
+   run: a search over many positions must stop inside this call, not after it) */
 static void fenced_flush (MatchState *ms) {
   if (ms->fenced && ms->pending > 0) {
-    lua_fenced_debt(ms->L, ms->pending);
+    size_t n = ms->pending;
     ms->pending = 0;
+    lua_fenced_work(ms->L, n);
   }
 }
 
@@ -423,7 +425,7 @@ static const char *match (MatchState *ms, const char *s, const char *p) {
 
 static const char *do_match (MatchState *ms, const char *s, const char *p) {
   init: /* using goto's to optimize tail recursion */
-  fenced_step(ms, 1);
+  fenced_step(ms, 2);  /* fenced: a step, with the call that led to it (ldo.c) */
   switch (*p) {
     case '(': {  /* start capture */
       if (*(p+1) == ')')  /* position capture? */
@@ -443,6 +445,7 @@ static const char *do_match (MatchState *ms, const char *s, const char *p) {
         }
         case 'f': {  /* frontier? */
           const char *ep; char previous;
+          fenced_step(ms, 2);  /* fenced: two class scans (ldo.c) */
           p += 2;
           if (*p != '[')
             luaL_error(ms->L, "missing " LUA_QL("[") " after "

@@ -151,7 +151,7 @@ static int findindex (lua_State *L, Table *t, StkId key) {
         /* hash elements are numbered after array ones */
         return i + t->sizearray;
       }
-      else { luaD_fencedstep(); n = gnext(n); }  /* fenced: a chain step (ldo.c) */
+      else n = gnext(n);
     } while (n);
     luaG_runerror(L, "invalid key to " LUA_QL("next"));  /* key not found */
     return 0;  /* to avoid warnings */
@@ -356,7 +356,12 @@ static void rehash (lua_State *L, Table *t, const TValue *ek) {
 
 
 Table *luaH_new (lua_State *L, int narray, int nhash) {
-  Table *t = luaM_new(L, Table);
+  Table *t;
+  /* fenced: a new table and the parts its constructor asks for (ldo.c); its later
+     resizes are not charged: when a table holding object keys fills up depends on where
+     those keys hash, i.e. on memory addresses, and so would the charge */
+  luaD_fenceddebt(L, 4 + ((lu_mem)narray + (lu_mem)nhash) / 4);
+  t = luaM_new(L, Table);
   luaC_link(L, obj2gco(t), LUA_TTABLE);
   t->metatable = NULL;
   t->flags = cast_byte(~0);
@@ -409,10 +414,7 @@ static TValue *newkey (lua_State *L, Table *t, const TValue *key) {
     othern = mainposition(t, key2tval(mp));
     if (othern != mp) {  /* is colliding node out of its main position? */
       /* yes; move colliding node into free position */
-      while (gnext(othern) != mp) {  /* find previous */
-        luaD_fencedstep();  /* fenced: a chain step (ldo.c) */
-        othern = gnext(othern);
-      }
+      while (gnext(othern) != mp) othern = gnext(othern);  /* find previous */
       gnext(othern) = n;  /* redo the chain with `n' in place of `mp' */
       *n = *mp;  /* copy colliding node into free pos. (mp->next also goes) */
       gnext(mp) = NULL;  /* now `mp' is free */
@@ -445,7 +447,7 @@ const TValue *luaH_getnum (Table *t, int key) {
     do {  /* check whether `key' is somewhere in the chain */
       if (ttisnumber(gkey(n)) && luai_numeq(nvalue(gkey(n)), nk))
         return gval(n);  /* that's it */
-      else { luaD_fencedstep(); n = gnext(n); }  /* fenced: a chain step (ldo.c) */
+      else n = gnext(n);
     } while (n);
     return luaO_nilobject;
   }
@@ -460,7 +462,7 @@ const TValue *luaH_getstr (Table *t, TString *key) {
   do {  /* check whether `key' is somewhere in the chain */
     if (ttisstring(gkey(n)) && rawtsvalue(gkey(n)) == key)
       return gval(n);  /* that's it */
-    else { luaD_fencedstep(); n = gnext(n); }  /* fenced: a chain step (ldo.c) */
+    else n = gnext(n);
   } while (n);
   return luaO_nilobject;
 }
@@ -486,7 +488,7 @@ const TValue *luaH_get (Table *t, const TValue *key) {
       do {  /* check whether `key' is somewhere in the chain */
         if (luaO_rawequalObj(key2tval(n), key))
           return gval(n);  /* that's it */
-        else { luaD_fencedstep(); n = gnext(n); }  /* fenced: a chain step (ldo.c) */
+        else n = gnext(n);
       } while (n);
       return luaO_nilobject;
     }

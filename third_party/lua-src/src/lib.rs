@@ -329,10 +329,10 @@ impl AddFilesByExt for cc::Build {
 #[doc(hidden)]
 pub const FENCED_PATCHED_SOURCES: &[&str] = &[
     include_str!("../lua-5.1.5/lapi.c"),
+    include_str!("../lua-5.1.5/lauxlib.c"),
     include_str!("../lua-5.1.5/lbaselib.c"),
     include_str!("../lua-5.1.5/ldo.c"),
     include_str!("../lua-5.1.5/ldo.h"),
-    include_str!("../lua-5.1.5/lmem.c"),
     include_str!("../lua-5.1.5/lstring.c"),
     include_str!("../lua-5.1.5/lstrlib.c"),
     include_str!("../lua-5.1.5/ltable.c"),

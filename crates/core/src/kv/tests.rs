@@ -1312,7 +1312,7 @@ fn a_global_set_in_one_run_is_gone_in_the_next() {
 #[test]
 fn memory_limit_fails_at_the_same_point_after_many_runs() {
     // Under the older rules' budget of 50 M instructions, which the memory limit stops
-    // first; under the bounded rules the allocations count towards the 5 M-step budget,
+    // first; under the bounded rules the allocations count towards the 3 M-step budget,
     // which stops these loops first (at the same point every time: bounded_tests.rs).
     let old = || T {
         semantics: Semantics::ELECTIONS,

@@ -22,7 +22,7 @@ pub const LUA_INSTRUCTION_BUDGET: u64 = 50_000_000;
 /// matching step, 64 bytes compared, scanned, copied or allocated, an element of a table
 /// function, a `redis.call` reply's element or 64 bytes). Counted, never timed; chosen so
 /// that the costliest script stops within docs/operations.md's stated pause.
-pub const LUA_STEP_BUDGET: u64 = 5_000_000;
+pub const LUA_STEP_BUDGET: u64 = 3_000_000;
 /// Lua memory budget of one script run: bytes requested from the allocator on top of the
 /// script's idle interpreter (deterministic).
 pub const LUA_MEMORY_LIMIT: usize = 64 * 1024 * 1024;

@@ -124,7 +124,7 @@ fn ordinary_scripts_give_the_same_results_under_both_rules() {
 
 #[test]
 fn older_entries_keep_their_budget_and_uncharged_library_work() {
-    // 10 M instructions: within the old budget of 50 M, past the new one of 5 M steps.
+    // 10 M instructions: within the old budget of 50 M, past the new one of 3 M steps.
     let loop10m = "local n = 0 for i = 1, 3000000 do n = n + i end return n";
     assert_eq!(
         one(Semantics::ELECTIONS, loop10m),

@@ -32,8 +32,16 @@ const MAX_DEPTH: i64 = 1000;
 /// Instructions charged per value encoded or decoded (and per table entry scanned or key
 /// sorted): a table access from Rust costs about what a few VM instructions do.
 const VALUE_COST: u64 = 4;
+/// The same under the bounded rules: a value read or made through mlua costs ~0.1 µs here,
+/// about 12 steps (the script fuzzer found encoding and decoding a 100,000-entry table in a
+/// loop pausing 0.13 s at 4).
+const BOUNDED_VALUE_COST: u64 = 12;
 /// Bytes of string (input, output or key copies) per instruction charged.
 const BYTES_PER_UNIT: usize = 8;
+/// The same under the bounded rules ([`crate::Semantics::BOUNDED`]): escaping and parsing
+/// cost ~3 ns a byte here, so a step per 2 (the script fuzzer found an encode/decode loop
+/// pausing 0.12 s at one per 8).
+const BOUNDED_BYTES_PER_UNIT: usize = 2;
 /// Budget units are flushed to the shared counter this often.
 const FLUSH_EVERY: u64 = 4096;
 /// Bytes charged against the key-copy cap per object key, on top of the key's own bytes.
@@ -61,6 +69,11 @@ struct Config {
     /// number or boolean is refused before its keys are looked at in (address-dependent)
     /// order. Not a lua-cjson setting: set per run from the entry.
     deterministic: bool,
+    /// Bytes per step charged: [`BYTES_PER_UNIT`], or [`BOUNDED_BYTES_PER_UNIT`] under the
+    /// bounded rules. Set per run from the entry.
+    bytes_per_unit: usize,
+    /// Steps per value: [`VALUE_COST`], or [`BOUNDED_VALUE_COST`] under the bounded rules.
+    value_cost: u64,
 }
 
 impl Default for Config {
@@ -76,6 +89,8 @@ impl Default for Config {
             decode_invalid: true,
             keep_buffer: true,
             deterministic: false,
+            bytes_per_unit: BYTES_PER_UNIT,
+            value_cost: VALUE_COST,
         }
     }
 }
@@ -102,6 +117,8 @@ fn user<T>(msg: impl Into<String>) -> Res<T> {
 struct Meter<'a> {
     budget: &'a Budget,
     pending: u64,
+    bytes_per_unit: usize,
+    value_cost: u64,
 }
 
 impl Meter<'_> {
@@ -113,8 +130,13 @@ impl Meter<'_> {
         Ok(())
     }
 
+    /// One value encoded or decoded, one table entry scanned or key sorted.
+    fn value(&mut self) -> mlua::Result<()> {
+        self.tick(self.value_cost)
+    }
+
     fn bytes(&mut self, n: usize) -> mlua::Result<()> {
-        self.tick((n / BYTES_PER_UNIT) as u64)
+        self.tick((n / self.bytes_per_unit) as u64)
     }
 
     fn flush(&mut self) -> mlua::Result<()> {
@@ -139,6 +161,8 @@ pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<(Table, Se
                 let mut meter = Meter {
                     budget: &budget,
                     pending: 0,
+                    bytes_per_unit: c.bytes_per_unit,
+                    value_cost: c.value_cost,
                 };
                 let r = encode_fn(lua, &c, &mut meter, args);
                 meter.flush()?;
@@ -155,6 +179,8 @@ pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<(Table, Se
                 let mut meter = Meter {
                     budget: &budget,
                     pending: 0,
+                    bytes_per_unit: c.bytes_per_unit,
+                    value_cost: c.value_cost,
                 };
                 let r = decode_fn(lua, &c, &mut meter, args);
                 meter.flush()?;
@@ -244,10 +270,20 @@ pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<(Table, Se
 pub(super) struct Settings(Arc<Mutex<Config>>);
 
 impl Settings {
-    /// lua-cjson's defaults, under the entry's rules (`deterministic`).
-    pub(super) fn reset(&self, deterministic: bool) {
+    /// lua-cjson's defaults, under the entry's rules (`deterministic`, `bounded`).
+    pub(super) fn reset(&self, deterministic: bool, bounded: bool) {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Config {
             deterministic,
+            bytes_per_unit: if bounded {
+                BOUNDED_BYTES_PER_UNIT
+            } else {
+                BYTES_PER_UNIT
+            },
+            value_cost: if bounded {
+                BOUNDED_VALUE_COST
+            } else {
+                VALUE_COST
+            },
             ..Config::default()
         };
     }
@@ -433,7 +469,7 @@ impl Encoder<'_, '_> {
         let mut pending = Some(value);
         loop {
             if let Some(v) = pending.take() {
-                self.meter.tick(VALUE_COST)?;
+                self.meter.value()?;
                 match v {
                     LV::Table(t) => {
                         let depth = stack.len() + 1;
@@ -506,7 +542,7 @@ impl Encoder<'_, '_> {
         let (mut max, mut items, mut array) = (0.0f64, 0u64, true);
         for pair in t.pairs::<LV, LV>() {
             let (k, _) = pair?;
-            self.meter.tick(VALUE_COST)?;
+            self.meter.value()?;
             let k = match k {
                 LV::Integer(i) => i as f64,
                 LV::Number(n) => n,
@@ -546,7 +582,7 @@ impl Encoder<'_, '_> {
         let mut held = 0usize;
         for pair in t.pairs::<LV, LV>() {
             let (k, _) = pair?;
-            self.meter.tick(VALUE_COST)?;
+            self.meter.value()?;
             let key = match k {
                 LV::String(s) => {
                     let b = s.as_bytes();
@@ -1132,7 +1168,7 @@ fn decode(lua: &Lua, cfg: &Config, meter: &mut Meter<'_>, p: &mut Parser<'_>) ->
     let mut stack: Vec<Open> = Vec::new();
     let mut tok = p.next();
     loop {
-        meter.tick(VALUE_COST)?;
+        meter.value()?;
         // `tok` starts a value.
         let mut value = match tok.tok {
             Tok::Str => LV::String(lua.create_string(&p.buf)?),

@@ -33,9 +33,6 @@ pub const COSTLY_SCRIPTS: &[&str] = &[
     "local t={} for i=1,100000 do t[i]=i end while true do table.maxn(t) end",
     "local t={} for i=1,100000 do t[i]=i end while true do table.foreachi(t, type) end",
     "local t={} for i=1,100000 do t[i]=tostring(i) end while true do table.sort(t) end",
-    // Number keys built to share one hash chain at every table size (the two halves of the
-    // double sum to one value): each insert and lookup walks the whole chain.
-    "local t={} for m=1,1000000 do t[1+(m*4294967296+1048576-m)/4503599627370496]=true end",
     // Balanced matching and a big replacement.
     "local s=string.rep('(',1000000) while true do s:find('%b()') end",
     "local s=string.rep('a',1000) local r=string.rep('%0',100000) while true do s:gsub('a', r) end",
