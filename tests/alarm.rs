@@ -14,7 +14,7 @@ mod support;
 use std::time::Duration;
 
 use fenced_proto::v1 as pb;
-use support::{follower_of, resp_connect, wait_for, TestCluster, LEADER_TIMEOUT, RESP_STEP};
+use support::{follower_of, resp_connect, resp_try, wait_for, TestCluster, LEADER_TIMEOUT};
 
 const METRICS_PORT: u16 = 9191;
 /// How long a diverged member may take to be fenced out (digests every 8 indexes, a check
@@ -30,19 +30,6 @@ fn enable_test_hooks() {
 
 async fn http_get(ip: &str, path: &str) -> Result<(u16, String), String> {
     support::http_get(ip, METRICS_PORT, path).await
-}
-
-/// One RESP command on node `id`: its reply, or the error text.
-async fn resp(c: &TestCluster, id: u64, args: &[&str]) -> Result<Option<String>, String> {
-    let mut con = resp_connect(c, id).await;
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    match tokio::time::timeout(RESP_STEP, cmd.query_async::<Option<String>>(&mut con)).await {
-        Err(_) => Err(format!("{args:?} on node {id}: no answer in {RESP_STEP:?}")),
-        Ok(r) => r.map_err(|e| e.to_string()),
-    }
 }
 
 /// `n` writes through node `via`, one after another (one log entry or so each).
@@ -79,7 +66,7 @@ async fn assert_fenced_out(c: &TestCluster, id: u64) {
         &["SET", "k-x", "v"][..],
         &["LOCK.ACQUIRE", "l", "o", "5000"][..],
     ] {
-        match resp(c, id, args).await {
+        match resp_try(c, id, args).await {
             Err(e) => assert!(e.contains("CORRUPT"), "{args:?} on node {id}: {e}"),
             Ok(v) => panic!("{args:?} on fenced-out node {id} answered {v:?}"),
         }
@@ -159,17 +146,20 @@ async fn a_diverged_follower_is_fenced_out_and_stays_out_across_a_restart() {
     // The others serve, and never had the diverged key.
     for id in [leader, healthy] {
         assert_eq!(
-            resp(&c, id, &["SET", "after", "1"]).await,
+            resp_try(&c, id, &["SET", "after", "1"]).await,
             Ok(Some("OK".into()))
         );
-        assert_eq!(resp(&c, id, &["GET", DIVERGED_KEY]).await, Ok(None));
-        assert_eq!(resp(&c, id, &["GET", "k-39"]).await, Ok(Some("v".into())));
+        assert_eq!(resp_try(&c, id, &["GET", DIVERGED_KEY]).await, Ok(None));
+        assert_eq!(
+            resp_try(&c, id, &["GET", "k-39"]).await,
+            Ok(Some("v".into()))
+        );
     }
     // The alarmed member still replicates the log: the cluster keeps its quorum if the
     // healthy follower goes.
     c.kill(healthy);
     assert_eq!(
-        resp(&c, leader, &["SET", "two-of-three", "1"]).await,
+        resp_try(&c, leader, &["SET", "two-of-three", "1"]).await,
         Ok(Some("OK".into()))
     );
     c.restart(healthy);
@@ -224,10 +214,10 @@ async fn a_diverged_leader_fences_itself_and_a_healthy_member_takes_over() {
     .await;
     assert_fenced_out(&c, 1).await;
     assert_eq!(
-        resp(&c, new, &["SET", "after", "1"]).await,
+        resp_try(&c, new, &["SET", "after", "1"]).await,
         Ok(Some("OK".into()))
     );
-    assert_eq!(resp(&c, new, &["GET", DIVERGED_KEY]).await, Ok(None));
+    assert_eq!(resp_try(&c, new, &["GET", DIVERGED_KEY]).await, Ok(None));
     // Node 1 never leads again.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_ne!(c.status_ok(1).await.state, "leader");

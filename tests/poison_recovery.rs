@@ -16,7 +16,7 @@ mod support;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{bin, resp_connect, run_bounded, wait_for, TestCluster, LEADER_TIMEOUT, RESP_STEP};
+use support::{bin, resp_connect, resp_try, run_bounded, wait_for, TestCluster, LEADER_TIMEOUT};
 
 const METRICS_PORT: u16 = 9193;
 /// `Semantics::ELECTIONS`: the newest rules before scripts' work was bounded.
@@ -60,19 +60,6 @@ async fn http_get(c: &TestCluster, id: u64, path: &str) -> Result<(u16, String),
     }
 }
 
-/// One RESP command on node `id`: its reply, or the error text.
-async fn resp(c: &TestCluster, id: u64, args: &[&str]) -> Result<Option<String>, String> {
-    let mut con = resp_connect(c, id).await;
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    match tokio::time::timeout(RESP_STEP, cmd.query_async::<Option<String>>(&mut con)).await {
-        Err(_) => Err(format!("{args:?} on node {id}: no answer in {RESP_STEP:?}")),
-        Ok(r) => r.map_err(|e| e.to_string()),
-    }
-}
-
 /// Write `before` = 1, then commit the poisoned `EVAL` through the leader (its client waits
 /// in a task of its own, for good). Returns the leader.
 async fn plant_poison(c: &TestCluster) -> u64 {
@@ -87,7 +74,7 @@ async fn plant_poison(c: &TestCluster) -> u64 {
     })
     .await;
     assert_eq!(
-        resp(c, leader, &["SET", "before", "1"]).await,
+        resp_try(c, leader, &["SET", "before", "1"]).await,
         Ok(Some("OK".into()))
     );
     c.wait_all_caught_up(leader, STEP).await;
@@ -273,17 +260,20 @@ async fn a_poisoned_entry_is_reported_and_quarantined_and_the_cluster_serves_aga
         .await;
     }
     assert_eq!(
-        resp(&c, leader, &["GET", "before"]).await,
+        resp_try(&c, leader, &["GET", "before"]).await,
         Ok(Some("1".into()))
     );
     assert_eq!(
-        resp(&c, leader, &["SET", "after", "2"]).await,
+        resp_try(&c, leader, &["SET", "after", "2"]).await,
         Ok(Some("OK".into()))
     );
     let applied = c.wait_all_caught_up(leader, STEP).await;
     assert!(applied > index);
     for id in c.ids() {
-        assert_eq!(resp(&c, id, &["GET", "after"]).await, Ok(Some("2".into())));
+        assert_eq!(
+            resp_try(&c, id, &["GET", "after"]).await,
+            Ok(Some("2".into()))
+        );
     }
 
     // Every replica holds the same state: digests of the stopped data dirs at one index.

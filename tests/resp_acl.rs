@@ -10,15 +10,13 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use support::{
-    follower_of, require, resp_cmd as cmd, resp_connect_with, run_bounded, within, TestCluster,
-    LEADER_TIMEOUT,
+    follower_of, require, resp_cmd as cmd, resp_connect_with, run_bounded, within, Raw,
+    TestCluster, LEADER_TIMEOUT, R,
 };
 
 const STEP: Duration = Duration::from_secs(20);
@@ -42,91 +40,6 @@ const NOPERM_CHANNEL: &str = "NOPERM No permissions to access a channel";
 
 fn noperm(user: &str, cmd: &str) -> String {
     format!("NOPERM User {user} has no permissions to run the '{cmd}' command")
-}
-
-/// A RESP reply as the raw client reads it.
-#[derive(Debug, Clone, PartialEq)]
-enum R {
-    Status(String),
-    Err(String),
-    Int(i64),
-    Bulk(Option<String>),
-    Array(Option<Vec<R>>),
-    Map(Vec<(R, R)>),
-    Null,
-}
-
-impl R {
-    fn bulk(s: &str) -> R {
-        R::Bulk(Some(s.to_owned()))
-    }
-    fn err(s: &str) -> R {
-        R::Err(s.to_owned())
-    }
-}
-
-/// A blocking RESP client that shows replies exactly as sent (error texts included).
-struct Raw {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
-}
-
-impl Raw {
-    fn connect(addr: &str) -> Raw {
-        let deadline = Instant::now() + STEP;
-        let stream = loop {
-            match TcpStream::connect(addr) {
-                Ok(s) => break s,
-                Err(e) if Instant::now() > deadline => panic!("connecting to {addr}: {e}"),
-                Err(_) => std::thread::sleep(Duration::from_millis(100)),
-            }
-        };
-        stream.set_read_timeout(Some(STEP)).expect("read timeout");
-        Raw {
-            reader: BufReader::new(stream.try_clone().expect("clone")),
-            writer: stream,
-        }
-    }
-
-    fn send(&mut self, args: &[&str]) -> R {
-        let mut req = format!("*{}\r\n", args.len()).into_bytes();
-        for a in args {
-            req.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
-        }
-        self.writer.write_all(&req).expect("write");
-        self.read()
-    }
-
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.reader.read_line(&mut l).expect("read");
-        assert!(l.ends_with("\r\n"), "truncated reply line {l:?}");
-        l.truncate(l.len() - 2);
-        l
-    }
-
-    fn read(&mut self) -> R {
-        let l = self.line();
-        let (kind, rest) = l.split_at(1);
-        let n = || rest.parse::<i64>().expect("a length");
-        match kind {
-            "+" => R::Status(rest.into()),
-            "-" => R::Err(rest.into()),
-            ":" => R::Int(n()),
-            "_" => R::Null,
-            "$" if n() < 0 => R::Bulk(None),
-            "$" => {
-                let mut buf = vec![0; n() as usize + 2];
-                self.reader.read_exact(&mut buf).expect("bulk");
-                buf.truncate(buf.len() - 2);
-                R::Bulk(Some(String::from_utf8_lossy(&buf).into_owned()))
-            }
-            "*" | ">" if n() < 0 => R::Array(None),
-            "*" | ">" => R::Array(Some((0..n()).map(|_| self.read()).collect())),
-            "%" => R::Map((0..n()).map(|_| (self.read(), self.read())).collect()),
-            other => panic!("unexpected reply type {other:?} in {l:?}"),
-        }
-    }
 }
 
 async fn connect_as(c: &TestCluster, id: u64, user: &str, pass: &str) -> MultiplexedConnection {

@@ -9,7 +9,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::{
-    follower_of, resp_cmd as cmd, resp_connect_with, wait_for, within, TestCluster, LEADER_TIMEOUT,
+    follower_of, resp_cmd as cmd, resp_connect_with, within, TestCluster, LEADER_TIMEOUT,
 };
 
 /// `Semantics::BOUNDED`: every script's work bounded.
@@ -38,19 +38,7 @@ async fn pattern_scripts_stop_and_every_node_keeps_answering() {
     // Until the leader has heard which rules every member runs (its first check round), it
     // stamps older ones, under which these scripts still run unbounded (docs/operations.md,
     // "Scripts").
-    wait_for(
-        "the leader stamping the bounded rules",
-        LEADER_TIMEOUT,
-        || async {
-            let s = c.status_ok(leader).await;
-            if s.semantics >= BOUNDED {
-                Ok(())
-            } else {
-                Err(format!("stamps {}", s.semantics))
-            }
-        },
-    )
-    .await;
+    c.wait_for_stamp(leader, BOUNDED).await;
     let follower = follower_of(leader);
     let mut bob = resp_connect_with(&c, follower, Some(("bob", "bobpw"))).await;
     for (i, script) in PATTERNS.iter().enumerate() {

@@ -82,15 +82,7 @@ async fn a_session_belongs_to_its_user_on_every_protocol() {
     });
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     // Only once the leader stamps the rules with session owners (its first check round).
-    support::wait_for("the leader stamping rules 8", LEADER_TIMEOUT, || async {
-        let s = c.status_ok(leader).await;
-        if s.semantics >= 8 {
-            Ok(())
-        } else {
-            Err(format!("stamps {}", s.semantics))
-        }
-    })
-    .await;
+    c.wait_for_stamp(leader, 8).await;
     let node = follower_of(leader);
 
     // --- RESP ---------------------------------------------------------------------------

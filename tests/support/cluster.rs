@@ -577,6 +577,24 @@ impl TestCluster {
         .await
     }
 
+    /// Wait until node `leader` stamps apply rules `at_least` or newer on its entries (it does
+    /// once its first check round has heard every member run them, `node/alarm.rs`).
+    pub async fn wait_for_stamp(&self, leader: u64, at_least: u32) {
+        super::wait::wait_for(
+            &format!("node {leader} stamping apply rules {at_least}"),
+            LEADER_TIMEOUT,
+            || async move {
+                let s = self.status_ok(leader).await;
+                if s.semantics >= at_least {
+                    Ok(())
+                } else {
+                    Err(format!("stamps {}", s.semantics))
+                }
+            },
+        )
+        .await;
+    }
+
     /// Wait until a leader other than `old` is agreed on (by a majority, in one term): after
     /// `old` was cut off, the other side has elected one of its own. Returns its id.
     pub async fn wait_for_leader_other_than(&self, old: u64, timeout: Duration) -> u64 {

@@ -71,3 +71,17 @@ pub async fn resp_cmd_err(con: &mut redis::aio::MultiplexedConnection, args: &[&
         Err(e) => e.to_string(),
     }
 }
+
+/// One command on node `id` as the default user, bounded by [`RESP_STEP`]: its reply (a
+/// bulk string or nil), or the error text — for tests that expect refusals too.
+pub async fn resp_try(c: &TestCluster, id: u64, args: &[&str]) -> Result<Option<String>, String> {
+    let mut con = resp_connect(c, id).await;
+    let mut cmd = redis::cmd(args[0]);
+    for a in &args[1..] {
+        cmd.arg(*a);
+    }
+    match tokio::time::timeout(RESP_STEP, cmd.query_async::<Option<String>>(&mut con)).await {
+        Err(_) => Err(format!("{args:?} on node {id}: no answer in {RESP_STEP:?}")),
+        Ok(r) => r.map_err(|e| e.to_string()),
+    }
+}
