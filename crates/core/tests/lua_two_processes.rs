@@ -6,7 +6,8 @@
 //! processes have different heap addresses (ASLR, and a different allocation history), so any
 //! address a script can observe ends up in the state differently.
 
-use std::process::Command as Process;
+#[path = "support/child.rs"]
+mod child;
 
 use fenced_core::kv::KvCommand;
 use fenced_core::{Batch, Command, Request, RequestId, StateMachine};
@@ -96,27 +97,12 @@ fn replicas_in_two_processes_store_the_same_bytes() {
         println!("\n{MARK}{}", hex(&mine.to_bytes()));
         return;
     }
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = Process::new(exe)
-        .args([
-            "--exact",
-            "replicas_in_two_processes_store_the_same_bytes",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .expect("the child test process runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let theirs = child::rerun_marked(
+        "replicas_in_two_processes_store_the_same_bytes",
+        CHILD,
+        MARK,
     );
-    let theirs = stdout
-        .lines()
-        .find_map(|l| l.split_once(MARK).map(|(_, state)| state.trim()))
-        .expect("the child printed its state");
+    let theirs = theirs.as_str();
     let ours = hex(&mine.to_bytes());
     if theirs != ours {
         let other =

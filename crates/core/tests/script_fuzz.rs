@@ -15,9 +15,11 @@
 //! charged work in C: the watchdog then fails on the first backtracking pattern (how the
 //! fuzzer shows it can fail).
 
-use std::process::Command as Process;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+#[path = "support/child.rs"]
+mod child;
 
 use fenced_core::kv::{KvCommand, Reply};
 use fenced_core::{Batch, Command, Request, RequestId, Semantics, StateMachine};
@@ -227,27 +229,11 @@ fn generated_scripts_stop_and_agree_across_interpreters_and_processes() {
         "reused and rebuilt interpreters differ"
     );
     // Another process: another address layout and allocation history.
-    let exe = std::env::current_exe().expect("the test binary's path");
-    let out = Process::new(exe)
-        .args([
-            "--exact",
-            "generated_scripts_stop_and_agree_across_interpreters_and_processes",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(CHILD, "1")
-        .output()
-        .expect("the child test process runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "child failed: {stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let theirs = child::rerun_marked(
+        "generated_scripts_stop_and_agree_across_interpreters_and_processes",
+        CHILD,
+        MARK,
     );
-    let theirs = stdout
-        .lines()
-        .find_map(|l| l.split_once(MARK).map(|(_, d)| d.trim().to_owned()))
-        .expect("the child printed its digest");
     assert_eq!(
         theirs,
         fresh.digest().to_string(),
