@@ -69,11 +69,9 @@ struct Config {
     /// number or boolean is refused before its keys are looked at in (address-dependent)
     /// order. Not a lua-cjson setting: set per run from the entry.
     deterministic: bool,
-    /// Bytes per step charged: [`BYTES_PER_UNIT`], or [`BOUNDED_BYTES_PER_UNIT`] under the
-    /// bounded rules. Set per run from the entry.
-    bytes_per_unit: usize,
-    /// Steps per value: [`VALUE_COST`], or [`BOUNDED_VALUE_COST`] under the bounded rules.
-    value_cost: u64,
+    /// The entry's rules bound every script's work ([`crate::Semantics::BOUNDED`]): values
+    /// and bytes are charged at the bounded rates. Set per run from the entry.
+    bounded: bool,
 }
 
 impl Default for Config {
@@ -89,8 +87,7 @@ impl Default for Config {
             decode_invalid: true,
             keep_buffer: true,
             deterministic: false,
-            bytes_per_unit: BYTES_PER_UNIT,
-            value_cost: VALUE_COST,
+            bounded: false,
         }
     }
 }
@@ -117,8 +114,7 @@ fn user<T>(msg: impl Into<String>) -> Res<T> {
 struct Meter<'a> {
     budget: &'a Budget,
     pending: u64,
-    bytes_per_unit: usize,
-    value_cost: u64,
+    bounded: bool,
 }
 
 impl Meter<'_> {
@@ -132,11 +128,20 @@ impl Meter<'_> {
 
     /// One value encoded or decoded, one table entry scanned or key sorted.
     fn value(&mut self) -> mlua::Result<()> {
-        self.tick(self.value_cost)
+        self.tick(if self.bounded {
+            BOUNDED_VALUE_COST
+        } else {
+            VALUE_COST
+        })
     }
 
     fn bytes(&mut self, n: usize) -> mlua::Result<()> {
-        self.tick((n / self.bytes_per_unit) as u64)
+        let per_unit = if self.bounded {
+            BOUNDED_BYTES_PER_UNIT
+        } else {
+            BYTES_PER_UNIT
+        };
+        self.tick((n / per_unit) as u64)
     }
 
     fn flush(&mut self) -> mlua::Result<()> {
@@ -161,8 +166,7 @@ pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<(Table, Se
                 let mut meter = Meter {
                     budget: &budget,
                     pending: 0,
-                    bytes_per_unit: c.bytes_per_unit,
-                    value_cost: c.value_cost,
+                    bounded: c.bounded,
                 };
                 let r = encode_fn(lua, &c, &mut meter, args);
                 meter.flush()?;
@@ -179,8 +183,7 @@ pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<(Table, Se
                 let mut meter = Meter {
                     budget: &budget,
                     pending: 0,
-                    bytes_per_unit: c.bytes_per_unit,
-                    value_cost: c.value_cost,
+                    bounded: c.bounded,
                 };
                 let r = decode_fn(lua, &c, &mut meter, args);
                 meter.flush()?;
@@ -274,16 +277,7 @@ impl Settings {
     pub(super) fn reset(&self, deterministic: bool, bounded: bool) {
         *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Config {
             deterministic,
-            bytes_per_unit: if bounded {
-                BOUNDED_BYTES_PER_UNIT
-            } else {
-                BYTES_PER_UNIT
-            },
-            value_cost: if bounded {
-                BOUNDED_VALUE_COST
-            } else {
-                VALUE_COST
-            },
+            bounded,
             ..Config::default()
         };
     }
