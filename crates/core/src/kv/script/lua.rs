@@ -8,17 +8,19 @@
 //!   just started (or installed a snapshot) has — see *Why reuse is deterministic* below.
 //! * `math.random`/`math.randomseed` are a xorshift PRNG seeded from the command's revision at the
 //!   start of every run, so every replica draws the same numbers.
-//! * Budgets are counted, never timed: [`LUA_STEP_BUDGET`] steps (checked every 10 000, in
-//!   coroutines the script creates too) and [`LUA_MEMORY_LIMIT`] bytes on top of the idle VM.
-//!   Both start from zero at every run. Once over budget, neither `pcall`/`xpcall` nor
-//!   `coroutine.resume` can swallow the error. A step is a VM instruction or, under the
-//!   bounded rules ([`crate::Semantics::BOUNDED`]), a unit of work Lua did in C — pattern
-//!   matching, searching, comparing, converting, copying, allocating, walking a hash chain:
-//!   the patched Lua (`third_party/lua-src`, its README has the rates) charges it to the count
-//!   hook's counter while [`charging::On`] is alive, which is the run's `resume` only — and a
-//!   `redis.call` reply, by its size ([`reply_cost`]). So no script, whatever it does, runs
-//!   for longer than the budget allows (docs/operations.md, "Scripts", has the pause). Older
-//!   entries keep [`LUA_INSTRUCTION_BUDGET`] instructions and no charge for work in C.
+//! * Budgets are counted, never timed: [`LUA_STEP_BUDGET`](crate::kv::LUA_STEP_BUDGET) steps
+//!   (checked every 10 000, in coroutines the script creates too) and [`LUA_MEMORY_LIMIT`]
+//!   bytes on top of the idle VM. Both start from zero at every run. Once over budget,
+//!   neither `pcall`/`xpcall` nor `coroutine.resume` can swallow the error. A step is a VM
+//!   instruction or, under the bounded rules ([`crate::Semantics::BOUNDED`]), a unit of work
+//!   Lua did in C — pattern matching, searching, comparing, converting, building strings, new
+//!   strings and tables, C calls: the patched Lua (`third_party/lua-src`, its README has the
+//!   rates) charges it to the count hook's counter while `rules::charging::On` is alive,
+//!   which is the run's `resume` only — and a `redis.call`, by its arguments and reply
+//!   (`rules.rs`). So no script runs for longer than the budget allows (docs/operations.md,
+//!   "Scripts", has the pause and the one gap left). Older entries keep
+//!   [`LUA_INSTRUCTION_BUDGET`](crate::kv::LUA_INSTRUCTION_BUDGET) instructions and no charge
+//!   for work in C.
 //! * `redis.call`/`redis.pcall` run the keyspace interpreter directly, with Redis's RESP2 ↔ Lua
 //!   conversions. `TIME` is the entry's log time.
 //! * `cjson` (encode/decode/null and lua-cjson's settings) as Redis bundles it, implemented in
@@ -119,98 +121,10 @@ use mlua::{
 
 use super::budget::Budget;
 use super::cjson;
+use super::rules::{busy, call_cost, charging, reply_cost, Rules};
 use crate::kv::args::fmt_f64;
 use crate::kv::error::KvError;
-use crate::kv::types::{
-    Bytes, Reply, LUA_CACHE_BYTES, LUA_CACHE_SCRIPTS, LUA_INSTRUCTION_BUDGET, LUA_MEMORY_LIMIT,
-    LUA_STEP_BUDGET,
-};
-
-/// The rules a run follows, from the entry's [`crate::Semantics`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Rules {
-    /// Nothing a script sees shows an address ([`crate::Semantics::deterministic`]).
-    pub(crate) deterministic: bool,
-    /// Work in C is charged, the budget is [`LUA_STEP_BUDGET`] steps
-    /// ([`crate::Semantics::bounded`]); else [`LUA_INSTRUCTION_BUDGET`] instructions.
-    pub(crate) bounded: bool,
-}
-
-impl Rules {
-    /// The rules of `semantics`.
-    pub(crate) fn of(semantics: crate::Semantics) -> Rules {
-        Rules {
-            deterministic: semantics.deterministic(),
-            bounded: semantics.bounded(),
-        }
-    }
-
-    fn budget(self) -> u64 {
-        if self.bounded {
-            LUA_STEP_BUDGET
-        } else {
-            LUA_INSTRUCTION_BUDGET
-        }
-    }
-}
-
-/// The budget's charge for one `redis.call` under the bounded rules, on top of its reply's
-/// ([`reply_cost`]): the command's own run through the keyspace and the conversions (~1 µs
-/// for a `SET` or an `INCR` here, about 100 steps' worth; found by the script fuzzer: a loop
-/// of `SET` and `INCR` paused 0.17 s at one step per call), plus a step per 64 bytes of
-/// arguments. So a script makes at most ~50,000 calls.
-const REDIS_CALL_STEPS: u64 = 100;
-
-fn call_cost(cmd: &[Bytes]) -> u64 {
-    REDIS_CALL_STEPS + cmd.iter().map(|a| a.len() as u64).sum::<u64>() / 64
-}
-
-/// The budget's charge for a `redis.call`'s reply under the bounded rules: one step, one per
-/// element and one per 64 bytes (what converting it into Lua values costs, and a bound on the
-/// work of the command that made it).
-fn reply_cost(r: &Reply) -> u64 {
-    match r {
-        Reply::Bulk(b) => 1 + b.len() as u64 / 64,
-        Reply::Double(s) | Reply::Status(s) | Reply::Error(s) => 1 + s.len() as u64 / 64,
-        Reply::Array(items) => 1 + items.iter().map(reply_cost).sum::<u64>(),
-        Reply::Map(pairs) => {
-            1 + pairs
-                .iter()
-                .map(|(k, v)| reply_cost(k) + reply_cost(v))
-                .sum::<u64>()
-        }
-        _ => 1,
-    }
-}
-
-mod charging {
-    //! The switch of the patched Lua's work charging (third_party/README.md): while on, the
-    //! work Lua's C code does on this thread is charged to the count hook.
-    use std::ffi::c_int;
-
-    extern "C" {
-        fn lua_fenced_charging(on: c_int);
-    }
-
-    /// Charging is on while this lives (on this thread); off again when dropped, whatever
-    /// way the run ends.
-    pub(super) struct On(());
-
-    impl On {
-        pub(super) fn new() -> On {
-            // SAFETY: sets a thread-local int in the patched Lua; no other state touched.
-            unsafe { lua_fenced_charging(1) };
-            On(())
-        }
-    }
-
-    impl Drop for On {
-        fn drop(&mut self) {
-            // SAFETY: as above.
-            unsafe { lua_fenced_charging(0) };
-        }
-    }
-}
+use crate::kv::types::{Bytes, Reply, LUA_CACHE_BYTES, LUA_CACHE_SCRIPTS, LUA_MEMORY_LIMIT};
 
 /// Deepest reply nesting converted between Lua and RESP.
 const MAX_DEPTH: usize = 64;
@@ -600,19 +514,6 @@ impl Vm {
         self.normalize.call::<()>(&self.pad)?;
         self.lua.gc_collect()?;
         Ok(self.lua.used_memory())
-    }
-}
-
-/// The reply of a run stopped by its budget.
-fn busy(sha: &str, rules: Rules) -> Reply {
-    if rules.bounded {
-        Reply::err(format!(
-            "BUSY script exceeded the budget of {LUA_STEP_BUDGET} steps (Lua instructions and the work of library functions) and was stopped (earlier writes stay) script: {sha}"
-        ))
-    } else {
-        Reply::err(format!(
-            "BUSY script exceeded the budget of {LUA_INSTRUCTION_BUDGET} instructions and was stopped (earlier writes stay) script: {sha}"
-        ))
     }
 }
 

@@ -6,10 +6,12 @@ mod budget;
 mod cjson;
 mod costly;
 mod lua;
+mod rules;
 
 pub use costly::COSTLY_SCRIPTS;
 
-pub(crate) use lua::{compile_check, run, sha1hex, LuaCache, Rules};
+pub(crate) use lua::{compile_check, run, sha1hex, LuaCache};
+pub(crate) use rules::Rules;
 
 #[cfg(test)]
 mod bounded_tests;

@@ -1,0 +1,105 @@
+//! What the entry's rules make a script run do: the size of its budget, the switch that
+//! charges Lua's work in C to it (the patched Lua, third_party/README.md), what a
+//! `redis.call` costs, and the reply of a run its budget stopped. `lua.rs` runs scripts by
+//! these.
+
+use crate::kv::types::{Bytes, Reply, LUA_INSTRUCTION_BUDGET, LUA_STEP_BUDGET};
+
+/// The rules a run follows, from the entry's [`crate::Semantics`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Rules {
+    /// Nothing a script sees shows an address ([`crate::Semantics::deterministic`]).
+    pub(crate) deterministic: bool,
+    /// Work in C is charged, the budget is [`LUA_STEP_BUDGET`] steps
+    /// ([`crate::Semantics::bounded`]); else [`LUA_INSTRUCTION_BUDGET`] instructions.
+    pub(crate) bounded: bool,
+}
+
+impl Rules {
+    /// The rules of `semantics`.
+    pub(crate) fn of(semantics: crate::Semantics) -> Rules {
+        Rules {
+            deterministic: semantics.deterministic(),
+            bounded: semantics.bounded(),
+        }
+    }
+
+    pub(super) fn budget(self) -> u64 {
+        if self.bounded {
+            LUA_STEP_BUDGET
+        } else {
+            LUA_INSTRUCTION_BUDGET
+        }
+    }
+}
+
+/// The budget's charge for one `redis.call` under the bounded rules, on top of its reply's
+/// ([`reply_cost`]): the command's own run through the keyspace and the conversions (~1 µs
+/// for a `SET` or an `INCR` here, about 100 steps' worth; found by the script fuzzer: a loop
+/// of `SET` and `INCR` paused 0.17 s at one step per call), plus a step per 64 bytes of
+/// arguments. So a script makes at most ~50,000 calls.
+const REDIS_CALL_STEPS: u64 = 100;
+
+pub(super) fn call_cost(cmd: &[Bytes]) -> u64 {
+    REDIS_CALL_STEPS + cmd.iter().map(|a| a.len() as u64).sum::<u64>() / 64
+}
+
+/// The budget's charge for a `redis.call`'s reply under the bounded rules: one step, one per
+/// element and one per 64 bytes (what converting it into Lua values costs, and a bound on the
+/// work of the command that made it).
+pub(super) fn reply_cost(r: &Reply) -> u64 {
+    match r {
+        Reply::Bulk(b) => 1 + b.len() as u64 / 64,
+        Reply::Double(s) | Reply::Status(s) | Reply::Error(s) => 1 + s.len() as u64 / 64,
+        Reply::Array(items) => 1 + items.iter().map(reply_cost).sum::<u64>(),
+        Reply::Map(pairs) => {
+            1 + pairs
+                .iter()
+                .map(|(k, v)| reply_cost(k) + reply_cost(v))
+                .sum::<u64>()
+        }
+        _ => 1,
+    }
+}
+
+pub(super) mod charging {
+    //! The switch of the patched Lua's work charging (third_party/README.md): while on, the
+    //! work Lua's C code does on this thread is charged to the count hook.
+    use std::ffi::c_int;
+
+    extern "C" {
+        fn lua_fenced_charging(on: c_int);
+    }
+
+    /// Charging is on while this lives (on this thread); off again when dropped, whatever
+    /// way the run ends.
+    pub(in crate::kv::script) struct On(());
+
+    impl On {
+        pub(in crate::kv::script) fn new() -> On {
+            // SAFETY: sets a thread-local int in the patched Lua; no other state touched.
+            unsafe { lua_fenced_charging(1) };
+            On(())
+        }
+    }
+
+    impl Drop for On {
+        fn drop(&mut self) {
+            // SAFETY: as above.
+            unsafe { lua_fenced_charging(0) };
+        }
+    }
+}
+
+/// The reply of a run stopped by its budget.
+pub(super) fn busy(sha: &str, rules: Rules) -> Reply {
+    if rules.bounded {
+        Reply::err(format!(
+            "BUSY script exceeded the budget of {LUA_STEP_BUDGET} steps (Lua instructions and the work of library functions) and was stopped (earlier writes stay) script: {sha}"
+        ))
+    } else {
+        Reply::err(format!(
+            "BUSY script exceeded the budget of {LUA_INSTRUCTION_BUDGET} instructions and was stopped (earlier writes stay) script: {sha}"
+        ))
+    }
+}
