@@ -1,5 +1,7 @@
-//! Subcommands of `fenced` that are not `serve`, each in its own module.
+//! Subcommands of `fenced` that are not `serve`, each in its own module, and `serve`'s
+//! signal handling (`signals`).
 
 pub mod debug;
 pub mod etcd;
+pub mod signals;
 pub mod snapshot;
