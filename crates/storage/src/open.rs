@@ -143,8 +143,7 @@ pub(crate) fn open_checked(
     // Acted on below (the WAL's tail after `recorded` is cut durably): made durable first.
     hard.rewrite()?;
     let last_purged = purged_file.value();
-    let recorded = hard.value().last_log_id;
-    let wal = wal::Wal::open_on(fs, dir, recorded, last_purged.map(|l| l.index))?;
+    let wal = wal::Wal::open_on(fs, dir, &mut hard, last_purged.map(|l| l.index))?;
 
     let snapshots = snapshot::SnapshotStore::open_on(fs, dir)?;
     let state = match snapshots.current()? {

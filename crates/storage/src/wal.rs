@@ -33,7 +33,10 @@
 //!   by about one `fdatasync`, so damage to the last round acknowledged right before a crash
 //!   would be cut too: see [`Flusher`] for that window.)
 //! * intact entries after `recorded` are kept, but written again and synced before the log
-//!   is used. They may be in the page cache only: after a failed `fdatasync` Linux marks the
+//!   is used, and then the hard state's record is raised to the log's end before the log is
+//!   served ([`Wal::open_on`]), so the trailing window closes at the restart instead of
+//!   lasting, on an idle node, until the next append round. They may be in the page cache
+//!   only: after a failed `fdatasync` Linux marks the
 //!   pages clean although they never reached the disk, so a restarted node reads them and a
 //!   later successful sync does not write them. Left so, the next append would record them
 //!   as durable, and a power loss would then take acknowledged entries away (found by

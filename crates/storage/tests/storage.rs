@@ -580,6 +580,39 @@ async fn truncate_lowers_the_recorded_end_so_a_restart_is_not_refused() {
     );
 }
 
+/// A crash can leave the hard state's record of the log's end behind the log (the recorder
+/// writes it about one sync after the acknowledgement). Opening rewrites the entries past it,
+/// and must raise the record before serving: an idle node would otherwise keep the trailing
+/// record across restarts, and damage to entries it acknowledged would read as a torn tail,
+/// cut instead of refused.
+#[tokio::test]
+async fn open_raises_a_trailing_record_of_the_log_end() {
+    use fenced_storage::hardstate::HardState;
+    let dir = TempDir::new().unwrap();
+    stored_history(dir.path()).await;
+    let fs = fenced_fs::os();
+    {
+        let mut hard = HardState::open_on(&*fs, dir.path()).unwrap().unwrap();
+        let mut value = hard.value().clone();
+        assert_eq!(value.last_log_id, Some(log_id(1, 6)));
+        value.last_log_id = Some(log_id(1, 3));
+        hard.write(value).unwrap();
+    }
+    {
+        let (mut log, _sm) = open(dir.path(), no_events()).unwrap();
+        assert_eq!(log.try_get_log_entries(..).await.unwrap(), history());
+        // Before any append: the record names the log's end.
+        let recorded = HardState::read_on(&*fs, dir.path()).unwrap().unwrap();
+        assert_eq!(recorded.last_log_id, Some(log_id(1, 6)), "{recorded:?}");
+    }
+    // An idle restart later, entry 5's record is damaged: refused, not cut as a torn tail.
+    poke_log(dir.path(), |records| {
+        let last = records[4].len() - 1;
+        records[4][last] ^= 0x40;
+    });
+    assert_refused(dir.path(), |_| true);
+}
+
 /// [`history`] as fenced wrote it before revisions (log format 1): one request per entry,
 /// tokens are log indexes (the release names token 3).
 fn legacy_history() -> Vec<Entry<LegacyTypeConfig>> {

@@ -34,7 +34,8 @@ use crate::{Io, StoreError};
 /// `fdatasync`. What that costs: damage to the entries of the very last round acknowledged
 /// before a crash, inside that trailing window, reads as a torn tail and is cut instead of
 /// refused — a window of one sync, for a fault (a disk losing synced data) that the record
-/// exists to catch everywhere else. [`Flusher::drain`] and dropping the flusher wait for the
+/// exists to catch everywhere else. A restart closes the window: [`Wal::open_on`](super::Wal::open_on)
+/// raises the record to the log's end before anything is served. [`Flusher::drain`] and dropping the flusher wait for the
 /// recorder, so a clean stop leaves the record complete.
 ///
 /// With [`Io::Inline`] [`Flusher::sync`] runs the round at once over the one append, in the

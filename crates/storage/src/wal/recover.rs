@@ -11,6 +11,7 @@ use openraft::LogId;
 
 use super::segment::{segment_name, Segment};
 use super::{remove_segment, Wal, DIR, FILE_VERSION, HEADER, MAGIC};
+use crate::hardstate::HardState;
 use crate::StoreError;
 
 /// What [`Wal::open`] found wrong at some point of the log.
@@ -24,20 +25,43 @@ struct Problem {
 }
 
 impl Wal {
-    /// [`Wal::open_on`] on the real file system.
+    /// [`Wal::check_on`] on the real file system.
     #[cfg(test)]
     pub(crate) fn open(
         data_dir: &Path,
         recorded: Option<LogId<NodeId>>,
         purged: Option<u64>,
     ) -> Result<Wal, StoreError> {
-        Wal::open_on(&fenced_fs::os(), data_dir, recorded, purged)
+        Wal::check_on(&fenced_fs::os(), data_dir, recorded, purged)
+    }
+
+    /// Open (or create) the log in `data_dir` on `fs` ([`Wal::check_on`] against the log end
+    /// `hard` records; `purged` is the last purged index), then raise that record to the
+    /// log's end before anything is served. The entries past the record were written again
+    /// and synced, and the segments' names too: they are durable, and the record says so now
+    /// rather than at the next append round. Left trailing, an idle node would keep it across
+    /// restarts, and damage to entries it had acknowledged would read as a torn tail, cut
+    /// instead of refused.
+    pub fn open_on(
+        fs: &Arc<dyn Fs>,
+        data_dir: &Path,
+        hard: &mut HardState,
+        purged: Option<u64>,
+    ) -> Result<Wal, StoreError> {
+        let wal = Wal::check_on(fs, data_dir, hard.value().last_log_id, purged)?;
+        let recorded = hard.value().last_log_id;
+        if wal.last.map(|l| l.index) > recorded.map(|r| r.index) {
+            let mut value = hard.value().clone();
+            value.last_log_id = wal.last;
+            hard.write(value)?;
+        }
+        Ok(wal)
     }
 
     /// Open (or create) the log in `data_dir` on `fs`, checking every record. `recorded` is
     /// the last log id the hard state says this node made durable; `purged` the last purged
-    /// index.
-    pub fn open_on(
+    /// index. The record itself is left as it is ([`Wal::open_on`] raises it).
+    pub(crate) fn check_on(
         fs: &Arc<dyn Fs>,
         data_dir: &Path,
         recorded: Option<LogId<NodeId>>,
@@ -377,14 +401,14 @@ mod tests {
         });
         let fs: Arc<dyn Fs> = Arc::new(disk.clone());
         fs.create_dir_all(dir.path()).expect("mkdir");
-        let mut wal = Wal::open_on(&fs, dir.path(), None, None).expect("create");
+        let mut wal = Wal::check_on(&fs, dir.path(), None, None).expect("create");
         wal.append([blank(1, 1)]).expect("append");
         for seg in &wal.segments {
             seg.file.sync_data().expect("sync");
         }
         drop(wal);
         // Entries 2 and 3 are written, and their fsync fails: in the cache, not on the disk.
-        let mut wal = Wal::open_on(&fs, dir.path(), id(1, 1), None).expect("open");
+        let mut wal = Wal::check_on(&fs, dir.path(), id(1, 1), None).expect("open");
         disk.set_faults(fenced_fs::DiskFaults {
             fsync_error: 1.0,
             page_survives: 0.0,
@@ -401,11 +425,11 @@ mod tests {
             ..Default::default()
         });
         // The restarted node still reads them; opening writes them again.
-        let wal = Wal::open_on(&fs, dir.path(), id(1, 1), None).expect("reopen");
+        let wal = Wal::check_on(&fs, dir.path(), id(1, 1), None).expect("reopen");
         assert_eq!(wal.last_log_id(), id(1, 3));
         drop(wal);
         disk.power_loss();
-        let wal = Wal::open_on(&fs, dir.path(), id(1, 3), None).expect("after a power loss");
+        let wal = Wal::check_on(&fs, dir.path(), id(1, 3), None).expect("after a power loss");
         assert_eq!(wal.last_log_id(), id(1, 3), "the entries reached the disk");
     }
 
