@@ -11,16 +11,15 @@
 
 pub mod apply_watch;
 pub mod grpc;
+mod http;
+mod observers;
 pub mod stages;
+
+pub use http::{serve, spawn_watchdog, watch_leader};
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
-use axum::routing::get;
-use axum::Router;
 use fenced_core::{Event, ReleaseReason, Response};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -29,15 +28,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
-use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 use crate::node::Node;
-
-/// How long `/ready` waits for the read barrier.
-const READY_TIMEOUT: Duration = Duration::from_secs(1);
-/// `/metrics` renders that may wait for the state at once (see [`Metrics::renders`]).
-const MAX_RENDERS: usize = 4;
 
 /// The node's metrics. Cheap to share (`Arc`).
 pub struct Metrics {
@@ -47,7 +39,7 @@ pub struct Metrics {
     /// The entry being applied and since when: is apply stuck? (`/health`, the watchdog).
     pub apply: apply_watch::ApplyWatch,
     /// `/metrics` renders in flight (each on a blocking thread: a hung apply holds the lock
-    /// the state's gauges read), at most [`MAX_RENDERS`].
+    /// the state's gauges read), at most [`http::MAX_RENDERS`].
     renders: std::sync::atomic::AtomicUsize,
     /// Commands that reached the proposer on this node while it led, and how they ended.
     pub proposals_committed: Counter,
@@ -576,250 +568,4 @@ struct CommandLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Peer {
     peer: u64,
-}
-
-impl fenced_resp::CommandObserver for Metrics {
-    fn command(&self, command: &'static str, ok: bool, took: Duration) {
-        self.resp.record(command, ok, took.as_secs_f64());
-    }
-
-    fn input_refused(&self, reason: &'static str) {
-        self.resp_input_closed
-            .get_or_create(&Reason {
-                reason: reason.to_string(),
-            })
-            .inc();
-    }
-}
-
-impl fenced_storage::StorageObserver for Metrics {
-    fn wal_fsync(&self, took: Duration) {
-        self.wal_fsync.observe(took.as_secs_f64());
-    }
-
-    fn wal_append(&self, took: Duration) {
-        self.wal_append.observe(took.as_secs_f64());
-    }
-
-    fn snapshot_built(&self, bytes: u64, took: Duration) {
-        self.snapshots.inc();
-        self.snapshot_bytes
-            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
-        self.snapshot_seconds.observe(took.as_secs_f64());
-    }
-
-    fn log_written(&self, first: u64, last: u64) {
-        self.stages.written(first, last);
-    }
-
-    fn log_synced(&self, last: u64) {
-        self.stages.synced(last);
-    }
-
-    fn log_recorded(&self, last: u64) {
-        self.stages.recorded(last);
-    }
-
-    fn applying(&self, index: u64) {
-        self.apply.applying(index);
-        self.stages.applying(index);
-    }
-
-    fn applied(&self, index: u64) {
-        self.apply.applied(index);
-        self.stages.applied(index);
-    }
-}
-
-impl fenced_network::PeerObserver for Metrics {
-    fn round_trip(&self, peer: fenced_raft_types::NodeId, took: Duration) {
-        self.peer_rtt
-            .get_or_create(&Peer { peer })
-            .observe(took.as_secs_f64());
-    }
-
-    fn entries_acked(&self, peer: fenced_raft_types::NodeId, last: u64) {
-        self.stages.acked(peer, last);
-    }
-
-    fn append_answered(&self, first: u64, last: u64, received: std::time::Instant) {
-        self.stages.follower_answered(first, last, received);
-    }
-}
-
-/// Start the node's watchdog thread, with a runtime of its own: it logs a stuck apply
-/// ([`apply_watch::warn_while_stuck`]) and serves `/metrics`, `/health` and `/ready` on
-/// `listener` (if any) until `shutdown`. Not on the node's runtime, so that a hung apply —
-/// which holds one of its workers, and the state lock other workers then wait for — cannot
-/// silence `/health` or the log line naming the stuck index.
-pub fn spawn_watchdog(
-    node: Node,
-    listener: Option<std::net::TcpListener>,
-    shutdown: watch::Receiver<bool>,
-) -> std::io::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    std::thread::Builder::new()
-        .name("fenced-watchdog".into())
-        .spawn(move || {
-            rt.block_on(async move {
-                let mut stop_rx = shutdown.clone();
-                let stop = async move {
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                };
-                let warn = apply_watch::warn_while_stuck(&node.metrics().apply, stop);
-                let listener = listener.map(TcpListener::from_std).transpose();
-                match listener {
-                    Ok(Some(l)) => {
-                        tokio::join!(warn, serve(node.clone(), l, shutdown));
-                    }
-                    Ok(None) => warn.await,
-                    Err(e) => {
-                        tracing::error!("metrics listener failed: {e}");
-                        warn.await
-                    }
-                }
-            });
-            // A render still waiting for a hung apply must not hold this thread.
-            rt.shutdown_background();
-        })?;
-    Ok(())
-}
-
-/// Serve `/metrics`, `/health` and `/ready` on `listener` until `shutdown`.
-pub async fn serve(node: Node, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/health", get(health))
-        .route("/ready", get(ready))
-        .route("/debug/stages", get(debug_stages))
-        .with_state(node);
-    let stop = async move {
-        let _ = shutdown.wait_for(|s| *s).await;
-    };
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-    {
-        tracing::error!("metrics listener failed: {e}");
-    }
-}
-
-async fn metrics(
-    State(node): State<Node>,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    (
-        StatusCode::OK,
-        [(
-            "content-type",
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        render_off_thread(node).await,
-    )
-}
-
-/// [`Metrics::render`] on a blocking thread ([`Metrics::renders`]).
-async fn render_off_thread(node: Node) -> String {
-    use std::sync::atomic::Ordering;
-    let m = node.metrics().clone();
-    if m.renders.fetch_add(1, Ordering::AcqRel) >= MAX_RENDERS {
-        m.renders.fetch_sub(1, Ordering::AcqRel);
-        let why = match m.apply.current() {
-            Some((index, took)) => apply_watch::describe(index, took),
-            None => "too many scrapes at once".to_owned(),
-        };
-        return format!("# metrics unavailable: {why}\n# EOF\n");
-    }
-    let rendered = tokio::task::spawn_blocking(move || {
-        let out = node.metrics().render(&node);
-        node.metrics().renders.fetch_sub(1, Ordering::AcqRel);
-        out
-    })
-    .await;
-    rendered.unwrap_or_else(|e| format!("# metrics unavailable: {e}\n# EOF\n"))
-}
-
-/// `/debug/stages[?reset=1]`: the latency breakdown of sampled proposals as JSON
-/// ([`stages`]); `reset=1` empties it after reading.
-async fn debug_stages(
-    State(node): State<Node>,
-    Query(q): Query<HashMap<String, String>>,
-) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-    let reset = q.get("reset").is_some_and(|v| v == "1" || v == "true");
-    let summary = node.metrics().stages.summary(reset);
-    match serde_json::to_string(&summary) {
-        Ok(json) => (StatusCode::OK, [("content-type", "application/json")], json),
-        Err(e) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            [("content-type", "text/plain")],
-            e.to_string(),
-        ),
-    }
-}
-
-async fn health(State(node): State<Node>) -> (StatusCode, String) {
-    match node.health() {
-        Ok(()) => (StatusCode::OK, "ok\n".into()),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-    }
-}
-
-async fn ready(State(node): State<Node>) -> (StatusCode, String) {
-    if let Some((index, took)) = node.metrics().apply.stuck() {
-        let why = apply_watch::describe(index, took);
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: {why}\n"),
-        );
-    }
-    match tokio::time::timeout(READY_TIMEOUT, node.read_barrier()).await {
-        Ok(Ok(())) => (StatusCode::OK, "ready\n".into()),
-        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: no leader confirmed within {READY_TIMEOUT:?}\n"),
-        ),
-    }
-}
-
-/// Follow Raft's leader: count changes and keep the gRPC health status in step (SERVING while
-/// a leader is known and this member's divergence alarm is not raised).
-pub async fn watch_leader(
-    node: Node,
-    health: tonic_health::server::HealthReporter,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let mut server = node.raft().server_metrics();
-    let mut alarm = node.alarm_changes();
-    let mut last: Option<(Option<u64>, bool)> = None;
-    loop {
-        let leader = server.borrow().current_leader;
-        let alarmed = *alarm.borrow_and_update();
-        if last != Some((leader, alarmed)) {
-            if last.is_some_and(|(l, _)| l != leader) {
-                node.metrics().leader_changes.inc();
-            }
-            last = Some((leader, alarmed));
-            let status = if leader.is_some() && !alarmed {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            for service in [
-                "",
-                "fenced.v1.Lock",
-                "fenced.v1.Session",
-                "fenced.v1.Kv",
-                "fenced.v1.Limiter",
-            ] {
-                health.set_service_status(service, status).await;
-            }
-        }
-        tokio::select! {
-            changed = server.changed() => if changed.is_err() { return },
-            changed = alarm.changed() => if changed.is_err() { return },
-            _ = shutdown.wait_for(|s| *s) => return,
-        }
-    }
 }
