@@ -562,6 +562,7 @@ async fn the_etcd_api_sorts_filters_compares_and_answers_etcds_errors() {
 const USERS: &str = "\
 user default off
 user app on >apppw ~app/* -@all +get +set +del
+user writer on >writerpw ~app/* -@all +set +del
 user admin on >adminpw +@all ~*
 ";
 
@@ -616,6 +617,88 @@ async fn etcdctl_logs_in_as_a_fenced_user_and_keeps_to_its_key_patterns() {
         let out = etcdctl_ok(&all, &["--user=admin:adminpw", "get", "", "--from-key"], "");
         assert_eq!(out, "app/ready\n1\napp/x\n2\n");
     }
+    prev_kv_needs_read_permission(&c, f, &via_follower).await;
+}
+
+/// `writer` may put and delete `app/*` but not read it: a put, delete or txn op asking for
+/// `prev_kv` is refused as etcd refuses it (range permission), without it the write works,
+/// and the old value never reaches the writer (issue 38, item 4).
+async fn prev_kv_needs_read_permission(c: &TestCluster, node: u64, endpoints: &[String]) {
+    let writer = |args: &[&str]| {
+        let mut all = vec!["--user=writer:writerpw"];
+        all.extend_from_slice(args);
+        etcdctl(endpoints, &all, "")
+    };
+    let (ok, _, err) = writer(&["get", "app/x"]);
+    assert!(
+        !ok && err.contains("no permissions"),
+        "writer cannot read: {err}"
+    );
+    let (ok, out, err) = writer(&["put", "app/x", "secret-1", "--prev-kv"]);
+    assert!(
+        !ok && err.contains("no permissions"),
+        "put --prev-kv must be refused: {out}{err}"
+    );
+    assert!(!out.contains('2'), "no old value shown: {out}");
+    let (ok, out, err) = writer(&["del", "app/x", "--prev-kv"]);
+    assert!(
+        !ok && err.contains("no permissions"),
+        "del --prev-kv must be refused: {out}{err}"
+    );
+    // Without prev_kv the writes work.
+    let (ok, out, err) = writer(&["put", "app/y", "secret-2"]);
+    assert!(ok && out.trim() == "OK", "{out}{err}");
+    // In a txn (etcdctl's txn has no prev_kv): the tonic client with etcd's token.
+    let mut auth = epb::auth_client::AuthClient::new(c.raw_channel(node));
+    let token = auth
+        .authenticate(epb::AuthenticateRequest {
+            name: "writer".into(),
+            password: "writerpw".into(),
+        })
+        .await
+        .expect("writer logs in")
+        .into_inner()
+        .token;
+    let txn = |ops: Vec<epb::RequestOp>| {
+        let mut req = tonic::Request::new(epb::TxnRequest {
+            success: ops,
+            ..Default::default()
+        });
+        req.metadata_mut()
+            .insert("token", token.parse().expect("token metadata"));
+        req
+    };
+    let put = |prev_kv: bool| epb::RequestOp {
+        request: Some(epb::request_op::Request::RequestPut(epb::PutRequest {
+            key: b"app/y".to_vec(),
+            value: b"secret-3".to_vec(),
+            prev_kv,
+            ..Default::default()
+        })),
+    };
+    let del = |prev_kv: bool| epb::RequestOp {
+        request: Some(epb::request_op::Request::RequestDeleteRange(
+            epb::DeleteRangeRequest {
+                key: b"app/x".to_vec(),
+                range_end: Vec::new(),
+                prev_kv,
+            },
+        )),
+    };
+    let mut kv = kv_client(c, node);
+    for (what, op) in [("put", put(true)), ("delete", del(true))] {
+        let r = kv.txn(txn(vec![op])).await;
+        match r {
+            Err(s) => assert_eq!(s.code(), Code::PermissionDenied, "txn {what}: {s:?}"),
+            Ok(r) => panic!("a txn {what} with prev_kv answered {:?}", r.into_inner()),
+        }
+    }
+    let r = kv
+        .txn(txn(vec![put(false), del(false)]))
+        .await
+        .expect("a txn without prev_kv works")
+        .into_inner();
+    assert!(r.succeeded);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

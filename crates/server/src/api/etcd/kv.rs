@@ -10,7 +10,7 @@ use tonic::{Request, Status};
 use epb::kv_server::Kv;
 
 use super::convert::{self, range_request, txn_request};
-use super::perm::{permit_range, permit_txn};
+use super::perm::{permit_delete, permit_put, permit_range, permit_txn};
 use super::{etcd_status, not_etcd, rev_in, status_of, EtcdApi, Reply};
 
 #[tonic::async_trait]
@@ -37,8 +37,7 @@ impl Kv for EtcdApi {
     async fn put(&self, req: Request<epb::PutRequest>) -> Reply<epb::PutResponse> {
         let user = self.users.caller(&req)?;
         let r = convert::put_request(req.into_inner());
-        user.permit("SET", &[&r.key])
-            .map_err(crate::users::denied)?;
+        permit_put(&user, &r)?;
         // Refused before it reaches the log (the keyspace would refuse it too, at a revision).
         if r.key.is_empty() {
             return Err(etcd_status(&core::EtcdError::EmptyKey));
@@ -60,7 +59,7 @@ impl Kv for EtcdApi {
     ) -> Reply<epb::DeleteRangeResponse> {
         let user = self.users.caller(&req)?;
         let r = convert::delete_request(req.into_inner());
-        permit_range(&user, "DEL", &r.range)?;
+        permit_delete(&user, &r)?;
         if r.range.key.is_empty() {
             return Err(etcd_status(&core::EtcdError::EmptyKey));
         }
