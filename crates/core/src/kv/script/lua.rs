@@ -121,13 +121,13 @@ use mlua::{
 
 use super::budget::Budget;
 use super::cjson;
+use super::convert::{lua_to_reply, reply_to_lua};
+use super::prelude::PRELUDE;
 use super::rules::{busy, call_cost, charging, reply_cost, Rules};
 use crate::kv::args::fmt_f64;
 use crate::kv::error::KvError;
 use crate::kv::types::{Bytes, Reply, LUA_CACHE_BYTES, LUA_CACHE_SCRIPTS, LUA_MEMORY_LIMIT};
 
-/// Deepest reply nesting converted between Lua and RESP.
-const MAX_DEPTH: usize = 64;
 const HOOK_EVERY: u32 = 10_000;
 /// Most cleanup rounds (two full collections each) before a VM is given up on.
 const CLEANUP_ROUNDS: usize = 8;
@@ -188,7 +188,7 @@ pub(crate) fn run(
     (reply, reusable.then_some(vm))
 }
 
-fn clean(msg: &str) -> String {
+pub(super) fn clean(msg: &str) -> String {
     // mlua appends a traceback after a newline; Redis replies are one line.
     msg.lines().next().unwrap_or("").replace('\r', " ")
 }
@@ -695,149 +695,6 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
     })
 }
 
-/// Run once per VM with the set-up globals; returns the per-run driver and `normalize`.
-const PRELUDE: &str = r#"
-local G, over, set_string_mt, cjson_raw, null, shows_address = ...
-local raw_pcall, raw_xpcall, raw_error = pcall, xpcall, error
-local raw_resume, raw_running = coroutine.resume, coroutine.running
-local next, type, rawget, setfenv, getfenv = next, type, rawget, setfenv, getfenv
-local is_lib = { string = true, table = true, math = true, coroutine = true, redis = true }
-local base, libs = {}, {}
-for k, v in next, G do
-  if is_lib[k] then libs[k] = v elseif k ~= "_G" then base[k] = v end
-end
-local function copy(t)
-  local c = {}
-  for k, v in next, t do c[k] = v end
-  return c
-end
-local function reraise(ok, ...)
-  if over() then raw_error("script exceeded its instruction budget", 0) end
-  return ok, ...
-end
-local function check(ok, ...)
-  if ok then return ... end
-  raw_error((...), 0)
-end
-local function driver(f, dispatch, keys, argv)
-  local env = copy(base)
-  -- Closures made below get `env` as their environment, and so does this frame (getfenv(3)).
-  setfenv(1, env)
-  for name, lib in next, libs do env[name] = copy(lib) end
-  env._G, env.KEYS, env.ARGV = env, keys, argv
-  env.pcall = function(...) return reraise(raw_pcall(...)) end
-  env.xpcall = function(...) return reraise(raw_xpcall(...)) end
-  local co, me = env.coroutine, raw_running()
-  co.resume = function(...) return reraise(raw_resume(...)) end
-  co.running = function()
-    local c = raw_running()
-    if c == me then return nil end
-    return c
-  end
-  local redis = env.redis
-  redis.call = function(...)
-    local r = dispatch(...)
-    if type(r) == "table" and rawget(r, "err") ~= nil then raw_error(r, 0) end
-    return r
-  end
-  redis.pcall = function(...) return dispatch(...) end
-  local cjson = { null = null, _NAME = "cjson", _VERSION = "2.1.0" }
-  for name, fn in next, cjson_raw do
-    cjson[name] = function(...) return check(fn(...)) end
-  end
-  env.cjson = cjson
-  set_string_mt({ __index = env.string })
-  setfenv(0, env)
-  setfenv(f, env)
-  return raw_pcall(f)
-end
--- The deterministic rules (Semantics::DETERMINISTIC). Locals are named after the functions
--- they hold, so Lua's argument errors name them as before.
-local tostring, foreach = G.tostring, G.table.foreach
-local object = { table = true, ["function"] = true, thread = true, userdata = true }
-local REFUSED = "cannot iterate over a table with table, function, thread or userdata keys "
-  .. "(their order depends on memory addresses, which differ between replicas)"
-local select = G.select
-local function pass(...) return ... end
--- Lua's argument error, raised at the caller of the function that checks (so the message,
--- position included, is the one the C function gave when the script called it directly).
-local function typename(n, ...)
-  if select('#', ...) < n then return "no value" end
-  return type((select(n, ...)))
-end
-local function expect(n, want, fname, ...)
-  if typename(n, ...) ~= want then
-    raw_error("bad argument #" .. n .. " to '" .. fname .. "' (" .. want .. " expected, got "
-      .. typename(n, ...) .. ")", 3)
-  end
-end
--- Refuse a table with an object key, before its first key is seen. Scans every key whatever
--- it finds, so the instructions it costs do not depend on the order.
-local function scan(t)
-  local found = false
-  for k in next, t do
-    if object[type(k)] then found = true end
-  end
-  if found then raw_error(REFUSED, 3) end
-end
-local function checked_next(...)
-  local t, k = ...
-  if type(t) ~= "table" then expect(1, "table", "next", ...) end
-  if k == nil and next(t) ~= nil then scan(t) end
-  local nk, v = next(t, k)
-  -- An object key added during the traversal (object["nil"] is nil).
-  if object[type(nk)] then raw_error(REFUSED, 2) end
-  return nk, v
-end
-local function checked_pairs(...)
-  local t = ...
-  if type(t) ~= "table" then expect(1, "table", "pairs", ...) end
-  return checked_next, t, nil
-end
-local function checked_foreach(...)
-  expect(1, "table", "foreach", ...)
-  expect(2, "function", "foreach", ...)
-  local t, f = ...
-  if next(t) ~= nil then scan(t) end
-  return pass(foreach(t, f))
-end
--- `tostring` numbering objects in the order the run first shows them: `table: 1`.
-local function numbering()
-  local ids, n = nil, 0
-  return function(...)
-    if select('#', ...) == 0 then
-      raw_error("bad argument #1 to 'tostring' (value expected)", 2)
-    end
-    local v = ...
-    if object[type(v)] and shows_address(v) then
-      if ids == nil then ids = {} end
-      local id = ids[v]
-      if id == nil then
-        n = n + 1
-        id = n
-        ids[v] = id
-      end
-      return type(v) .. ": " .. id
-    end
-    return pass(tostring(...))
-  end
-end
-local function det_driver(f, dispatch, keys, argv)
-  -- `driver` gives this closure the run's environment; it installs the rules there and
-  -- tail-calls the script (so no frame of its own stays on the stack).
-  return driver(function()
-    local env = getfenv(1)
-    env.tostring = numbering()
-    env.next, env.pairs, env.table.foreach = checked_next, checked_pairs, checked_foreach
-    setfenv(f, env)
-    return f()
-  end, dispatch, keys, argv)
-end
-local function normalize(pad)
-  local s = pad .. pad
-end
-return driver, det_driver, normalize
-"#;
 
 fn seed(x: u64) -> u64 {
     // splitmix64 of the input, never zero (xorshift's fixed point).
@@ -845,87 +702,4 @@ fn seed(x: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     (z ^ (z >> 31)) | 1
-}
-
-/// RESP → Lua, Redis's RESP2 rules.
-fn reply_to_lua(lua: &Lua, r: &Reply, depth: usize) -> mlua::Result<LV> {
-    if depth > MAX_DEPTH {
-        return Ok(LV::Boolean(false));
-    }
-    Ok(match r {
-        Reply::Int(i) => LV::Number(*i as f64),
-        Reply::Bulk(b) => LV::String(lua.create_string(b)?),
-        Reply::Double(s) => LV::String(lua.create_string(s)?),
-        Reply::Nil | Reply::NilArray => LV::Boolean(false),
-        Reply::Status(s) => {
-            let t = lua.create_table()?;
-            t.set("ok", s.as_str())?;
-            LV::Table(t)
-        }
-        Reply::Error(e) => {
-            let t = lua.create_table()?;
-            t.set("err", e.as_str())?;
-            LV::Table(t)
-        }
-        Reply::Array(items) => {
-            let t = lua.create_table_with_capacity(items.len(), 0)?;
-            for (i, it) in items.iter().enumerate() {
-                t.raw_set(i + 1, reply_to_lua(lua, it, depth + 1)?)?;
-            }
-            LV::Table(t)
-        }
-        Reply::Map(pairs) => {
-            let t = lua.create_table_with_capacity(pairs.len() * 2, 0)?;
-            for (i, (k, v)) in pairs.iter().enumerate() {
-                t.raw_set(2 * i + 1, reply_to_lua(lua, k, depth + 1)?)?;
-                t.raw_set(2 * i + 2, reply_to_lua(lua, v, depth + 1)?)?;
-            }
-            LV::Table(t)
-        }
-    })
-}
-
-/// Lua → RESP, Redis's rules: numbers truncate to integers, `true` → 1, `false`/`nil` → nil,
-/// `{err=…}`/`{ok=…}` → error/status, other tables → arrays up to the first nil; functions,
-/// threads and userdata → nil under the deterministic rules (`det`), else (before those rules)
-/// their `tostring` text, which shows an address.
-fn lua_to_reply(v: &LV, depth: usize, det: bool) -> Reply {
-    match v {
-        LV::Nil => Reply::Nil,
-        LV::Boolean(true) => Reply::Int(1),
-        LV::Boolean(false) => Reply::Nil,
-        LV::Integer(i) => Reply::Int(*i),
-        LV::Number(n) => Reply::Int(if n.is_finite() { *n as i64 } else { 0 }),
-        LV::String(s) => Reply::Bulk(s.as_bytes().to_vec()),
-        LV::Table(t) => {
-            if let Ok(LV::String(e)) = t.raw_get::<LV>("err") {
-                return Reply::Error(String::from_utf8_lossy(&e.as_bytes()).into_owned());
-            }
-            if let Ok(LV::String(s)) = t.raw_get::<LV>("ok") {
-                return Reply::Status(String::from_utf8_lossy(&s.as_bytes()).into_owned());
-            }
-            if depth >= MAX_DEPTH {
-                return Reply::err("ERR reached the nesting limit converting a Lua table");
-            }
-            let mut out = Vec::new();
-            let mut i = 1usize;
-            loop {
-                match t.raw_get::<LV>(i) {
-                    Ok(LV::Nil) | Err(_) => break,
-                    Ok(item) => out.push(lua_to_reply(&item, depth + 1, det)),
-                }
-                i += 1;
-            }
-            Reply::Array(out)
-        }
-        // Errors raised as non-tables (strings, budget failures) arrive as these.
-        LV::Error(e) => Reply::Bulk(clean(&e.to_string()).into_bytes()),
-        _ if det => Reply::Nil,
-        other => Reply::Bulk(
-            other
-                .to_string()
-                .unwrap_or_else(|_| other.type_name().to_string())
-                .into_bytes(),
-        ),
-    }
 }

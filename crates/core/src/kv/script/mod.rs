@@ -4,8 +4,10 @@
 
 mod budget;
 mod cjson;
+mod convert;
 mod costly;
 mod lua;
+mod prelude;
 mod rules;
 
 pub use costly::COSTLY_SCRIPTS;
