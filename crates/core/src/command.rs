@@ -104,8 +104,16 @@ impl Semantics {
     /// in one records its user (snapshot body 5), and a non-administrator's command that
     /// names a session another user opened is refused ([`CoreError::NotSessionOwner`]).
     pub const SESSION_OWNERS: Semantics = Semantics(8);
+    /// The session-owner rules, and Lua deterministic at its root: the patched Lua hashes a
+    /// script's tables, functions, coroutines and userdata by a per-run creation counter
+    /// instead of their address, so the order `next`/`pairs` visit a table and `#t` of one
+    /// with holes are functions of the script; the refusals that hid address order
+    /// (iterating a table with such keys) are gone; and the steps along a table's hash
+    /// chains and its rehashed slots are charged to the budget (`kv/script/lua.rs`,
+    /// third_party/README.md). Older entries run as they did.
+    pub const LUA_IDS: Semantics = Semantics(9);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::SESSION_OWNERS;
+    pub const NEWEST: Semantics = Semantics::LUA_IDS;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -145,6 +153,11 @@ impl Semantics {
     /// Sessions belong to their users ([`Semantics::SESSION_OWNERS`]).
     pub fn session_owners(self) -> bool {
         self.0 >= Semantics::SESSION_OWNERS.0
+    }
+
+    /// Lua hashes objects by creation id and charges hash chains ([`Semantics::LUA_IDS`]).
+    pub fn lua_ids(self) -> bool {
+        self.0 >= Semantics::LUA_IDS.0
     }
 
     /// The oldest rules under which `cmd` does what its caller means: the rules it exists

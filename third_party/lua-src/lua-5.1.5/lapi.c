@@ -1118,6 +1118,17 @@ LUA_API void lua_fenced_debt (lua_State *L, size_t units) {
 }
 
 
+LUA_API void lua_fenced_ids (lua_State *L, int on, unsigned int base) {
+  if (L != NULL) G(L)->mainthread->fencedid = base & FENCED_IDMASK;
+  luaD_fencedidswitch(on);
+}
+
+
+LUA_API size_t lua_fenced_take (void) {
+  return (size_t)luaD_fencedtake();
+}
+
+
 LUA_API void lua_fenced_work (lua_State *L, size_t units) {
   if (!luaD_fencedon()) return;
   lua_lock(L);

@@ -228,6 +228,41 @@ static __thread int luaD_fencedcharging = 0;
 
 void luaD_fencedswitch (int on) {
   luaD_fencedcharging = on;
+  luaD_fencedpending = 0;
+}
+
+
+/*
+** fenced: hashing by creation id (ltable.c). While this thread's switch is on, a new table
+** hashes its object keys by their creation ids, and the steps along its hash chains and
+** its resizes are charged (only while charging is on too): they are then a function of
+** the script, not of memory addresses. Steps are counted here, where no `lua_State` is at
+** hand, and charged at the next debt, payment or instruction.
+*/
+static __thread int luaD_fencedids = 0;
+
+__thread lu_mem luaD_fencedpending __attribute__((tls_model("initial-exec"))) = 0;
+
+void luaD_fencedidswitch (int on) {
+  luaD_fencedids = on;
+}
+
+
+int luaD_fencedidson (void) {
+  return luaD_fencedids;
+}
+
+
+void luaD_fencedwalk (lu_mem steps) {
+  if (luaD_fencedcharging && luaD_fencedpending < (lu_mem)FENCED_MAXDEBT)
+    luaD_fencedpending += steps;
+}
+
+
+lu_mem luaD_fencedtake (void) {
+  lu_mem steps = luaD_fencedpending;
+  luaD_fencedpending = 0;
+  return steps;
 }
 
 
@@ -237,6 +272,7 @@ int luaD_fencedon (void) {
 
 
 void luaD_fenceddebt (lua_State *L, lu_mem units) {
+  units += luaD_fencedtake();  /* hash-chain steps walked since the last charge */
   if (!luaD_fencedcharging || !(L->hookmask & LUA_MASKCOUNT) || L->basehookcount <= 0)
     return;
   if (units > (lu_mem)FENCED_MAXDEBT) units = FENCED_MAXDEBT;

@@ -41,6 +41,12 @@ LUAI_FUNC void luaD_fenceddebt (lua_State *L, lu_mem units);
 LUAI_FUNC void luaD_fencedpay (lua_State *L);
 LUAI_FUNC int luaD_fencedon (void);
 LUAI_FUNC void luaD_fencedswitch (int on);
+LUAI_FUNC int luaD_fencedidson (void);
+LUAI_FUNC void luaD_fencedidswitch (int on);
+LUAI_FUNC void luaD_fencedwalk (lu_mem steps);
+LUAI_FUNC lu_mem luaD_fencedtake (void);
+/* hash-chain steps walked in id-hashed tables and not yet charged (ltable.c) */
+extern __thread lu_mem luaD_fencedpending __attribute__((tls_model("initial-exec")));
 
 LUAI_FUNC int luaD_protectedparser (lua_State *L, ZIO *z, const char *name);
 LUAI_FUNC void luaD_callhook (lua_State *L, int event, int line);

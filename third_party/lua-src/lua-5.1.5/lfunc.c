@@ -24,6 +24,7 @@ Closure *luaF_newCclosure (lua_State *L, int nelems, Table *e) {
   Closure *c = cast(Closure *, luaM_malloc(L, sizeCclosure(nelems)));
   luaC_link(L, obj2gco(c), LUA_TFUNCTION);
   c->c.isC = 1;
+  c->c.fencedid = luaE_fencedid(L);  /* fenced (ltable.c) */
   c->c.env = e;
   c->c.nupvalues = cast_byte(nelems);
   return c;
@@ -34,6 +35,7 @@ Closure *luaF_newLclosure (lua_State *L, int nelems, Table *e) {
   Closure *c = cast(Closure *, luaM_malloc(L, sizeLclosure(nelems)));
   luaC_link(L, obj2gco(c), LUA_TFUNCTION);
   c->l.isC = 0;
+  c->l.fencedid = luaE_fencedid(L);  /* fenced (ltable.c) */
   c->l.env = e;
   c->l.nupvalues = cast_byte(nelems);
   while (nelems--) c->l.upvals[nelems] = NULL;

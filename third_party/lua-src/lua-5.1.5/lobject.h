@@ -216,6 +216,7 @@ typedef union Udata {
   L_Umaxalign dummy;  /* ensures maximum alignment for `local' udata */
   struct {
     CommonHeader;
+    unsigned int fencedid;  /* fenced: creation id, in padding (ltable.c) */
     struct Table *metatable;
     struct Table *env;
     size_t len;
@@ -288,9 +289,10 @@ typedef struct UpVal {
 ** Closures
 */
 
+/* fenced: `fencedid`, the creation id, sits in padding (ltable.c) */
 #define ClosureHeader \
-	CommonHeader; lu_byte isC; lu_byte nupvalues; GCObject *gclist; \
-	struct Table *env
+	CommonHeader; lu_byte isC; lu_byte nupvalues; unsigned int fencedid; \
+	GCObject *gclist; struct Table *env
 
 typedef struct CClosure {
   ClosureHeader;
@@ -335,10 +337,21 @@ typedef struct Node {
 } Node;
 
 
+/*
+** fenced: objects hashed by creation id (ltable.c). A table, closure, userdata and thread
+** carries a 31-bit creation id in the padding after its header bytes (no struct changes
+** size: ltable.c asserts the sizes); a table's top bit says it hashes object keys by that
+** id instead of their address.
+*/
+#define FENCED_IDMASK	0x7fffffffu
+#define FENCED_IDMODE	0x80000000u
+
 typedef struct Table {
   CommonHeader;
   lu_byte flags;  /* 1<<p means tagmethod(p) is not present */ 
   lu_byte lsizenode;  /* log2 of size of `node' array */
+  /* fenced: creation id and hashing mode, in padding (ltable.c) */
+  unsigned int fencedid;
   struct Table *metatable;
   TValue *array;  /* array part */
   Node *node;

@@ -116,10 +116,22 @@ static void close_state (lua_State *L) {
 }
 
 
+/*
+** fenced: the next creation id of this state (ltable.c). The counter is the main thread's
+** `fencedid` (the main thread is no script's value, and hashes as 0).
+*/
+unsigned int luaE_fencedid (lua_State *L) {
+  lua_State *m = G(L)->mainthread;
+  m->fencedid = (m->fencedid + 1) & FENCED_IDMASK;
+  return m->fencedid;
+}
+
+
 lua_State *luaE_newthread (lua_State *L) {
   lua_State *L1 = tostate(luaM_malloc(L, state_size(lua_State)));
   luaC_link(L, obj2gco(L1), LUA_TTHREAD);
   preinit_state(L1, G(L));
+  L1->fencedid = luaE_fencedid(L);
   stack_init(L1, L);  /* init stack */
   setobj2n(L, gt(L1), gt(L));  /* share table of globals */
   L1->hookmask = L->hookmask;
@@ -148,6 +160,7 @@ LUA_API lua_State *lua_newstate (lua_Alloc f, void *ud) {
   if (l == NULL) return NULL;
   L = tostate(l);
   g = &((LG *)L)->g;
+  L->fencedid = 0;  /* fenced: the id counter starts at 0 in every new state */
   L->next = NULL;
   L->tt = LUA_TTHREAD;
   g->currentwhite = bit2mask(WHITE0BIT, FIXEDBIT);

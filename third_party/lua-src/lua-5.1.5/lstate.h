@@ -100,6 +100,9 @@ typedef struct global_State {
 struct lua_State {
   CommonHeader;
   lu_byte status;
+  /* fenced: creation id, in padding; the main thread's is the state's id counter
+     (ltable.c) */
+  unsigned int fencedid;
   StkId top;  /* first free slot in the stack */
   StkId base;  /* base of current function */
   global_State *l_G;
@@ -163,6 +166,7 @@ union GCObject {
 
 
 LUAI_FUNC lua_State *luaE_newthread (lua_State *L);
+LUAI_FUNC unsigned int luaE_fencedid (lua_State *L);
 LUAI_FUNC void luaE_freethread (lua_State *L, lua_State *L1);
 
 #endif

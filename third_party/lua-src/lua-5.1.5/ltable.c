@@ -19,6 +19,8 @@
 */
 
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #define ltable_c
@@ -61,6 +63,96 @@
 
 
 #define hashpointer(t,p)	hashmod(t, IntPoint(p))
+
+
+/*
+** fenced: hashing by creation id instead of address (third_party/README.md). Every table,
+** closure, userdata and thread gets the next id of its state when made (`luaE_fencedid`),
+** stored in the padding after its header bytes. A table made while the switch is on
+** (`lua_fenced_ids`, turned on by fenced for the run of an entry under the rules that
+** ask for it) is marked FENCED_IDMODE and places such keys by their ids: where they land,
+** the order `next` visits them, when the table fills up and `#t` of one with holes are
+** then functions of the order objects were made in — which fenced makes a function of the
+** script by resetting the counter at the start of every run. Tables made while it is off
+** (all of them under older rules) hash by address, exactly as before. Light userdata keep
+** hashing by pointer (cjson.null is NULL). A table never changes mode, so lookups always
+** agree with insertions. In an id-hashed table the steps along hash chains and the slots
+** rehashed by a resize are charged too (ldo.c), since they no longer depend on addresses.
+*/
+#if !defined(__LP64__) && !defined(_WIN64)
+#error "fenced's Lua patch assumes a 64-bit build: creation ids live in struct padding"
+#endif
+
+/* the sizes of unpatched Lua 5.1.5 on a 64-bit build: the ids took no room */
+#define fenced_check(name, cond)	typedef char fenced_check_##name[(cond) ? 1 : -1]
+fenced_check(table, sizeof(Table) == 64 && offsetof(Table, metatable) == 16);
+fenced_check(cclosure, sizeof(CClosure) == 56 && offsetof(CClosure, gclist) == 16);
+fenced_check(lclosure, sizeof(LClosure) == 48 && offsetof(LClosure, gclist) == 16);
+fenced_check(closure, sizeof(Closure) == 56);
+fenced_check(udata, sizeof(Udata) == 40 && offsetof(Udata, uv.metatable) == 16);
+fenced_check(state, sizeof(lua_State) == 184 && offsetof(lua_State, top) == 16);
+fenced_check(tstring, sizeof(TString) == 24 && sizeof(Node) == 40);
+fenced_check(global, sizeof(global_State) == 432);
+
+#define idhashed(t)	((t)->fencedid & FENCED_IDMODE)
+
+static unsigned int objectid (const GCObject *o) {
+  const lua_State *th;
+  switch (o->gch.tt) {
+    case LUA_TTABLE: return o->h.fencedid & FENCED_IDMASK;
+    case LUA_TFUNCTION: return o->cl.c.fencedid;
+    case LUA_TUSERDATA: return o->u.uv.fencedid;
+    case LUA_TTHREAD:  /* the main thread's field is the counter */
+      th = &o->th;
+      return (th == th->l_G->mainthread) ? 0 : th->fencedid;
+    default: return (unsigned int)IntPoint(o);  /* no other kind is a key */
+  }
+}
+
+/* charge `steps` steps walked along a chain of `t`, if it is id-hashed (ldo.c) */
+#define fencedsteps(t,steps) \
+  { if ((steps) > 0 && idhashed(t)) luaD_fencedwalk((lu_mem)(steps)); }
+
+
+/*
+** A fingerprint of what a script's results depend on in this build besides its inputs
+** (fenced advertises it beside its apply rules): the sizes of the core structs (the memory
+** limit and the collector count bytes), the configuration numbers, and libm's results for
+** fixed inputs, formatted as `tostring` formats them. FNV-1a, 64 bits.
+*/
+static unsigned long long fenced_fnv (unsigned long long h, const void *p, size_t n) {
+  const unsigned char *b = (const unsigned char *)p;
+  size_t i;
+  for (i = 0; i < n; i++) { h ^= b[i]; h *= 1099511628211ULL; }
+  return h;
+}
+
+LUA_API unsigned long long lua_fenced_layout (void) {
+  /* volatile: so the compiler cannot fold libm's results at build time */
+  volatile double a = 0.5, b = 1.1, c = 2.5, d = 3.3, e = 10.3, f = 3.1, g = 7.0;
+  size_t sizes[] = {
+    sizeof(Table), sizeof(CClosure), sizeof(LClosure), sizeof(Udata), sizeof(lua_State),
+    sizeof(TString), sizeof(Node), sizeof(Proto), sizeof(UpVal), sizeof(global_State),
+    sizeof(CallInfo), sizeof(TValue), sizeof(lua_Number), sizeof(void *), sizeof(size_t),
+    LUAI_MAXCCALLS, LUAI_MAXCALLS, LUAI_MAXCSTACK, LUAI_GCPAUSE, LUAI_GCMUL,
+    LUA_MINSTACK, LUAI_MAXUPVALUES, LUAI_MAXVARS, LUAL_BUFFERSIZE, LUA_IDSIZE,
+    MAXBITS, BASIC_STACK_SIZE, BASIC_CI_SIZE, MINSTRTABSIZE, LUA_FENCED_BYTES
+  };
+  double r[12];
+  char buf[LUAI_MAXNUMBER2STR * 12 + 1];
+  size_t used = 0;
+  int i;
+  unsigned long long h = 14695981039346656037ULL;
+  r[0] = sin(a); r[1] = cos(b); r[2] = tan(c); r[3] = exp(b); r[4] = log(g);
+  r[5] = pow(c, d); r[6] = fmod(e, f); r[7] = sqrt(g); r[8] = atan2(d, e);
+  r[9] = log10(e); r[10] = floor(-d) + ceil(d); r[11] = a * b + c;  /* FMA contracts this */
+  for (i = 0; i < 12; i++)
+    used += (size_t)lua_number2str(buf + used, r[i]);
+  h = fenced_fnv(h, sizes, sizeof(sizes));
+  h = fenced_fnv(h, r, sizeof(r));
+  h = fenced_fnv(h, buf, used);
+  return h;
+}
 
 
 /*
@@ -108,6 +200,8 @@ static Node *mainposition (const Table *t, const TValue *key) {
     case LUA_TLIGHTUSERDATA:
       return hashpointer(t, pvalue(key));
     default:
+      if (idhashed(t))  /* fenced: by creation id (above) */
+        return hashmod(t, objectid(gcvalue(key)));
       return hashpointer(t, gcvalue(key));
   }
 }
@@ -142,17 +236,20 @@ static int findindex (lua_State *L, Table *t, StkId key) {
     return i-1;  /* yes; that's the index (corrected to C) */
   else {
     Node *n = mainposition(t, key);
+    int steps = 0;  /* fenced: steps along the chain (above) */
     do {  /* check whether `key' is somewhere in the chain */
       /* key may be dead already, but it is ok to use it in `next' */
       if (luaO_rawequalObj(key2tval(n), key) ||
             (ttype(gkey(n)) == LUA_TDEADKEY && iscollectable(key) &&
              gcvalue(gkey(n)) == gcvalue(key))) {
+        fencedsteps(t, steps);
         i = cast_int(n - gnode(t, 0));  /* key index in hash table */
         /* hash elements are numbered after array ones */
         return i + t->sizearray;
       }
-      else n = gnext(n);
+      else { n = gnext(n); steps++; }
     } while (n);
+    fencedsteps(t, steps);
     luaG_runerror(L, "invalid key to " LUA_QL("next"));  /* key not found */
     return 0;  /* to avoid warnings */
   }
@@ -299,6 +396,8 @@ static void resize (lua_State *L, Table *t, int nasize, int nhsize) {
   int oldasize = t->sizearray;
   int oldhsize = t->lsizenode;
   Node *nold = t->node;  /* save old hash ... */
+  /* fenced: a slot for every slot counted and rehashed (above) */
+  fencedsteps(t, (lu_mem)oldasize + (nold == dummynode ? 0 : (lu_mem)twoto(oldhsize)));
   if (nasize > oldasize)  /* array part must grow? */
     setarrayvector(L, t, nasize);
   /* create new hash part with appropriate size */
@@ -363,6 +462,8 @@ Table *luaH_new (lua_State *L, int narray, int nhash) {
   luaD_fenceddebt(L, 4 + ((lu_mem)narray + (lu_mem)nhash) / 4);
   t = luaM_new(L, Table);
   luaC_link(L, obj2gco(t), LUA_TTABLE);
+  /* fenced: its id, and whether it hashes object keys by id (above) */
+  t->fencedid = luaE_fencedid(L) | (luaD_fencedidson() ? FENCED_IDMODE : 0);
   t->metatable = NULL;
   t->flags = cast_byte(~0);
   /* temporary values (kept only if some malloc fails) */
@@ -414,7 +515,12 @@ static TValue *newkey (lua_State *L, Table *t, const TValue *key) {
     othern = mainposition(t, key2tval(mp));
     if (othern != mp) {  /* is colliding node out of its main position? */
       /* yes; move colliding node into free position */
-      while (gnext(othern) != mp) othern = gnext(othern);  /* find previous */
+      int steps = 0;  /* fenced: steps along the chain (above) */
+      while (gnext(othern) != mp) {  /* find previous */
+        othern = gnext(othern);
+        steps++;
+      }
+      fencedsteps(t, steps);
       gnext(othern) = n;  /* redo the chain with `n' in place of `mp' */
       *n = *mp;  /* copy colliding node into free pos. (mp->next also goes) */
       gnext(mp) = NULL;  /* now `mp' is free */
@@ -444,11 +550,15 @@ const TValue *luaH_getnum (Table *t, int key) {
   else {
     lua_Number nk = cast_num(key);
     Node *n = hashnum(t, nk);
+    int steps = 0;  /* fenced: steps along the chain (above) */
     do {  /* check whether `key' is somewhere in the chain */
-      if (ttisnumber(gkey(n)) && luai_numeq(nvalue(gkey(n)), nk))
+      if (ttisnumber(gkey(n)) && luai_numeq(nvalue(gkey(n)), nk)) {
+        fencedsteps(t, steps);
         return gval(n);  /* that's it */
-      else n = gnext(n);
+      }
+      else { n = gnext(n); steps++; }
     } while (n);
+    fencedsteps(t, steps - 1);
     return luaO_nilobject;
   }
 }
@@ -459,11 +569,15 @@ const TValue *luaH_getnum (Table *t, int key) {
 */
 const TValue *luaH_getstr (Table *t, TString *key) {
   Node *n = hashstr(t, key);
+  int steps = 0;  /* fenced: steps along the chain (above) */
   do {  /* check whether `key' is somewhere in the chain */
-    if (ttisstring(gkey(n)) && rawtsvalue(gkey(n)) == key)
+    if (ttisstring(gkey(n)) && rawtsvalue(gkey(n)) == key) {
+      fencedsteps(t, steps);
       return gval(n);  /* that's it */
-    else n = gnext(n);
+    }
+    else { n = gnext(n); steps++; }
   } while (n);
+  fencedsteps(t, steps - 1);
   return luaO_nilobject;
 }
 
@@ -485,11 +599,15 @@ const TValue *luaH_get (Table *t, const TValue *key) {
     }
     default: {
       Node *n = mainposition(t, key);
+      int steps = 0;  /* fenced: steps along the chain (above) */
       do {  /* check whether `key' is somewhere in the chain */
-        if (luaO_rawequalObj(key2tval(n), key))
+        if (luaO_rawequalObj(key2tval(n), key)) {
+          fencedsteps(t, steps);
           return gval(n);  /* that's it */
-        else n = gnext(n);
+        }
+        else { n = gnext(n); steps++; }
       } while (n);
+      fencedsteps(t, steps - 1);
       return luaO_nilobject;
     }
   }

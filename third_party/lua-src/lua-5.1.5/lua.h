@@ -350,6 +350,13 @@ LUA_API void lua_fenced_charging (int on);
 LUA_API int lua_fenced_on (void);
 LUA_API void lua_fenced_work (lua_State *L, size_t units);
 LUA_API void lua_fenced_debt (lua_State *L, size_t units);
+/* objects hashed by creation id, hash chains charged (ltable.c): the switch, which also
+   resets the state's id counter to `base` (unless L is NULL) */
+LUA_API void lua_fenced_ids (lua_State *L, int on, unsigned int base);
+/* hash-chain steps counted and not yet charged, cleared (for charges made outside Lua) */
+LUA_API size_t lua_fenced_take (void);
+/* a fingerprint of what a script's results depend on in this build (ltable.c) */
+LUA_API unsigned long long lua_fenced_layout (void);
 /* one unit of work per this many bytes copied, compared, scanned or allocated */
 #define LUA_FENCED_BYTES	64
 

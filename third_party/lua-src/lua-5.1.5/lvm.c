@@ -404,8 +404,10 @@ void luaV_execute (lua_State *L, int nexeccalls) {
   for (;;) {
     const Instruction i = *pc++;
     StkId ra;
+    /* fenced: hash-chain steps of the last instruction are charged here (ldo.c) */
     if ((L->hookmask & (LUA_MASKLINE | LUA_MASKCOUNT)) &&
-        (--L->hookcount <= 0 || L->hookmask & LUA_MASKLINE)) {
+        ((luaD_fencedpending ? luaD_fenceddebt(L, 0) : (void)0),
+         --L->hookcount <= 0 || L->hookmask & LUA_MASKLINE)) {
       traceexec(L, pc);
       if (L->status == LUA_YIELD) {  /* did hook yield? */
         L->savedpc = pc - 1;

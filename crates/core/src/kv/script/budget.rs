@@ -25,6 +25,9 @@ impl Budget {
 
     /// Spend `n` steps; past the budget (now or before) this fails, and keeps failing.
     pub(crate) fn charge(&self, n: u64) -> mlua::Result<()> {
+        // Hash-chain steps the patched Lua counted since its last charge (none unless the
+        // run hashes by creation id, `rules::ids`).
+        let n = n.saturating_add(super::rules::ids::take());
         let spent = self.spent.fetch_add(n, Ordering::Relaxed).saturating_add(n);
         let limit = self.limit();
         if spent > limit || self.over.load(Ordering::Relaxed) {

@@ -123,7 +123,7 @@ use super::budget::Budget;
 use super::cjson;
 use super::convert::{lua_to_reply, reply_to_lua};
 use super::prelude::PRELUDE;
-use super::rules::{busy, call_cost, charging, reply_cost, Rules};
+use super::rules::{busy, call_cost, charging, ids, reply_cost, Rules};
 use crate::kv::args::fmt_f64;
 use crate::kv::error::KvError;
 use crate::kv::types::{Bytes, Reply, LUA_CACHE_BYTES, LUA_CACHE_SCRIPTS, LUA_MEMORY_LIMIT};
@@ -306,6 +306,9 @@ pub(crate) struct Vm {
     /// The same under the deterministic rules: `driver` with `tostring`, `next`, `pairs` and
     /// `table.foreach` replaced for the run.
     det_driver: Function,
+    /// The same under the rules that hash objects by creation id: `driver` with only
+    /// `tostring` replaced.
+    ids_driver: Function,
     /// `normalize(pad)` concatenates `pad .. pad` (resets the concatenation buffer).
     normalize: Function,
     pad: LuaString,
@@ -362,6 +365,7 @@ impl Vm {
         let old = Rules {
             deterministic: false,
             bounded: false,
+            ids: false,
         };
         self.invoke(&noop, 0, old, &[], &[], |_| Reply::Nil)?;
         drop(noop);
@@ -430,6 +434,13 @@ impl Vm {
         // The limit holds during the run only: restoring and collecting afterwards must not
         // fail (mlua makes some of those calls unprotected).
         lua.set_memory_limit(self.baseline.saturating_add(LUA_MEMORY_LIMIT))?;
+        // Objects made from here on (the run's coroutine, KEYS, ARGV, everything the script
+        // makes) are numbered from the same id on every run, and tables hash them by it.
+        let hashing = if rules.ids {
+            Some(ids::On::new(lua)?)
+        } else {
+            None
+        };
         let outcome = lua.scope(|scope| {
             let dispatch = scope.create_function_mut(|lua, argv: MultiValue| {
                 let mut cmd: Vec<Bytes> = Vec::with_capacity(argv.len());
@@ -465,7 +476,13 @@ impl Vm {
                 }
                 reply_to_lua(lua, &reply, 0)
             })?;
-            let driver = if det { &self.det_driver } else { &self.driver };
+            let driver = if rules.ids {
+                &self.ids_driver
+            } else if det {
+                &self.det_driver
+            } else {
+                &self.driver
+            };
             let thread = lua.create_thread(driver.clone())?;
             let (f, keys, args) = (f.clone(), strings(lua, keys)?, strings(lua, args)?);
             let charging = rules.bounded.then(charging::On::new);
@@ -474,6 +491,7 @@ impl Vm {
             let (ok, value) = resumed?;
             Ok((ok, lua_to_reply(&value, 0, det)))
         });
+        drop(hashing);
         let unlimited = lua.set_memory_limit(0);
         let restored = self.restore(f);
         let outcome = outcome?;
@@ -487,6 +505,7 @@ impl Vm {
         f.set_environment(self.neutral.clone())?;
         self.driver.set_environment(self.neutral.clone())?;
         self.det_driver.set_environment(self.neutral.clone())?;
+        self.ids_driver.set_environment(self.neutral.clone())?;
         self.lua
             .set_type_metatable::<LuaString>(Some(self.string_mt.clone()));
         Ok(())
@@ -658,7 +677,7 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
         })
     })?;
 
-    let (driver, det_driver, normalize): (Function, Function, Function) = lua
+    let (driver, det_driver, ids_driver, normalize): (Function, Function, Function, Function) = lua
         .load(PRELUDE)
         .set_name("=fenced_prelude")
         .set_mode(ChunkMode::Text)
@@ -673,6 +692,7 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
     let neutral = lua.create_table()?;
     driver.set_environment(neutral.clone())?;
     det_driver.set_environment(neutral.clone())?;
+    ids_driver.set_environment(neutral.clone())?;
     func.set_environment(neutral.clone())?;
     let string_mt = lua
         .type_metatable::<LuaString>()
@@ -684,6 +704,7 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
         func,
         driver,
         det_driver,
+        ids_driver,
         normalize,
         pad,
         neutral,
@@ -694,7 +715,6 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
         baseline: 0,
     })
 }
-
 
 fn seed(x: u64) -> u64 {
     // splitmix64 of the input, never zero (xorshift's fixed point).

@@ -18,4 +18,6 @@ pub(crate) use rules::Rules;
 #[cfg(test)]
 mod bounded_tests;
 #[cfg(test)]
+mod ids_tests;
+#[cfg(test)]
 mod tests;

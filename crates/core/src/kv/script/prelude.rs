@@ -2,7 +2,7 @@
 //! the per-run drivers — the copies of the libraries a run gets, the wrappers of `pcall`,
 //! `coroutine.resume`, `redis.call` and `cjson`, and the rules that hide addresses.
 
-/// Run once per VM with the set-up globals; returns the per-run driver and `normalize`.
+/// Run once per VM with the set-up globals; returns the per-run drivers and `normalize`.
 pub(super) const PRELUDE: &str = r#"
 local G, over, set_string_mt, cjson_raw, null, shows_address = ...
 local raw_pcall, raw_xpcall, raw_error = pcall, xpcall, error
@@ -140,8 +140,18 @@ local function det_driver(f, dispatch, keys, argv)
     return f()
   end, dispatch, keys, argv)
 end
+-- The rules that hash objects by creation id (Semantics::LUA_IDS): a table's order is a
+-- function of the script, so only `tostring`, which would print an address, is replaced.
+local function ids_driver(f, dispatch, keys, argv)
+  return driver(function()
+    local env = getfenv(1)
+    env.tostring = numbering()
+    setfenv(f, env)
+    return f()
+  end, dispatch, keys, argv)
+end
 local function normalize(pad)
   local s = pad .. pad
 end
-return driver, det_driver, normalize
+return driver, det_driver, ids_driver, normalize
 "#;

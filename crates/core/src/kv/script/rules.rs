@@ -13,6 +13,9 @@ pub(crate) struct Rules {
     /// Work in C is charged, the budget is [`LUA_STEP_BUDGET`] steps
     /// ([`crate::Semantics::bounded`]); else [`LUA_INSTRUCTION_BUDGET`] instructions.
     pub(crate) bounded: bool,
+    /// Objects hash by creation id, hash chains are charged, iteration is not refused
+    /// ([`crate::Semantics::lua_ids`]; implies the two above).
+    pub(crate) ids: bool,
 }
 
 impl Rules {
@@ -21,6 +24,7 @@ impl Rules {
         Rules {
             deterministic: semantics.deterministic(),
             bounded: semantics.bounded(),
+            ids: semantics.lua_ids(),
         }
     }
 
@@ -88,6 +92,52 @@ pub(super) mod charging {
             // SAFETY: as above.
             unsafe { lua_fenced_charging(0) };
         }
+    }
+}
+
+pub(super) mod ids {
+    //! The switch of the patched Lua's hashing by creation id (third_party/README.md,
+    //! ltable.c): tables made on this thread while it is on place table, function, thread
+    //! and userdata keys by the per-state creation counter, which turning it on resets, and
+    //! charge their hash-chain steps.
+    use std::ffi::{c_int, c_uint};
+
+    use mlua::{ffi::lua_State, Lua};
+
+    extern "C" {
+        fn lua_fenced_ids(l: *mut lua_State, on: c_int, base: c_uint);
+        fn lua_fenced_take() -> usize;
+    }
+
+    /// The first id of a run's objects: far above what building a VM takes (a few
+    /// thousand), so a run's ids never repeat the VM's own.
+    const RUN_BASE: c_uint = 1 << 24;
+
+    /// Hashing by id is on while this lives (on this thread), with the state's counter
+    /// reset to [`RUN_BASE`]; off again when dropped.
+    pub(in crate::kv::script) struct On(());
+
+    impl On {
+        pub(in crate::kv::script) fn new(lua: &Lua) -> mlua::Result<On> {
+            // SAFETY: the callback only writes the main thread's id field and a
+            // thread-local int in the patched Lua.
+            unsafe { lua.exec_raw::<()>((), |state| lua_fenced_ids(state, 1, RUN_BASE)) }?;
+            Ok(On(()))
+        }
+    }
+
+    impl Drop for On {
+        fn drop(&mut self) {
+            // SAFETY: with a null state only the thread-local switch is touched.
+            unsafe { lua_fenced_ids(std::ptr::null_mut(), 0, 0) };
+        }
+    }
+
+    /// Hash-chain steps walked in id-hashed tables and not yet charged (cleared), for
+    /// charges made outside the interpreter ([`super::super::budget::Budget::charge`]).
+    pub(in crate::kv::script) fn take() -> u64 {
+        // SAFETY: reads and clears a thread-local counter in the patched Lua.
+        unsafe { lua_fenced_take() as u64 }
     }
 }
 
