@@ -18,7 +18,7 @@
 //!   rates) charges it to the count hook's counter while `rules::charging::On` is alive,
 //!   which is the run's `resume` only — and a `redis.call`, by its arguments and reply
 //!   (`rules.rs`). So no script runs for longer than the budget allows (docs/operations.md,
-//!   "Scripts", has the pause and the one gap left). Older entries keep
+//!   "Scripts", has the pause; hash chains are charged from [`crate::Semantics::LUA_IDS`] on). Older entries keep
 //!   [`LUA_INSTRUCTION_BUDGET`](crate::kv::LUA_INSTRUCTION_BUDGET) instructions and no charge
 //!   for work in C.
 //! * `redis.call`/`redis.pcall` run the keyspace interpreter directly, with Redis's RESP2 ↔ Lua
@@ -107,6 +107,21 @@
 //! A returned function, thread or userdata is nil (Redis's conversion), never its `tostring`.
 //! Entries stamped before these rules run through the unchanged `driver`, with the same
 //! instructions, so replaying an old log gives the old results.
+//!
+//! # Deterministic at the root: objects hashed by creation id
+//!
+//! Under [`crate::Semantics::LUA_IDS`] the refusals above are gone: the patched Lua
+//! (third_party/README.md, `ltable.c`) places table, function, thread and userdata keys by a
+//! creation id instead of their address in every table the run makes, the ids counted from
+//! the same start in every run (`rules::ids::On`, turned on before the run's coroutine and
+//! `KEYS`/`ARGV` are made). So the order of `next` (from any key), `pairs` and
+//! `table.foreach`, `#t` of a table with holes, when a table is resized and the length of
+//! its hash chains are functions of the script and its inputs; the chains and resizes are
+//! charged to the budget. The run uses `ids_driver`, which only replaces `tostring` (still
+//! numbering objects: an id is no address, but printing it would tie results to how many
+//! objects the sandbox itself makes). cjson's key checks stay as they are (they were
+//! deterministic already). What replicas must still share is the Lua build: struct sizes
+//! (the memory limit counts bytes) and libm.
 
 use std::collections::BTreeMap;
 use std::fmt;
