@@ -130,6 +130,11 @@ pub struct NodeConfig {
     /// `--resp-query-buffer-total`: the RESP port's cap on unparsed input, all connections
     /// together (bytes; 0: none; [`fenced_resp::Config::max_query_buffer_total`]).
     pub resp_query_buffer_total: usize,
+    /// `--grpc-unauthenticated-calls`: gRPC calls without a valid token reading their
+    /// bodies at once, all connections together (0: no limit; [`crate::pre_auth`]).
+    pub grpc_unauthenticated_calls: usize,
+    /// `--grpc-max-concurrent-streams`: HTTP/2 streams per gRPC connection.
+    pub grpc_max_concurrent_streams: u32,
     /// `--digest-interval`: digest the state every N log indexes for the divergence alarm
     /// (0: off). See `crate::node::alarm`.
     pub digest_interval: u64,
@@ -204,6 +209,8 @@ impl NodeConfig {
             max_pending_requests: DEFAULT_MAX_PENDING_REQUESTS,
             max_clients: DEFAULT_MAX_CLIENTS,
             resp_query_buffer_total: fenced_resp::DEFAULT_MAX_QUERY_BUFFER_TOTAL,
+            grpc_unauthenticated_calls: crate::pre_auth::DEFAULT_UNAUTHENTICATED_CALLS,
+            grpc_max_concurrent_streams: crate::pre_auth::DEFAULT_MAX_CONCURRENT_STREAMS,
             digest_interval: DEFAULT_DIGEST_INTERVAL,
             raft_max_payload_entries: DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES,
             test_hooks: TestHooks::default(),

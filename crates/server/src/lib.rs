@@ -19,6 +19,7 @@ pub mod hub;
 pub mod membership;
 pub mod metrics;
 pub mod node;
+pub mod pre_auth;
 pub mod procinfo;
 pub mod proposal;
 pub mod resp;

@@ -209,6 +209,16 @@ struct ServeArgs {
     /// (64 MiB); before AUTH, at Redis's 10 arguments of 16 KiB.
     #[arg(long, default_value_t = fenced_resp::DEFAULT_MAX_QUERY_BUFFER_TOTAL)]
     resp_query_buffer_total: usize,
+    /// gRPC calls without a valid token (none where the node has users, or an unknown or
+    /// expired one) that may be reading their request at once, all connections together
+    /// (0: no limit). One past it is refused with RESOURCE_EXHAUSTED before its body is
+    /// read; each such call may send at most 64 KiB, within 10 s.
+    #[arg(long, default_value_t = fenced_server::pre_auth::DEFAULT_UNAUTHENTICATED_CALLS)]
+    grpc_unauthenticated_calls: usize,
+    /// HTTP/2 streams (calls in flight) per gRPC connection; a client's calls past it wait
+    /// for one to end.
+    #[arg(long, default_value_t = fenced_server::pre_auth::DEFAULT_MAX_CONCURRENT_STREAMS)]
+    grpc_max_concurrent_streams: u32,
     /// Recovery after a lost quorum: make this member's data dir (all of its log, committed
     /// or not) a new cluster of this member alone, revision bumped by --bump-revision and
     /// every lock dropped; the old data dir is kept beside it. Other members never rejoin:
@@ -470,6 +480,8 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.max_pending_requests = a.max_pending_requests;
     cfg.max_clients = a.max_clients;
     cfg.resp_query_buffer_total = a.resp_query_buffer_total;
+    cfg.grpc_unauthenticated_calls = a.grpc_unauthenticated_calls;
+    cfg.grpc_max_concurrent_streams = a.grpc_max_concurrent_streams.max(1);
     cfg.bump_revision = a.bump_revision;
     cfg.digest_interval = a.digest_interval;
     a.etcd.apply(&mut cfg)?;

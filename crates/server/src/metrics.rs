@@ -63,6 +63,9 @@ pub struct Metrics {
     stale_writes: Family<Via, Counter>,
     /// RESP connections closed for their unparsed input, by limit.
     resp_input_closed: Family<Reason, Counter>,
+    /// gRPC calls without a valid token refused before their body was read, by limit
+    /// ([`crate::pre_auth`]).
+    grpc_unauthenticated_refused: Family<Reason, Counter>,
     term: Gauge,
     is_leader: Gauge,
     /// 1 while this member's divergence alarm is raised.
@@ -202,6 +205,7 @@ impl Metrics {
             releases: Family::default(),
             stale_writes: Family::default(),
             resp_input_closed: Family::default(),
+            grpc_unauthenticated_refused: Family::default(),
             term: Gauge::default(),
             is_leader: Gauge::default(),
             alarm_corrupt: Gauge::default(),
@@ -287,6 +291,13 @@ impl Metrics {
              unauthenticated (over 10 arguments or a 16 KiB bulk before AUTH), query_buffer \
              (a request over 64 MiB), query_buffer_total (--resp-query-buffer-total)",
             m.resp_input_closed.clone(),
+        );
+        r.register(
+            "grpc_unauthenticated_refused",
+            "gRPC calls without a valid token refused before their body was read, by reason: \
+             body_size (over 64 KiB), body_time (not sent within 10 s), calls \
+             (--grpc-unauthenticated-calls reading theirs already)",
+            m.grpc_unauthenticated_refused.clone(),
         );
         r.register("raft_term", "Current Raft term", m.term.clone());
         r.register(

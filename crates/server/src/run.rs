@@ -347,7 +347,8 @@ async fn listen(
     crate::metrics::spawn_watchdog(node.clone(), metrics_listener, shutdown_rx.clone())
         .map_err(|e| StartError::Config(format!("starting the watchdog thread: {e}")))?;
     {
-        let mut builder = tonic::transport::Server::builder();
+        let mut builder = tonic::transport::Server::builder()
+            .max_concurrent_streams(cfg.grpc_max_concurrent_streams.max(1));
         let mut check = fenced_tls::PeerCertCheck::open();
         if let Some(t) = &cfg.tls {
             builder = builder
@@ -364,8 +365,15 @@ async fn listen(
         ));
         // Counts and times the client API's calls (fenced.v1 and etcd's; node-to-node calls
         // pass).
+        // Then the limits on calls without a valid token, before their bodies are read.
+        let pre_auth = crate::pre_auth::PreAuthLayer::new(
+            users.clone(),
+            cfg.grpc_unauthenticated_calls,
+            node.metrics().clone(),
+        );
         let router = builder
             .layer(node.metrics().grpc_layer())
+            .layer(pre_auth)
             .add_service(raft_server(
                 raft.clone(),
                 gate.clone(),

@@ -126,19 +126,31 @@ impl Users {
     /// `token` metadata ([`ETCD_TOKEN`]); it is looked up the same way, and an unknown or
     /// expired one is etcd's "invalid auth token".
     pub fn caller<T>(&self, req: &Request<T>) -> Result<Arc<User>, Status> {
-        if req.metadata().get(AUTHORIZATION).is_none() {
-            if let Some(value) = req.metadata().get(ETCD_TOKEN) {
+        self.caller_of(req.metadata().as_ref(), true)
+    }
+
+    /// Whether a call's headers name a caller ([`Users::caller`] would succeed), read
+    /// before its body is ([`crate::pre_auth`]); an expired token is left for the handler
+    /// to report.
+    pub fn has_caller(&self, headers: &http::HeaderMap) -> bool {
+        self.caller_of(headers, false).is_ok()
+    }
+
+    /// [`Users::caller`] of a call's headers; `forget` drops an expired token found.
+    fn caller_of(&self, headers: &http::HeaderMap, forget: bool) -> Result<Arc<User>, Status> {
+        if headers.get(AUTHORIZATION).is_none() {
+            if let Some(value) = headers.get(ETCD_TOKEN) {
                 let token = value
                     .to_str()
                     .map_err(|_| Status::unauthenticated("etcdserver: invalid auth token"))?;
                 // etcd's text, on which etcd clients log in again and retry: a token of
                 // another node (or of this one before a restart) is unknown here.
                 return self
-                    .user_of(token.trim())
+                    .user_of(token.trim(), forget)
                     .map_err(|_| Status::unauthenticated("etcdserver: invalid auth token"));
             }
         }
-        let Some(value) = req.metadata().get(AUTHORIZATION) else {
+        let Some(value) = headers.get(AUTHORIZATION) else {
             return self.anonymous.clone().ok_or_else(|| {
                 Status::unauthenticated(
                     "authentication required: this node has users (--acl-file or \
@@ -158,7 +170,7 @@ impl Users {
                     "malformed 'authorization' header: expected 'Bearer <token>'",
                 )
             })?;
-        self.user_of(token)
+        self.user_of(token, forget)
     }
 
     /// Whether a call without a token runs as a `default` user (open, or with limits).
@@ -167,14 +179,16 @@ impl Users {
     }
 
     /// The user of a token this node issued, if it has not expired.
-    fn user_of(&self, token: &str) -> Result<Arc<User>, Status> {
+    fn user_of(&self, token: &str, forget: bool) -> Result<Arc<User>, Status> {
         let now = Instant::now();
         let mut tokens = self.tokens();
         let key = digest(token);
         match tokens.get(&key) {
             Some(t) if t.expires > now => Ok(t.user.clone()),
             Some(_) => {
-                tokens.remove(&key);
+                if forget {
+                    tokens.remove(&key);
+                }
                 Err(Status::unauthenticated(
                     "the token has expired: authenticate again (fenced.v1.Auth/Authenticate)",
                 ))

@@ -6,6 +6,17 @@ use std::time::Duration;
 
 use super::{Metrics, Peer, Reason};
 
+impl Metrics {
+    /// A gRPC call without a valid token refused for `reason` ([`crate::pre_auth`]).
+    pub fn grpc_unauthenticated_refused(&self, reason: &'static str) {
+        self.grpc_unauthenticated_refused
+            .get_or_create(&Reason {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+}
+
 impl fenced_resp::CommandObserver for Metrics {
     fn command(&self, command: &'static str, ok: bool, took: Duration) {
         self.resp.record(command, ok, took.as_secs_f64());
