@@ -3,7 +3,10 @@
 //! member in turn (the leader first) is SIGKILLed and restarted — it must print every value
 //! once, in order — and, through the generated tonic client, what etcdctl cannot show:
 //! several watches on one stream, filters, `prev_kv`, replay from an old revision across
-//! many pages, cancel, duplicate ids, progress requests and the compacted cancel.
+//! many pages, cancel, duplicate ids, progress requests and the compacted cancel; and a
+//! quiet watch that compaction never cancels while `LOCK.*` traffic over RESP takes the
+//! revisions (`etcdctl compact` at the current revision, and fenced's auto-compaction), with
+//! progress answers that never name a revision above the store's (issue 38, item 3).
 //!
 //! Run: `cargo test -p fenced-server --test etcd_watch` (needs `etcdctl`: `apt-get install -y
 //! etcd-client`).
@@ -20,7 +23,10 @@ use fenced_proto::etcd::etcdserverpb as epb;
 use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
 use fenced_proto::etcd::etcdserverpb::watch_client::WatchClient;
 use fenced_proto::etcd::mvccpb;
-use support::{follower_of, require, wait_for, TestCluster, LEADER_TIMEOUT};
+use support::{
+    etcdctl_in_ok, follower_of, require, resp_cmd, resp_connect, wait_for, within, TestCluster,
+    LEADER_TIMEOUT,
+};
 use tokio::sync::mpsc;
 use tonic::Streaming;
 
@@ -346,6 +352,160 @@ async fn watches_deliver_every_change_in_order_filter_replay_cancel_and_report_c
     assert_eq!(
         got.iter().map(|e| brief(e).1).collect::<Vec<_>>(),
         ["w/c", "w/d", "w/e"]
+    );
+}
+
+/// The store's revision now, by a linearizable read through node `id` (reads take none).
+async fn store_revision(c: &TestCluster, id: u64) -> i64 {
+    KvClient::new(c.raw_channel(id))
+        .range(epb::RangeRequest {
+            key: b"w/".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("range: {e}"))
+        .into_inner()
+        .header
+        .unwrap_or_default()
+        .revision
+}
+
+/// `cycles` LOCK.ACQUIRE / LOCK.RELEASE over RESP on node `id`: revisions that are no etcd
+/// write.
+async fn lock_traffic(c: &TestCluster, id: u64, cycles: usize) {
+    let mut con = resp_connect(c, id).await;
+    for i in 0..cycles {
+        let name = format!("busy-{}", i % 7);
+        let token: i64 = resp_cmd(&mut con, &["LOCK.ACQUIRE", &name, "me", "10000"]).await;
+        let released: i64 =
+            resp_cmd(&mut con, &["LOCK.RELEASE", &name, "me", &token.to_string()]).await;
+        assert_eq!(released, 1, "{name} released");
+    }
+}
+
+/// A quiet watch (caught up, nothing written to its range since) is never cancelled by a
+/// compaction at a revision that lock commands took — etcd never compacts a synced watcher —
+/// neither by `etcdctl compact $(current revision)` nor by fenced's auto-compaction on a
+/// cluster busy with `LOCK.*`; an unsynced watch from below the compact revision still is.
+/// And a progress request on a stream whose only watch starts in the future names at most the
+/// store's revision (etcd 3.5.1 answers its current revision).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_watches_survive_compaction_while_lock_traffic_takes_the_revisions() {
+    require("etcdctl", &["version"]);
+    // Revision mode, the last 20 revisions: lock traffic alone keeps compacting.
+    let c = TestCluster::start(
+        "etcd-watch-quiet",
+        &[
+            "--auto-compaction-mode",
+            "revision",
+            "--auto-compaction-retention",
+            "20",
+        ],
+    );
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let f = follower_of(leader);
+    let all: Vec<u64> = c.ids().collect();
+    // A superseded version, so that auto-compaction has something to compact.
+    put(&c, &all, "w/a", "1").await;
+    let last_write = put(&c, &[leader], "w/a", "2").await;
+
+    // Two quiet watches, on a follower and on the leader.
+    let mut quiet = Vec::new();
+    for id in [f, leader] {
+        let mut s = Stream::open(&c, id).await;
+        // From after the last write (a follower's own current revision may lag behind it).
+        s.create(epb::WatchCreateRequest {
+            start_revision: last_write + 1,
+            ..prefix("w/")
+        })
+        .await;
+        let created = s.next().await;
+        assert!(created.created && !created.canceled, "{created:?}");
+        quiet.push(s);
+    }
+
+    // 1. etcdctl compact at the current revision, taken by lock commands.
+    lock_traffic(&c, leader, 30).await;
+    let now = store_revision(&c, leader).await;
+    assert!(now > last_write + 30, "lock commands took revisions: {now}");
+    let out = etcdctl_in_ok(&c.endpoints(), &["compact", &now.to_string()], "");
+    assert!(out.contains(&now.to_string()), "{out}");
+    for s in &mut quiet {
+        s.quiet(Duration::from_millis(500)).await;
+    }
+
+    // 2. Auto-compaction while LOCK.* keeps the cluster busy: wait until it compacted past
+    //    the second write of x/a (a read below it is refused), well past the watches'
+    //    positions.
+    //    A superseded version outside the watched range, for it to compact (the explicit
+    //    compaction left none, and auto-compaction waits for one).
+    put(&c, &[leader], "x/a", "1").await;
+    let x2 = put(&c, &[leader], "x/a", "2").await;
+    let mut kv = KvClient::new(c.raw_channel(leader));
+    let mut rounds = 0;
+    loop {
+        lock_traffic(&c, leader, 20).await;
+        let r = kv
+            .range(epb::RangeRequest {
+                key: b"w/a".to_vec(),
+                revision: x2 - 1,
+                ..Default::default()
+            })
+            .await;
+        if matches!(&r, Err(e) if e.message().contains("compacted")) {
+            break;
+        }
+        rounds += 1;
+        assert!(rounds < 50, "auto-compaction never passed {x2}: {r:?}");
+    }
+    for s in &mut quiet {
+        s.quiet(Duration::from_millis(500)).await;
+    }
+    // Still watching: the next write arrives, once, on both.
+    let r = put(&c, &[leader], "w/b", "3").await;
+    for s in &mut quiet {
+        let got = s.events(0, 1, &mut Vec::new()).await;
+        assert_eq!(
+            got.iter().map(brief).collect::<Vec<_>>(),
+            [(PUT, "w/b".into(), "3".into(), r)]
+        );
+    }
+    // An unsynced watch from below the compact revision is cancelled, as in etcd.
+    let mut late = Stream::open(&c, f).await;
+    late.create(epb::WatchCreateRequest {
+        start_revision: last_write,
+        ..prefix("w/")
+    })
+    .await;
+    assert!(late.next().await.created);
+    let compacted = late.next().await;
+    assert!(
+        compacted.canceled && compacted.compact_revision > now,
+        "{compacted:?}"
+    );
+
+    // 3. Progress with a watch starting in the future.
+    let mut future = Stream::open(&c, f).await;
+    let before = store_revision(&c, f).await;
+    future
+        .create(epb::WatchCreateRequest {
+            start_revision: before + 1_000,
+            ..prefix("w/")
+        })
+        .await;
+    assert!(future.next().await.created);
+    future
+        .send(epb::watch_request::RequestUnion::ProgressRequest(
+            epb::WatchProgressRequest {},
+        ))
+        .await;
+    let progress = within("a progress answer", RESPONSE, future.next()).await;
+    let after = store_revision(&c, f).await;
+    let named = progress.header.unwrap_or_default().revision;
+    assert_eq!(progress.watch_id, -1, "{progress:?}");
+    assert!(
+        named >= before && named <= after,
+        "a progress answer names {named}; the store was at {before}..={after}"
     );
 }
 

@@ -62,6 +62,21 @@ impl super::EtcdStore {
         if rev > current {
             return Err(EtcdError::FutureRevision { current });
         }
+        // The newest write at or below `rev`: those above the previous compact revision are
+        // all still in the change feed (only this compaction removes them), older ones were
+        // counted by the previous compactions.
+        let newest_below = self
+            .by_rev
+            .range((
+                Bound::Unbounded,
+                Bound::Included(Rev {
+                    main: rev,
+                    sub: u32::MAX,
+                }),
+            ))
+            .next_back()
+            .map_or(0, |(r, _)| r.main);
+        self.compacted_writes.0 = self.compacted_writes.0.max(newest_below);
         // Every entry at or below the previous compact revision has been walked already.
         self.compact_cursor.get_or_insert(Rev {
             main: self.compact_revision,

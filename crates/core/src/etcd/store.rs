@@ -58,7 +58,27 @@ pub struct EtcdStore {
     /// `(lease, key)` for every live key whose newest version names a lease: the keys a
     /// lease's end deletes. Derived from `latest` (rebuilt on decode, never encoded).
     pub(super) by_lease: CowSet<(LeaseId, Bytes)>,
+    /// An upper bound of the last write at or below the compact revision, as this node knows
+    /// it: exact from the compactions it applied, the compact revision itself after a decode
+    /// (the writes compaction removed are gone). Only watches read it
+    /// ([`synced_position`](Self::synced_position)); never encoded, and equal in every
+    /// comparison ([`NodeLocal`]), so replicas' states and digests are as before.
+    pub(super) compacted_writes: NodeLocal<Revision>,
 }
+
+/// A value one node keeps beside the replicated state, for its own readers: not encoded and
+/// ignored by `==`, so two replicas whose replicated state is equal compare equal whatever
+/// each knows locally.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct NodeLocal<T>(pub(crate) T);
+
+impl<T> PartialEq for NodeLocal<T> {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl<T> Eq for NodeLocal<T> {}
 
 #[derive(Serialize)]
 #[serde(rename = "EtcdStore")]
@@ -97,6 +117,9 @@ impl<'de> Deserialize<'de> for EtcdStore {
             compact_revision: wire.compact_revision,
             last_write: wire.last_write,
             compact_cursor: wire.compact_cursor,
+            // Every write is at or below the last; otherwise the compaction may have removed
+            // writes up to its revision.
+            compacted_writes: NodeLocal(wire.last_write.min(wire.compact_revision)),
             ..EtcdStore::default()
         };
         for ((key, main, sub), stored) in wire.versions.iter() {

@@ -245,3 +245,60 @@ fn a_watch_may_start_at_the_compact_revision_and_gets_its_puts_but_not_its_delet
         })
     );
 }
+
+/// Issue 38, item 3: compaction at a revision taken by commands that are not etcd writes
+/// (lock grants, keep-alives) cancels no synced watcher — it missed nothing — while one that
+/// had not seen a write now compacted is still cancelled, and so is a new watch below it.
+#[test]
+fn a_synced_watcher_survives_a_compaction_past_it_that_removed_no_write_it_missed() {
+    let mut s = EtcdStore::new();
+    put(&mut s, 2, "a", "1");
+    put(&mut s, 5, "b", "1");
+    // Revisions 6..=40 are lock commands; compaction at 40, then a write at 41.
+    s.compact(40, 40).expect("compact");
+    put(&mut s, 41, "a", "2");
+    let range = KeyRange::prefix("");
+    // Caught up at 30 (after the write at 5): it may read on from 40 and sees the put at 41.
+    let from = s.synced_position(30);
+    assert_eq!(from, 40);
+    let page = s
+        .events_since(from, &range, 0, false)
+        .expect("not compacted");
+    assert_eq!(page.events.len(), 1);
+    assert_eq!(page.events[0].kv.mod_revision, 41);
+    // Caught up exactly at the last compacted write.
+    assert_eq!(s.synced_position(5), 40);
+    // At 4 it had not seen the write at 5, which compaction removed: cancelled.
+    assert_eq!(s.synced_position(4), 4);
+    assert_eq!(
+        s.events_since(4, &range, 0, false).map(|_| ()),
+        Err(EtcdError::Compacted {
+            compact_revision: 40
+        })
+    );
+    // A later compaction that removes the write at 41 cancels the watcher still at 40.
+    s.compact(45, 45).expect("compact");
+    assert_eq!(s.synced_position(40), 40);
+    assert_eq!(s.synced_position(41), 45);
+    // Decoded (a snapshot install, a restart), the store cannot tell: conservative.
+    let bytes = bincode::serialize(&s).expect("encode");
+    let back: EtcdStore = bincode::deserialize(&bytes).expect("decode");
+    assert_eq!(
+        back, s,
+        "the local knowledge is no part of the replicated state"
+    );
+    assert_eq!(
+        back.synced_position(41),
+        45,
+        "last write 41 is below the compact revision"
+    );
+    let mut later = back.clone();
+    put(&mut later, 50, "c", "1");
+    let back: EtcdStore =
+        bincode::deserialize(&bincode::serialize(&later).expect("encode")).expect("decode");
+    assert_eq!(
+        back.synced_position(42),
+        42,
+        "writes after 45 exist: unknown below it"
+    );
+}

@@ -212,4 +212,9 @@ impl StateMachine {
     ) -> Result<Events, EtcdError> {
         self.etcd.events_since(after, range, limit, prev_kv)
     }
+
+    /// Where a synced watcher at `after` reads on from ([`EtcdStore::synced_position`]).
+    pub fn etcd_synced_position(&self, after: Revision) -> Revision {
+        self.etcd.synced_position(after)
+    }
 }

@@ -13,19 +13,31 @@
 //! * **Slow watchers never stall apply.** Nothing here holds the state lock while it reads
 //!   or sends: each page is computed on its own clone, and sending waits for the client
 //!   (a bounded channel). A watcher that falls behind catches up from the history; if
-//!   compaction passed its position meanwhile, it is cancelled with etcd's
+//!   compaction removed a write it had not seen, it is cancelled with etcd's
 //!   `compact_revision` (clients see "required revision has been compacted").
+//! * **Synced watchers are never compacted**, as in etcd. A stream wakes only when the
+//!   keyspace changes, so a quiet watcher's position stays at the last etcd write it saw
+//!   while lock commands, keep-alives and failed txns take revisions; a compaction at one of
+//!   those (`etcdctl compact $(current)`, fenced's auto-compaction on a busy lock table)
+//!   removed nothing the watcher missed. A watcher that has caught up once is *synced*: it
+//!   reads on from [`StateMachine::etcd_synced_position`], the compact revision when no
+//!   write it missed was compacted. Only an unsynced watch below the compact revision (a new
+//!   one from an old revision, or one still behind a write that was then compacted) is
+//!   cancelled. What a node knows of compacted writes is its own: after a snapshot install or
+//!   restart it is conservative (the streams of a restarted node are new anyway).
 //! * **Pages** hold up to [`PAGE_EVENTS`] events and never split a revision (etcd sends one
 //!   revision's events in one response). A watch created with `fragment` has responses over
 //!   [`FRAGMENT_BYTES`] split into fragments, the last one with `fragment = false`.
 //! * **Positions.** `start_revision` s watches from `after = s - 1`; 0 = from this node's
 //!   current revision. A watcher that has seen everything up to the state it read moves its
-//!   position to that state's revision, so a compaction at or below it (revisions of lock
-//!   commands included) never cancels a caught-up watcher.
+//!   position to that state's revision.
 //! * **Progress.** `progress_notify` watches get an empty response with the current
 //!   position every [`PROGRESS_NOTIFY`] without events (etcd's default interval). A
 //!   `WatchProgressRequest` is answered (watch id -1, as etcd 3.5) once every watch of the
-//!   stream has caught up, with the revision up to which all of them have seen everything.
+//!   stream has caught up, with the revision up to which all of them have seen everything —
+//!   never above the store's revision (a watch starting in the future has seen everything up
+//!   to now, not up to its start): etcd 3.5.1 answers its current revision. A
+//!   `progress_notify` answer is capped the same way.
 //! * **Ids** as etcd: 0 asks for one (the stream's next free id, from 0), any other must be
 //!   unused on the stream; a cancel of an unknown id is ignored.
 //! * **Permissions**: a watch needs `GET` on its range ([`permit_range`]); refused, it is
@@ -114,6 +126,9 @@ struct Watcher {
     prev_kv: bool,
     fragment: bool,
     progress_notify: bool,
+    /// It has caught up with a state once (or started at or after the current revision):
+    /// compaction cancels it only if it removed a write the watcher has not seen.
+    synced: bool,
     /// When it last sent anything (for progress notifications).
     last_sent: Instant,
 }
@@ -204,10 +219,13 @@ impl Feed {
                 // Catch every watch up first: the answer promises all of them have seen
                 // everything up to its revision.
                 self.catch_up().await?;
-                let revision = match self.watchers.values().map(|w| w.after).min() {
-                    Some(r) => r,
-                    None => self.api.node.local(|sm| sm.revision()),
-                };
+                let now = self.api.node.local(|sm| sm.revision());
+                let revision = self
+                    .watchers
+                    .values()
+                    .map(|w| w.after)
+                    .min()
+                    .map_or(now, |r| r.min(now));
                 self.send(epb::WatchResponse {
                     header: self.api.header(revision),
                     watch_id: NO_WATCH,
@@ -248,17 +266,20 @@ impl Feed {
         };
         let filters = |f: epb::watch_create_request::FilterType| c.filters.contains(&(f as i32));
         let start = rev_in(c.start_revision);
+        let after = if start == 0 { now } else { start - 1 };
         self.api.node.metrics().etcd_watchers(1);
         self.watchers.insert(
             id,
             Watcher {
                 range,
-                after: if start == 0 { now } else { start - 1 },
+                after,
                 no_put: filters(epb::watch_create_request::FilterType::Noput),
                 no_delete: filters(epb::watch_create_request::FilterType::Nodelete),
                 prev_kv: c.prev_kv,
                 fragment: c.fragment,
                 progress_notify: c.progress_notify,
+                // etcd's rule: a watch from now or from the future is synced at once.
+                synced: after >= now,
                 last_sent: Instant::now(),
             },
         );
@@ -291,9 +312,15 @@ impl Feed {
             let Some(w) = self.watchers.get(&id) else {
                 return Ok(());
             };
-            let (range, after, prev_kv) = (w.range.clone(), w.after, w.prev_kv);
+            let (range, prev_kv) = (w.range.clone(), w.prev_kv);
             let sm = self.api.node.local(StateMachine::clone);
             let state_rev = sm.revision();
+            // A synced watcher reads on past a compaction that removed nothing it missed.
+            let after = if w.synced {
+                sm.etcd_synced_position(w.after)
+            } else {
+                w.after
+            };
             let read = move || sm.etcd_events_since(after, &range, PAGE_EVENTS, prev_kv);
             let page = if state_rev.saturating_sub(after) <= INLINE_GAP {
                 read()
@@ -347,6 +374,7 @@ impl Feed {
             w.after = if page.more {
                 page.resume_after
             } else {
+                w.synced = true;
                 page.resume_after.max(state_rev)
             };
             let fragment = w.fragment;
@@ -376,12 +404,13 @@ impl Feed {
             return Ok(());
         }
         self.catch_up().await?;
+        let now = self.api.node.local(|sm| sm.revision());
         for id in due {
             let Some(w) = self.watchers.get_mut(&id) else {
                 continue;
             };
             w.last_sent = Instant::now();
-            let header = self.api.header(w.after);
+            let header = self.api.header(w.after.min(now));
             self.send(epb::WatchResponse {
                 header,
                 watch_id: id,
