@@ -158,7 +158,7 @@ proptest! {
             let ended: Vec<i64> = model
                 .values()
                 .copied()
-                .filter(|l| *l != 0 && a.sm.session_info(*l as u64).is_none())
+                .filter(|l| *l != 0 && a.sm.session_info(*l as u64, a.sm.now()).is_none())
                 .collect();
             let gone: Vec<&str> = model
                 .iter()

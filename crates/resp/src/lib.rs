@@ -85,10 +85,11 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Vec<Result<Response, BackendError>>;
     /// Ended grants applied on this node (`Event::LockReleased`), for the lock-loss channels.
     fn lock_events(&self) -> broadcast::Receiver<Event>;
-    /// Session `id` is certainly gone on this node's applied state: it was opened at or
-    /// before the revision applied here (a session id is the revision that opened it) and
-    /// is no longer there. Never true for a session this node has not caught up to.
-    fn session_gone(&self, id: u64) -> bool;
+    /// Session `id` is gone, as of a linearizable read judged at the read's time (the path of
+    /// [`Backend::read`]): it was opened at or before the revision read (a session id is the
+    /// revision that opened it) and is not there, or its deadline passed at the read's time.
+    /// `false` if the read fails (no leader, say): nothing is reported then.
+    async fn session_gone(&self, id: u64) -> bool;
     /// This node's log time (ms): the lease left after a keep-alive is its deadline minus it.
     fn log_time(&self) -> u64;
     /// Keyspace events applied on this node (pub/sub messages, list pushes).

@@ -176,6 +176,10 @@ pub struct TestHooks {
     /// simulator reach what only a long queue reaches otherwise (a client's pipeline at a
     /// batch's edge).
     pub forward_max_items: Option<usize>,
+    /// The leader never proposes the expiry ticks of its ticker (`Node::ticker`): deadlines
+    /// pass on its clock while no tick is applied, and only reads (which commit the time
+    /// they judge at) or other traffic move the log time.
+    pub hold_ticks: bool,
 }
 
 /// The environment variable that must be `1` for `fenced serve` to accept test hooks.

@@ -169,6 +169,9 @@ struct ServeArgs {
     /// TEST ONLY (needs FENCED_UNSAFE_TEST_HOOKS=1): advertise these apply rules.
     #[arg(long, hide = true)]
     unsafe_test_advertise_semantics: Option<u8>,
+    /// TEST ONLY (needs FENCED_UNSAFE_TEST_HOOKS=1): the leader proposes no expiry ticks.
+    #[arg(long, hide = true)]
+    unsafe_test_hold_ticks: bool,
     /// How often the leader sends heartbeats (ms).
     #[arg(long, default_value_t = fenced_server::config::DEFAULT_HEARTBEAT_MS)]
     heartbeat_ms: u64,
@@ -489,8 +492,9 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
         diverge_at: a.unsafe_test_diverge_at_index,
         advertise_semantics: a.unsafe_test_advertise_semantics,
         forward_max_items: None,
+        hold_ticks: a.unsafe_test_hold_ticks,
     };
-    if hooks.diverge_at.is_some() || hooks.advertise_semantics.is_some() {
+    if hooks.diverge_at.is_some() || hooks.advertise_semantics.is_some() || hooks.hold_ticks {
         let env = fenced_server::config::TEST_HOOKS_ENV;
         if std::env::var(env).as_deref() != Ok("1") {
             bail!("the --unsafe-test-* flags are for tests only; they need {env}=1");

@@ -84,6 +84,8 @@ struct Inner {
     handing_off: std::sync::atomic::AtomicBool,
     /// The divergence alarm and the apply-semantics gate ([`alarm`]).
     alarms: Alarms,
+    /// Test hook ([`crate::config::TestHooks::hold_ticks`]): the ticker proposes nothing.
+    hold_ticks: bool,
 }
 
 impl Node {
@@ -111,6 +113,7 @@ impl Node {
                 hub,
                 clock: LeaderClock::new(cfg.clock.clone()),
                 handing_off: std::sync::atomic::AtomicBool::new(false),
+                hold_ticks: cfg.test_hooks.hold_ticks,
                 alarms,
                 forwarder: Forwarder::new(
                     raft.clone(),
@@ -663,6 +666,7 @@ impl Node {
                         self.inner.state.read(|sm| (sm.next_deadline(), sm.now()));
                     let now = self.inner.clock.peek(term, || applied);
                     match next {
+                        Some(_) if self.inner.hold_ticks => TICK_MAX_SLEEP,
                         Some(due) if due <= now => {
                             if let Err(e) = self.propose_local(None, Command::Tick).await {
                                 tracing::debug!("tick: {e}");

@@ -151,9 +151,18 @@ impl Backend for RespBackend {
         self.node.hub().watch_released()
     }
 
-    fn session_gone(&self, id: u64) -> bool {
+    async fn session_gone(&self, id: u64) -> bool {
+        // Gone on the applied state already: gone for good (session ids are never reused).
+        if self
+            .node
+            .local(|sm| sm.revision() >= id && sm.session_info(id, sm.now()).is_none())
+        {
+            return true;
+        }
         self.node
-            .local(|sm| sm.revision() >= id && sm.session_info(id).is_none())
+            .read_timed(|sm, now| sm.revision() >= id && sm.session_info(id, now).is_none())
+            .await
+            .unwrap_or(false)
     }
 
     fn log_time(&self) -> u64 {

@@ -236,7 +236,10 @@ fn a_lease_takes_etcds_ttl_limit_not_the_sessions_day() {
     let mut log = leases_log();
     let week = 7 * 24 * 3_600_000;
     let a = grant(&mut log, week);
-    assert_eq!(log.sm.session_info(a).map(|i| i.ttl_ms), Some(week));
+    assert_eq!(
+        log.sm.session_info(a, log.sm.now()).map(|i| i.ttl_ms),
+        Some(week)
+    );
     let too_long = MAX_LEASE_TTL_S as u64 * 1000 + 1;
     assert!(matches!(
         one(&mut log, Command::OpenLease { ttl_ms: too_long }).0,

@@ -84,7 +84,7 @@ fn another_user_cannot_use_a_session_and_its_owner_can() {
     assert_eq!(log.sm.revision(), revision + 5);
     let info = log
         .sm
-        .session_info(bob)
+        .session_info(bob, log.sm.now())
         .expect("bob's session is still there");
     assert_eq!(info.locks, vec!["lock:bs".to_string()]);
     // A keep-alive of several answers "not alive" for bob's, and keeps alice's own.
@@ -183,7 +183,7 @@ fn a_session_expires_with_its_owner_record() {
         semantics: log.semantics,
     };
     log.sm.apply_batch(log.index, &tick);
-    assert!(log.sm.session_info(bob).is_none());
+    assert!(log.sm.session_info(bob, log.sm.now()).is_none());
     assert_eq!(log.sm.session_owner(bob), None);
     log.sm.check_invariants().expect("invariants");
 }

@@ -78,8 +78,13 @@ impl StateMachine {
         self.locks.get(name).map_or(0, |l| l.queue.len())
     }
 
-    pub fn session_info(&self, id: SessionId) -> Option<SessionInfo> {
-        let s = self.sessions.get(&id)?;
+    /// Session `id` as of log time `now`: `None` if it does not exist or its deadline is at or
+    /// before `now` (it expires at the next tick that reaches `now`). Reads pass the time they
+    /// judge at (`read_timed`'s), never the applied state's alone: a session past its
+    /// deadline on the leader's clock is still in an unticked state, and a read that asks
+    /// only whether it is there would call it alive on every member until the next tick.
+    pub fn session_info(&self, id: SessionId, now: Millis) -> Option<SessionInfo> {
+        let s = self.sessions.get(&id).filter(|s| s.deadline > now)?;
         Some(SessionInfo {
             id,
             ttl_ms: s.ttl_ms,

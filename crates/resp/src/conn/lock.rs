@@ -327,7 +327,7 @@ pub(super) fn lock_info(sm: &StateMachine, now: u64, name: &str) -> Reply {
 
 /// `SESSION.INFO id` on `sm` at log time `now`.
 pub(super) fn session_info(sm: &StateMachine, now: u64, id: u64) -> Reply {
-    let Some(s) = sm.session_info(id) else {
+    let Some(s) = sm.session_info(id, now) else {
         return Reply::NilArray;
     };
     Reply::Map(vec![
@@ -447,8 +447,10 @@ async fn may_close(
         return Ok(());
     }
     let read = backend
-        .read(Box::new(move |sm, _| {
-            let names = sm.session_info(session).map_or(Vec::new(), |i| i.locks);
+        .read(Box::new(move |sm, now| {
+            let names = sm
+                .session_info(session, now)
+                .map_or(Vec::new(), |i| i.locks);
             vec![
                 Reply::Array(names.into_iter().map(Reply::bulk).collect()),
                 Reply::Array(

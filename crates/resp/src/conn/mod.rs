@@ -307,7 +307,7 @@ impl Connection {
                     }
                 }
                 Woke::CheckSessions => {
-                    self.check_sessions();
+                    self.check_sessions().await;
                     if self.flush().await.is_err() {
                         break;
                     }

@@ -160,12 +160,18 @@ impl Connection {
     }
 
     /// `session_gone`, once, on each subscribed `fenced:lost:session:<id>` channel whose
-    /// session this node's applied state shows gone ([`crate::Backend::session_gone`]).
-    pub(super) fn check_sessions(&mut self) {
+    /// session a linearizable read judged at its own time shows gone
+    /// ([`crate::Backend::session_gone`]; each read bounded by [`SESSION_CHECK`], a read that
+    /// takes longer reports nothing this round).
+    pub(super) async fn check_sessions(&mut self) {
         let ids: Vec<u64> = self.st.session_channels().collect();
         self.st.gone.retain(|id| ids.contains(id));
         for id in ids {
-            if self.st.gone.contains(&id) || !self.shared.backend.session_gone(id) {
+            if self.st.gone.contains(&id) {
+                continue;
+            }
+            let gone = tokio::time::timeout(SESSION_CHECK, self.shared.backend.session_gone(id));
+            if !gone.await.unwrap_or(false) {
                 continue;
             }
             self.st.gone.insert(id);
@@ -200,7 +206,9 @@ const LAGGED: &[u8] = b"fenced:lost:lagged";
 const SESSION_PREFIX: &[u8] = b"fenced:lost:session:";
 
 /// How often a connection subscribed to a session's lock-loss channel checks whether the
-/// session is gone (on this node's applied state; no traffic).
+/// session is gone (a linearizable read each: it shares the node's read-index rounds, and
+/// commits a tick only when the session's deadline fell between the applied log time and the
+/// leader's clock).
 pub(crate) const SESSION_CHECK: Duration = Duration::from_secs(1);
 
 /// Events were lost (the subscriber fell behind the hub's buffer).

@@ -132,7 +132,7 @@ impl Api {
         let deadline = deadline_ms.or_else(|| {
             session.and_then(|s| {
                 self.node
-                    .local(|sm| sm.session_info(s).map(|i| i.deadline_ms))
+                    .local(|sm| sm.session_info(s, sm.now()).map(|i| i.deadline_ms))
             })
         });
         pb::AcquireResponse {

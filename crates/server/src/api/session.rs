@@ -18,8 +18,20 @@ use fenced_proto::v1::session_server::Session;
 use super::{request_id, unexpected, Api, Reply};
 
 /// How often a lock-loss watch checks that its session still exists (it may end without an
-/// event reaching this node, e.g. when the node catches up by snapshot).
+/// event reaching this node, e.g. when the node catches up by snapshot, and its deadline may
+/// pass on the leader's clock before any tick is applied).
 const WATCH_CHECK: Duration = Duration::from_millis(500);
+
+/// Session `session` is gone: on the applied state already (for good), or as of a
+/// linearizable read judged at its own time (its deadline passed on the leader's clock).
+/// `false` if the read fails or takes longer than [`WATCH_CHECK`]: nothing is reported then.
+async fn session_gone(node: &crate::node::Node, session: u64) -> bool {
+    if node.local(|sm| sm.session_info(session, sm.now()).is_none()) {
+        return true;
+    }
+    let read = node.read_timed(|sm, now| sm.session_info(session, now).is_none());
+    matches!(tokio::time::timeout(WATCH_CHECK, read).await, Ok(Ok(true)))
+}
 
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::SessionEvent, Status>> + Send>>;
 
@@ -32,13 +44,13 @@ impl Session for Api {
         let session = req.into_inner().session;
         let node = self.node.clone();
         let mut released = node.hub().watch_released();
-        // The session must exist now (linearizable), or the watch ends at once.
-        // Judged with the time committed: a session whose deadline passed on the leader's
-        // clock is gone.
+        // The session must exist now (linearizable), or the watch ends at once. Judged at
+        // the read's time: a session whose deadline passed on the leader's clock is gone,
+        // though no tick removed it yet.
         let (exists, owner) = node
-            .read_timed(|sm, _| {
+            .read_timed(|sm, now| {
                 (
-                    sm.session_info(session).is_some(),
+                    sm.session_info(session, now).is_some(),
                     sm.session_owner(session).map(str::to_owned),
                 )
             })
@@ -63,7 +75,7 @@ impl Session for Api {
                 let event = tokio::select! {
                     e = released.recv() => e,
                     _ = check.tick() => {
-                        if node.local(|sm| sm.session_info(session).is_none()) {
+                        if session_gone(&node, session).await {
                             let _ = tx.send(Ok(gone)).await;
                             return;
                         }
@@ -156,9 +168,9 @@ impl Session for Api {
             // read (one taken meanwhile goes too): etcd's rule for revoking a lease.
             let (locks, attached) = self
                 .node
-                .read_timed(|sm, _| {
+                .read_timed(|sm, now| {
                     (
-                        sm.session_info(r.session)
+                        sm.session_info(r.session, now)
                             .map(|i| i.locks)
                             .unwrap_or_default(),
                         sm.lease_keys(r.session),

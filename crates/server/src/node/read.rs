@@ -420,6 +420,13 @@ impl Node {
 /// every time between them — a later leader, whose clock continues from the last committed
 /// time, cannot contradict it. A plain `GET` of a key far from its deadline, or of one without
 /// any, thus costs no tick; a `PTTL` of an expiring key does.
+///
+/// This holds only if `f` judges every deadline at the time it is given, never at the state's
+/// own applied time: a read that asked "is the session there" of an unticked state would
+/// answer the same at both times, and call a session alive whose deadline passed on the
+/// leader's clock. So the state machine's time-dependent views take the time
+/// ([`StateMachine::session_info`] needs `now`, as `Keyspace`'s expiring reads do): a read
+/// cannot ask them without saying at what time.
 fn time_free<T: PartialEq>(
     sm: &StateMachine,
     leader_now: u64,

@@ -234,9 +234,9 @@ impl Lease for EtcdApi {
             // asks for write permission on every attached key).
             let (locks, keys) = self
                 .node
-                .read_timed(|sm, _| {
+                .read_timed(|sm, now| {
                     (
-                        sm.session_info(session)
+                        sm.session_info(session, now)
                             .map(|i| i.locks)
                             .unwrap_or_default(),
                         sm.lease_keys(session),
@@ -348,7 +348,7 @@ impl Lease for EtcdApi {
                     if owned_by_another(sm, s, &user) {
                         return None;
                     }
-                    let info = sm.session_info(s)?;
+                    let info = sm.session_info(s, now)?;
                     let left = info.deadline_ms.checked_sub(now).filter(|l| *l > 0)?;
                     let keys = if with_keys {
                         sm.lease_keys(s)
@@ -384,7 +384,7 @@ impl Lease for EtcdApi {
                     .session_ids()
                     .into_iter()
                     .filter(|s| !owned_by_another(sm, *s, &user))
-                    .filter(|s| sm.session_info(*s).is_some_and(|i| i.deadline_ms > now))
+                    .filter(|s| sm.session_info(*s, now).is_some())
                     .collect();
                 (sm.revision(), ids)
             })

@@ -173,7 +173,11 @@ impl EtcdApi {
                 Ok(Response::Pending) => continue,
                 Ok(Response::NotGranted) => {
                     cancel.armed = false;
-                    let lease_lives = self.node.local(|sm| sm.session_info(lease).is_some());
+                    let lease_lives = self
+                        .node
+                        .read_timed(|sm, now| sm.session_info(lease, now).is_some())
+                        .await
+                        .unwrap_or(false);
                     return Err(if lease_lives {
                         Status::aborted(
                             "fenced: a newer Lock call with the same lease took this call's \
