@@ -399,6 +399,16 @@ impl Command {
         }
     }
 
+    /// This command runs a Lua script (`EVAL`, `EVALSHA` and their `_RO` forms, alone, in a
+    /// pipeline or in `MULTI`).
+    pub fn runs_script(&self) -> bool {
+        match self {
+            Command::Kv(kv) => kv.runs_script(),
+            Command::AsUser { cmd, .. } => cmd.runs_script(),
+            _ => false,
+        }
+    }
+
     /// Opens a session ([`Command::OpenSession`], [`Command::OpenLease`]).
     pub fn opens_session(&self) -> bool {
         matches!(

@@ -102,6 +102,14 @@ pub enum CoreError {
          request was applied as a no-op; the request did nothing"
     )]
     Quarantined { index: u64 },
+    /// A script, refused at the leader's door while a member runs another Lua build (its
+    /// fingerprint, [`kv::lua_build`], differs from the leader's): they could compute
+    /// different results for it. Appended last.
+    #[error(
+        "scripts are refused while members run different Lua builds: member {member}'s \
+         fingerprint is {theirs:016x}, the leader's {ours:016x} (docs/operations.md, 'Scripts')"
+    )]
+    LuaBuildDiffers { member: u64, theirs: u64, ours: u64 },
 }
 
 /// Errors decoding a snapshot of the state machine.

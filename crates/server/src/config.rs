@@ -172,6 +172,9 @@ pub struct TestHooks {
     /// Advertise these apply rules to the leader instead of `Semantics::NEWEST` (as a member
     /// running older code would).
     pub advertise_semantics: Option<u8>,
+    /// Advertise this Lua build fingerprint instead of this build's (as a member built
+    /// differently would).
+    pub advertise_lua_build: Option<u64>,
     /// Most requests in one forwarded batch, instead of 1,024: small batches make a
     /// simulator reach what only a long queue reaches otherwise (a client's pipeline at a
     /// batch's edge).

@@ -59,7 +59,8 @@ impl From<NodeError> for Status {
                 | CoreError::LimitReached { .. } => Status::resource_exhausted(msg),
                 CoreError::LockBoundToSession(_)
                 | CoreError::RequestTooOld { .. }
-                | CoreError::NotUpgraded { .. } => Status::failed_precondition(msg),
+                | CoreError::NotUpgraded { .. }
+                | CoreError::LuaBuildDiffers { .. } => Status::failed_precondition(msg),
                 _ => Status::invalid_argument(msg),
             },
             NodeError::Fatal(_) => Status::internal(msg),

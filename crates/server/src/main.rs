@@ -172,6 +172,9 @@ struct ServeArgs {
     /// TEST ONLY (needs FENCED_UNSAFE_TEST_HOOKS=1): the leader proposes no expiry ticks.
     #[arg(long, hide = true)]
     unsafe_test_hold_ticks: bool,
+    /// TEST ONLY (needs FENCED_UNSAFE_TEST_HOOKS=1): advertise this Lua build fingerprint.
+    #[arg(long, hide = true)]
+    unsafe_test_advertise_lua_build: Option<u64>,
     /// How often the leader sends heartbeats (ms).
     #[arg(long, default_value_t = fenced_server::config::DEFAULT_HEARTBEAT_MS)]
     heartbeat_ms: u64,
@@ -491,10 +494,15 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     let hooks = fenced_server::config::TestHooks {
         diverge_at: a.unsafe_test_diverge_at_index,
         advertise_semantics: a.unsafe_test_advertise_semantics,
+        advertise_lua_build: a.unsafe_test_advertise_lua_build,
         forward_max_items: None,
         hold_ticks: a.unsafe_test_hold_ticks,
     };
-    if hooks.diverge_at.is_some() || hooks.advertise_semantics.is_some() || hooks.hold_ticks {
+    if hooks.diverge_at.is_some()
+        || hooks.advertise_semantics.is_some()
+        || hooks.advertise_lua_build.is_some()
+        || hooks.hold_ticks
+    {
         let env = fenced_server::config::TEST_HOOKS_ENV;
         if std::env::var(env).as_deref() != Ok("1") {
             bail!("the --unsafe-test-* flags are for tests only; they need {env}=1");
@@ -788,6 +796,8 @@ async fn status(a: StatusArgs) -> anyhow::Result<()> {
         "alarm": (!s.alarm.is_empty()).then_some(&s.alarm),
         "alarmed_members": &s.alarmed_members,
         "semantics": s.semantics,
+        "lua_build": format!("{:016x}", s.lua_build),
+        "lua_build_differs": &s.lua_build_differs,
     });
     println!("{out}");
     Ok(())

@@ -191,6 +191,13 @@ pub async fn start_with(cfg: NodeConfig, seams: Seams) -> Result<Running, StartE
         advertise,
         sm_store.digests(),
     );
+    if let Some(fingerprint) = cfg.test_hooks.advertise_lua_build {
+        tracing::warn!(
+            fingerprint = format!("{fingerprint:016x}"),
+            "TEST HOOK: advertising another Lua build"
+        );
+        alarms.advertise_lua_build(fingerprint);
+    }
     log_store.observe(metrics.clone());
     metrics.read_log(log_store.committed());
     let state = sm_store.shared();

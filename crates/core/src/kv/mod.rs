@@ -46,7 +46,7 @@ pub use cmd::{
 };
 pub use error::{FenceError, KvError, Stale, NOPERM_CHANNEL, NOPERM_KEY, WRONGTYPE};
 pub use glob::glob_match;
-pub use script::COSTLY_SCRIPTS;
+pub use script::{lua_build, COSTLY_SCRIPTS};
 pub use spec::{cat, ChannelSpec, CommandClass, CommandSpec, KeySpec, CATEGORIES};
 pub use store::{Entry, Keyspace, Score, Value, ZSet};
 pub use types::*;

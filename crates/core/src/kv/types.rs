@@ -58,6 +58,23 @@ pub enum KvCommand {
     },
 }
 
+impl KvCommand {
+    /// Runs a Lua script: `EVAL`, `EVALSHA`, `EVAL_RO` or `EVALSHA_RO` among its commands.
+    pub fn runs_script(&self) -> bool {
+        let script = |argv: &Argv| {
+            argv.first().is_some_and(|name| {
+                [&b"EVAL"[..], b"EVALSHA", b"EVAL_RO", b"EVALSHA_RO"]
+                    .iter()
+                    .any(|s| name.eq_ignore_ascii_case(s))
+            })
+        };
+        match self {
+            KvCommand::Batch(cmds) | KvCommand::Multi { cmds, .. } => cmds.iter().any(script),
+            KvCommand::Restricted { cmd, .. } => cmd.runs_script(),
+        }
+    }
+}
+
 /// What an ACL-restricted user may do, enforced inside `apply` by
 /// [`KvCommand::Restricted`] (deterministically, so scripts cannot get around it). `None`
 /// in a field: no limit of that kind.

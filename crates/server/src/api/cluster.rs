@@ -93,6 +93,12 @@ impl Cluster for Api {
                 0
             },
             alarmed_members: self.node.alarmed_members(),
+            lua_build: self.node.lua_build(),
+            lua_build_differs: if m.state == ServerState::Leader {
+                self.node.lua_build_differs()
+            } else {
+                Vec::new()
+            },
         }))
     }
 

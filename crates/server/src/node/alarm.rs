@@ -33,7 +33,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -64,6 +64,12 @@ pub struct Alarms {
     is_raised: AtomicBool,
     /// The newest rules this member tells the leader it runs.
     advertise: Semantics,
+    /// The Lua build fingerprint this member tells the leader it runs
+    /// ([`fenced_core::kv::lua_build`], or a test hook's).
+    lua_build: AtomicU64,
+    /// On the leader: the members whose Lua build differs from its own, with theirs, as of
+    /// the last check round. While any does, scripts are refused ([`Node::admit`]).
+    lua_differs: Mutex<Vec<(NodeId, u64)>>,
     /// The rules the leader stamps on new entries now.
     stamp: AtomicU8,
     /// On the leader: every member, with the rules it said it runs in this term (`None`:
@@ -79,6 +85,11 @@ pub struct Alarms {
 impl Alarms {
     /// This member's alarm as its data dir (`dir` on `fs`) records it. An unreadable alarm
     /// file counts as raised: the member was told its state is wrong.
+    /// TEST ONLY: advertise this Lua build fingerprint instead of this build's.
+    pub fn advertise_lua_build(&self, fingerprint: u64) {
+        self.lua_build.store(fingerprint, Ordering::Relaxed);
+    }
+
     pub fn open(fs: Arc<dyn Fs>, dir: PathBuf, advertise: Semantics, digests: DigestLog) -> Alarms {
         let raised = match fenced_storage::alarm::load_on(&*fs, &dir) {
             Ok(None) => None,
@@ -98,6 +109,8 @@ impl Alarms {
             changes: watch::Sender::new(raised.is_some()),
             raised: Mutex::new(raised),
             advertise,
+            lua_build: AtomicU64::new(fenced_core::kv::lua_build()),
+            lua_differs: Mutex::new(Vec::new()),
             stamp: AtomicU8::new(Semantics::REVISIONS.0),
             member_rules: Mutex::new(Vec::new()),
             digests,
@@ -186,6 +199,25 @@ impl Node {
     /// the leader stamps now, i.e. some member runs older code ([`fenced_core::gate::admit`]
     /// decides). An etcd write must pass it on the leader (a follower forwards it first).
     pub fn admit(&self, cmd: &fenced_core::Command) -> Result<(), NodeError> {
+        if cmd.runs_script() {
+            let differs = self
+                .inner
+                .alarms
+                .lua_differs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .first()
+                .copied();
+            if let Some((member, theirs)) = differs {
+                return Err(NodeError::Rejected(
+                    fenced_core::CoreError::LuaBuildDiffers {
+                        member,
+                        theirs,
+                        ours: self.lua_build(),
+                    },
+                ));
+            }
+        }
         // Most commands every rule set knows: no lock taken for them.
         if Semantics::needed_by(cmd).0 <= self.stamp_semantics().0 {
             return Ok(());
@@ -205,6 +237,23 @@ impl Node {
         if self.inner.alarms.is_raised() {
             self.raft().runtime_config().elect(false);
         }
+    }
+
+    /// The Lua build fingerprint this member advertises.
+    pub fn lua_build(&self) -> u64 {
+        self.inner.alarms.lua_build.load(Ordering::Relaxed)
+    }
+
+    /// On the leader: the members whose Lua build fingerprint differs from its own.
+    pub fn lua_build_differs(&self) -> Vec<NodeId> {
+        self.inner
+            .alarms
+            .lua_differs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// Answer the leader's check (the `Check` RPC): raise the alarm if it says so.
@@ -247,6 +296,7 @@ impl Node {
                 .map(|(index, digest)| IndexDigest { index, digest })
                 .collect(),
             alarmed: self.inner.alarms.is_raised(),
+            lua_build: self.lua_build(),
         }
     }
 
@@ -329,6 +379,7 @@ impl Node {
         };
         let mut digests: BTreeMap<NodeId, Vec<(u64, u64)>> = BTreeMap::new();
         let mut alarmed = BTreeSet::new();
+        let mut lua_builds: Vec<(NodeId, u64)> = Vec::new();
         digests.insert(me, self.inner.alarms.digests.recent());
         round.semantics.insert(me, self.inner.alarms.advertise);
         let mut calls = tokio::task::JoinSet::new();
@@ -346,6 +397,7 @@ impl Node {
                     let s = u8::try_from(r.semantics).unwrap_or(u8::MAX);
                     round.semantics.insert(id, Semantics(s));
                     digests.insert(id, r.digests.iter().map(|d| (d.index, d.digest)).collect());
+                    lua_builds.push((id, r.lua_build));
                     if r.alarmed {
                         alarmed.insert(id);
                     }
@@ -385,6 +437,8 @@ impl Node {
             .alarmed_members
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = alarmed.clone();
+
+        self.note_lua_builds(lua_builds);
 
         let (verdicts, undecided) = compare(&digests, members.len());
         for index in undecided {
@@ -431,6 +485,39 @@ impl Node {
             {
                 tracing::warn!(member = id, "telling it of its divergence: {s}");
             }
+        }
+    }
+}
+
+impl Node {
+    /// On the leader, after a check round: the members (heard from, running code that
+    /// advertises it) whose Lua build fingerprint differs from this one's. Logged when the
+    /// set changes; scripts are refused while it is not empty ([`Node::admit`]).
+    fn note_lua_builds(&self, heard: Vec<(NodeId, u64)>) {
+        let ours = self.lua_build();
+        let differs: Vec<(NodeId, u64)> = heard
+            .into_iter()
+            .filter(|(_, theirs)| *theirs != 0 && *theirs != ours)
+            .collect();
+        let mut known = self
+            .inner
+            .alarms
+            .lua_differs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if *known != differs {
+            if differs.is_empty() {
+                tracing::info!("every member runs this Lua build again: scripts are accepted");
+            } else {
+                tracing::error!(
+                    ?differs,
+                    ours = format!("{ours:016x}"),
+                    "members run another Lua build (fingerprint differs from the leader's): \
+                     scripts are refused until every member runs the same build \
+                     (docs/operations.md, 'Scripts')"
+                );
+            }
+            *known = differs;
         }
     }
 }

@@ -135,6 +135,20 @@ fn keys_sharing_one_hash_chain_are_charged_and_stopped() {
 }
 
 #[test]
+fn the_lua_build_fingerprint_is_stable_and_covers_libm() {
+    let a = crate::kv::lua_build();
+    assert_ne!(a, 0);
+    assert_eq!(a, crate::kv::lua_build());
+    // The same C computation again, outside the cache: a constant of the build.
+    extern "C" {
+        fn lua_fenced_layout() -> u64;
+    }
+    // SAFETY: a pure C function.
+    assert_eq!(unsafe { lua_fenced_layout() }, a);
+    println!("this build's Lua fingerprint: {a:016x}");
+}
+
+#[test]
 fn ordinary_tables_cost_about_what_they_did() {
     // Keys that do not collide walk short chains: a script well inside the budget under
     // the older rules stays inside it.

@@ -11,6 +11,7 @@ mod prelude;
 mod rules;
 
 pub use costly::COSTLY_SCRIPTS;
+pub use rules::lua_build;
 
 pub(crate) use lua::{compile_check, run, sha1hex, LuaCache};
 pub(crate) use rules::Rules;

@@ -141,6 +141,21 @@ pub(super) mod ids {
     }
 }
 
+/// A fingerprint of this build's Lua: what a script's results depend on besides the script,
+/// its arguments and the replicated state — the sizes of Lua's structs (the memory limit and
+/// the collector count bytes), its configuration numbers and libm's results for fixed inputs
+/// (`lua_fenced_layout`, third_party/README.md). Members that differ in it may compute
+/// different results for one script, so the leader refuses scripts while they do
+/// (docs/operations.md, "Scripts").
+pub fn lua_build() -> u64 {
+    extern "C" {
+        fn lua_fenced_layout() -> u64;
+    }
+    static BUILD: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    // SAFETY: a pure C function of constants (sizes, libm of fixed inputs).
+    *BUILD.get_or_init(|| unsafe { lua_fenced_layout() })
+}
+
 /// The reply of a run stopped by its budget.
 pub(super) fn busy(sha: &str, rules: Rules) -> Reply {
     if rules.bounded {
