@@ -112,8 +112,13 @@ impl Semantics {
     /// chains and its rehashed slots are charged to the budget (`kv/script/lua.rs`,
     /// third_party/README.md). Older entries run as they did.
     pub const LUA_IDS: Semantics = Semantics(9);
+    /// The Lua-id rules, and the cluster-wide `CORRUPT` alarm: [`Command::ClusterAlarm`]
+    /// exists (a log format older nodes cannot decode). It raises or clears the alarm in the
+    /// replicated state (snapshot body 6 while raised); what the alarm refuses is the front
+    /// ends' business, apply itself judges every other command as before.
+    pub const CLUSTER_ALARM: Semantics = Semantics(10);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::LUA_IDS;
+    pub const NEWEST: Semantics = Semantics::CLUSTER_ALARM;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -160,6 +165,11 @@ impl Semantics {
         self.0 >= Semantics::LUA_IDS.0
     }
 
+    /// The cluster-wide `CORRUPT` alarm exists ([`Semantics::CLUSTER_ALARM`]).
+    pub fn cluster_alarm(self) -> bool {
+        self.0 >= Semantics::CLUSTER_ALARM.0
+    }
+
     /// The oldest rules under which `cmd` does what its caller means: the rules it exists
     /// under ([`Semantics::defined_by`]), and [`Semantics::LEASES`] for an etcd put naming a
     /// lease (older rules refuse it). The leader's gate ([`crate::gate::admit`]) asks this.
@@ -186,6 +196,7 @@ impl Semantics {
             }
             Command::Etcd(_) => Semantics::ETCD,
             Command::AsUser { .. } => Semantics::SESSION_OWNERS,
+            Command::ClusterAlarm { .. } => Semantics::CLUSTER_ALARM,
             _ => Semantics::REVISIONS,
         }
     }
@@ -373,6 +384,25 @@ pub enum Command {
         admin: bool,
         cmd: Box<Command>,
     },
+    /// Raise (`Some`) or clear (`None`) the cluster-wide `CORRUPT` alarm: the leader raises
+    /// it when the members' state digests at one index have no majority among the members
+    /// not already alarmed; an operator clears it (etcd's `Maintenance.Alarm` DEACTIVATE of
+    /// `CORRUPT`, `etcdctl alarm disarm`). Raising an alarm already raised keeps the first.
+    /// Appended last; needs [`Semantics::CLUSTER_ALARM`].
+    ClusterAlarm {
+        raise: Option<CorruptAlarm>,
+    },
+}
+
+/// The cluster-wide `CORRUPT` alarm, as raised ([`Command::ClusterAlarm`]).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+pub struct CorruptAlarm {
+    /// The log index whose digests had no majority.
+    pub index: Index,
+    /// The member (the leader) that raised it.
+    pub raised_by: u64,
+    /// What was found: each member's digest at `index`.
+    pub detail: String,
 }
 
 impl Command {
@@ -518,6 +548,7 @@ impl Command {
             Command::EtcdUnlock { .. } => "etcd_unlock",
             Command::EtcdCancel { .. } => "etcd_cancel",
             Command::AsUser { cmd, .. } => cmd.kind(),
+            Command::ClusterAlarm { .. } => "cluster_alarm",
         }
     }
 
@@ -619,6 +650,12 @@ pub enum Response {
     /// new deadline and TTL, or `None` for a session that does not exist. Appended last.
     SessionsAlive {
         alive: Vec<Option<SessionLife>>,
+    },
+    /// The answer to [`Command::ClusterAlarm`]: the alarm before and after it. Appended
+    /// last.
+    ClusterAlarm {
+        before: Option<CorruptAlarm>,
+        after: Option<CorruptAlarm>,
     },
 }
 

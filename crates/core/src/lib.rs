@@ -22,9 +22,9 @@ pub mod machine;
 pub mod small_map;
 
 pub use command::{
-    AcquireSpec, Applied, AppliedBatch, Batch, Command, EtcdCommand, EtcdReply, Event, Index,
-    Millis, Mode, ReleaseReason, Request, RequestId, Response, Revision, Semantics, SessionId,
-    SessionLife, Token,
+    AcquireSpec, Applied, AppliedBatch, Batch, Command, CorruptAlarm, EtcdCommand, EtcdReply,
+    Event, Index, Millis, Mode, ReleaseReason, Request, RequestId, Response, Revision, Semantics,
+    SessionId, SessionLife, Token,
 };
 pub use digest::StateDigest;
 pub use kv::limit::{Decision, LimitError, LimitMode, LogPolicy, Policy};

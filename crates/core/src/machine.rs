@@ -30,6 +30,8 @@ use crate::{CoreError, SnapshotError};
 
 mod acquire;
 mod body;
+#[cfg(test)]
+mod cluster_alarm_tests;
 mod dedup;
 mod etcd;
 #[cfg(test)]
@@ -111,6 +113,10 @@ pub struct StateMachine {
     /// empty (`body`).
     #[serde(skip)]
     session_owners: CowMap<SessionId, String>,
+    /// The cluster-wide `CORRUPT` alarm ([`Command::ClusterAlarm`]). Encoded after the
+    /// sessions' owners, in body version 6 only, and only while raised (`body`).
+    #[serde(skip)]
+    cluster_alarm: Option<crate::CorruptAlarm>,
 }
 
 /// The snapshot layout written before tokens were revisions (format 1): [`StateMachine`]
@@ -130,6 +136,11 @@ struct LegacyStateMachine {
 impl StateMachine {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The cluster-wide `CORRUPT` alarm, if raised ([`Command::ClusterAlarm`]).
+    pub fn cluster_alarm(&self) -> Option<&crate::CorruptAlarm> {
+        self.cluster_alarm.as_ref()
     }
 
     /// Log time of the last applied entry.
@@ -189,6 +200,7 @@ impl StateMachine {
             etcd_quota: Quota::default(),
             etcd_locks: EtcdLocks::default(),
             session_owners: Default::default(),
+            cluster_alarm: None,
         })
     }
 
@@ -406,6 +418,24 @@ impl StateMachine {
             ),
             Command::AsUser { user, admin, cmd } => {
                 Ok(self.as_user(rid, user, *admin, cmd, semantics, events))
+            }
+            Command::ClusterAlarm { .. } if !semantics.cluster_alarm() => Err(
+                crate::gate::refused_by_entry(cmd, semantics).unwrap_or(CoreError::NotUpgraded {
+                    needs: Semantics::CLUSTER_ALARM.0,
+                    detail: "a cluster alarm in an older entry".into(),
+                }),
+            ),
+            Command::ClusterAlarm { raise } => {
+                let before = self.cluster_alarm.clone();
+                match raise {
+                    Some(a) if before.is_none() => self.cluster_alarm = Some(a.clone()),
+                    Some(_) => {}
+                    None => self.cluster_alarm = None,
+                }
+                Ok(Response::ClusterAlarm {
+                    before,
+                    after: self.cluster_alarm.clone(),
+                })
             }
             Command::Tick => Ok(Response::Ticked),
             Command::Kv(cmd) => {

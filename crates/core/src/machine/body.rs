@@ -18,6 +18,10 @@
 //!   by entries stamped [`Semantics::SESSION_OWNERS`](crate::Semantics::SESSION_OWNERS), i.e.
 //!   once every member reads version 5). Version 5 always carries the quota and etcd's
 //!   locks, empty or not.
+//! * **Version 6**: version 5 followed by the cluster-wide `CORRUPT` alarm (an
+//!   `Option<CorruptAlarm>`), written only while it is raised (only by entries stamped
+//!   [`Semantics::CLUSTER_ALARM`](crate::Semantics::CLUSTER_ALARM), i.e. once every member
+//!   reads version 6). Version 6 always carries the sessions' owners, empty or not.
 //!
 //! A state whose etcd keyspace was never touched is written as version 1, byte for byte what
 //! earlier builds wrote: a member that has not been upgraded yet can still install a
@@ -37,7 +41,7 @@ use crate::etcd::{EtcdStore, Quota};
 use crate::SnapshotError;
 
 /// The newest snapshot body version this build reads and writes.
-pub const BODY_VERSION: u32 = 5;
+pub const BODY_VERSION: u32 = 6;
 
 /// bincode as `bincode::serialize` and `bincode::deserialize` use it.
 pub(super) fn options() -> impl Options + Clone {
@@ -61,15 +65,21 @@ pub(super) fn from_bytes(bytes: &[u8]) -> Result<StateMachine, SnapshotError> {
     if !r.is_empty() {
         sm.session_owners = options().deserialize_from(&mut r)?;
     }
+    if !r.is_empty() {
+        sm.cluster_alarm = options().deserialize_from(&mut r)?;
+    }
     Ok(sm)
 }
 
 impl StateMachine {
-    /// The body version [`write_body`](Self::write_body) writes for this state: 5 while a
+    /// The body version [`write_body`](Self::write_body) writes for this state: 6 while the
+    /// cluster's `CORRUPT` alarm is raised, else 5 while a
     /// session has an owner, 4 while etcd's Lock or Election holds or waits, else 3 once the etcd quota or alarm differs
     /// from the default, else 1 while the etcd keyspace is untouched, else 2 (module docs).
     pub fn body_version(&self) -> u32 {
-        if !self.session_owners.is_empty() {
+        if self.cluster_alarm.is_some() {
+            6
+        } else if !self.session_owners.is_empty() {
             5
         } else if !self.etcd_locks.is_empty() {
             4
@@ -101,7 +111,10 @@ impl StateMachine {
             opts.clone().serialize_into(&mut w, &self.etcd_locks)?;
         }
         if version >= 5 {
-            opts.serialize_into(&mut w, &self.session_owners)?;
+            opts.clone().serialize_into(&mut w, &self.session_owners)?;
+        }
+        if version >= 6 {
+            opts.serialize_into(&mut w, &self.cluster_alarm)?;
         }
         Ok(())
     }
@@ -140,6 +153,15 @@ impl StateMachine {
                 sm.etcd_quota = opts.clone().deserialize_from::<_, Quota>(&mut r)?;
                 sm.etcd_locks = opts.clone().deserialize_from::<_, EtcdLocks>(&mut r)?;
                 sm.session_owners = opts.deserialize_from(&mut r)?;
+                Ok(sm)
+            }
+            6 => {
+                let mut sm: StateMachine = opts.clone().deserialize_from(&mut r)?;
+                sm.etcd = opts.clone().deserialize_from::<_, EtcdStore>(&mut r)?;
+                sm.etcd_quota = opts.clone().deserialize_from::<_, Quota>(&mut r)?;
+                sm.etcd_locks = opts.clone().deserialize_from::<_, EtcdLocks>(&mut r)?;
+                sm.session_owners = opts.clone().deserialize_from(&mut r)?;
+                sm.cluster_alarm = opts.deserialize_from(&mut r)?;
                 Ok(sm)
             }
             found => Err(SnapshotError::Decode(Box::new(bincode::ErrorKind::Custom(
