@@ -101,7 +101,7 @@ fn eval_bench(c: &mut Criterion, name: &str, script: &str) {
 
 /// Scripts that only their budget stops, each run to its `BUSY` error: Lua instructions alone
 /// (under the bounded rules and, for comparison, under the older 50 M-instruction budget),
-/// allocation in Lua, and every script of `COSTLY_SCRIPTS` (work in C).
+/// allocation in Lua, colliding hash keys, and every script of `COSTLY_SCRIPTS` (work in C).
 fn eval_stopped(c: &mut Criterion) {
     let mut group = c.benchmark_group("eval_stopped");
     group.sample_size(10);
@@ -119,6 +119,14 @@ fn eval_stopped(c: &mut Criterion) {
         (
             "tables".into(),
             "local t = {} while true do t = {t} end",
+            Semantics::NEWEST,
+        ),
+        // Number keys sharing one hash chain (Lua 5.1's hashnum adds the two halves): the
+        // chain steps are charged under Semantics::LUA_IDS (issue 49's hash-chain gap).
+        (
+            "colliding_keys".into(),
+            "local t = {} for i = 1, 1e6 do \
+             t[1 + (i * 4294967296 + 2147483648 - i) / 4503599627370496] = i end",
             Semantics::NEWEST,
         ),
     ];
