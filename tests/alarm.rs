@@ -223,8 +223,8 @@ async fn a_diverged_leader_fences_itself_and_a_healthy_member_takes_over() {
     assert_ne!(c.status_ok(1).await.state, "leader");
 }
 
-/// The newest apply rules (`Semantics::NEWEST`: 8, sessions that belong to their users).
-const NEWEST: u32 = 8;
+/// The newest apply rules (`Semantics::NEWEST`).
+const NEWEST: u32 = fenced_core::Semantics::NEWEST.0 as u32;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leader_stamps_deterministic_rules_only_while_every_member_runs_them() {

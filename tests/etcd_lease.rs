@@ -26,7 +26,7 @@ use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
 use fenced_proto::etcd::etcdserverpb::lease_client::LeaseClient;
 use fenced_proto::etcd::etcdserverpb::watch_client::WatchClient;
 use fenced_proto::etcd::mvccpb;
-use support::{follower_of, require, wait_for, TestCluster, LEADER_TIMEOUT};
+use support::{follower_of, grant_lease, require, wait_for, TestCluster, LEADER_TIMEOUT};
 use tokio::sync::mpsc;
 use tonic::{Code, Streaming};
 
@@ -276,14 +276,15 @@ async fn etcd_leases_are_fenced_sessions() {
     let (ok, _, err) = etcdctl(&all, &["lease", "revoke", &hex]);
     assert!(!ok && err.contains("requested lease not found"), "{err}");
 
-    // A client-chosen ID is refused, saying why; so is a TTL above etcd's maximum.
+    // A negative ID is refused, saying why (chosen ids: the test below); so is a TTL above
+    // etcd's maximum.
     let mut lease = LeaseClient::new(c.raw_channel(leader));
     let e = lease
-        .lease_grant(epb::LeaseGrantRequest { ttl: 10, id: 42 })
+        .lease_grant(epb::LeaseGrantRequest { ttl: 10, id: -42 })
         .await
-        .expect_err("a chosen id is refused");
+        .expect_err("a negative id is refused");
     assert_eq!(e.code(), Code::InvalidArgument);
-    assert!(e.message().contains("fenced assigns lease ids"), "{e:?}");
+    assert!(e.message().contains("lease ids are positive"), "{e:?}");
     let e = lease
         .lease_grant(epb::LeaseGrantRequest {
             ttl: 9_000_000_001,
@@ -570,4 +571,76 @@ async fn lease_permissions_and_the_apply_rules_gate() {
     c.kill(f);
     c.restart(f);
     grant_etcdctl(&via_leader, Some("admin:adminpw"), 10).await;
+}
+
+/// A lease id the client chose (issue 38, item 5): granted when free — keys attach to it —,
+/// refused with etcd's `lease already exists` (FAILED_PRECONDITION) while it lives, free again
+/// once revoked; an id fenced assigns later never is a chosen one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_chosen_lease_id_is_granted_once_and_never_assigned_again() {
+    let c = TestCluster::start("etcd-lease-chosen", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let f = follower_of(leader);
+    let first = grant_lease(&c, f, 60).await;
+    let mut lease = LeaseClient::new(c.raw_channel(f));
+    // Two ids just ahead of the revisions, so that the next grants' revisions reach them.
+    let chosen = [first.id + 3, first.id + 4];
+    for id in chosen {
+        let r = lease
+            .lease_grant(epb::LeaseGrantRequest { ttl: 60, id })
+            .await
+            .unwrap_or_else(|e| panic!("a free chosen id {id} is granted: {e:?}"))
+            .into_inner();
+        assert_eq!(r.id, id);
+        assert_eq!(r.ttl, 60);
+        let rev = r.header.unwrap_or_default().revision;
+        assert!(
+            rev < id,
+            "the header is a revision ({rev}), not the chosen id {id}"
+        );
+    }
+    let e = lease
+        .lease_grant(epb::LeaseGrantRequest {
+            ttl: 60,
+            id: chosen[0],
+        })
+        .await
+        .expect_err("a taken id");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert_eq!(e.message(), "etcdserver: lease already exists");
+    // Keys attach to a chosen lease.
+    KvClient::new(c.raw_channel(f))
+        .put(epb::PutRequest {
+            key: b"chosen/k".to_vec(),
+            value: b"v".to_vec(),
+            lease: chosen[1],
+            ..Default::default()
+        })
+        .await
+        .expect("a put with the chosen lease");
+    // Assigned ids skip the chosen ones, however the revisions go.
+    let mut seen = std::collections::BTreeSet::from(chosen);
+    seen.insert(first.id);
+    for _ in 0..6 {
+        let r = grant_lease(&c, f, 60).await;
+        assert!(
+            seen.insert(r.id),
+            "lease id {} handed out twice: {seen:?}",
+            r.id
+        );
+    }
+    // Revoked, a chosen id is free again (as in etcd).
+    lease
+        .lease_revoke(epb::LeaseRevokeRequest { id: chosen[0] })
+        .await
+        .expect("revoke");
+    let r = lease
+        .lease_grant(epb::LeaseGrantRequest {
+            ttl: 60,
+            id: chosen[0],
+        })
+        .await
+        .expect("granted again after its revoke")
+        .into_inner();
+    assert_eq!(r.id, chosen[0]);
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use fenced_proto::etcd::etcdserverpb as epb;
 use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
+use fenced_proto::etcd::etcdserverpb::lease_client::LeaseClient;
 use fenced_proto::etcd::etcdserverpb::maintenance_client::MaintenanceClient;
 use support::{follower_of, require, wait_for, TestCluster, LEADER_TIMEOUT};
 use tonic::transport::Channel;
@@ -105,6 +106,16 @@ async fn a_small_quota_raises_nospace_until_compaction_and_disarm() {
     };
     let e = kv(&c, leader).txn(txn).await.expect_err("refused");
     assert_eq!(e.code(), Code::ResourceExhausted);
+    // So is a LeaseGrant, with or without an id (etcd's capped applier; issue 38, item 5).
+    for id in [0, 777_000] {
+        let r = LeaseClient::new(c.raw_channel(f))
+            .lease_grant(epb::LeaseGrantRequest { ttl: 60, id })
+            .await;
+        match r {
+            Err(e) => assert_eq!((e.code(), e.message()), (Code::ResourceExhausted, NOSPACE)),
+            Ok(r) => panic!("LeaseGrant {id} under NOSPACE granted {:?}", r.into_inner()),
+        }
+    }
     let r = get_at(&c, f, "k", 0).await.expect("a range is served");
     assert_eq!(r.kvs[0].value, value.as_bytes());
     let del = kv(&c, f)

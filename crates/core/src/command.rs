@@ -117,8 +117,15 @@ impl Semantics {
     /// replicated state (snapshot body 6 while raised); what the alarm refuses is the front
     /// ends' business, apply itself judges every other command as before.
     pub const CLUSTER_ALARM: Semantics = Semantics(10);
+    /// The cluster-alarm rules, and etcd leases as etcd grants them: [`Command::GrantLease`]
+    /// exists (a lease id the client chose; a log format older nodes cannot decode), the ids
+    /// assigned to sessions and leases skip ids that are taken (the revision that opens one,
+    /// or the next free id above it), and `LeaseGrant` is refused with `NOSPACE` while the
+    /// etcd keyspace's space alarm is raised (etcd's capped applier). Older entries open
+    /// sessions at their revision, alarm or not, as they did.
+    pub const CHOSEN_LEASES: Semantics = Semantics(11);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::CLUSTER_ALARM;
+    pub const NEWEST: Semantics = Semantics::CHOSEN_LEASES;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -170,6 +177,12 @@ impl Semantics {
         self.0 >= Semantics::CLUSTER_ALARM.0
     }
 
+    /// Lease ids may be chosen, assigned ids skip taken ones, and `NOSPACE` refuses
+    /// `LeaseGrant` ([`Semantics::CHOSEN_LEASES`]).
+    pub fn chosen_leases(self) -> bool {
+        self.0 >= Semantics::CHOSEN_LEASES.0
+    }
+
     /// The oldest rules under which `cmd` does what its caller means: the rules it exists
     /// under ([`Semantics::defined_by`]), and [`Semantics::LEASES`] for an etcd put naming a
     /// lease (older rules refuse it). The leader's gate ([`crate::gate::admit`]) asks this.
@@ -197,6 +210,7 @@ impl Semantics {
             Command::Etcd(_) => Semantics::ETCD,
             Command::AsUser { .. } => Semantics::SESSION_OWNERS,
             Command::ClusterAlarm { .. } => Semantics::CLUSTER_ALARM,
+            Command::GrantLease { .. } => Semantics::CHOSEN_LEASES,
             _ => Semantics::REVISIONS,
         }
     }
@@ -392,6 +406,13 @@ pub enum Command {
     ClusterAlarm {
         raise: Option<CorruptAlarm>,
     },
+    /// etcd's `LeaseGrant` with the client's own `id`: [`Command::OpenLease`] as session
+    /// `id`, refused with etcd's "lease already exists" while a session of that id is live.
+    /// Appended last; needs [`Semantics::CHOSEN_LEASES`].
+    GrantLease {
+        id: SessionId,
+        ttl_ms: Millis,
+    },
 }
 
 /// The cluster-wide `CORRUPT` alarm, as raised ([`Command::ClusterAlarm`]).
@@ -443,7 +464,7 @@ impl Command {
     pub fn opens_session(&self) -> bool {
         matches!(
             self,
-            Command::OpenSession { .. } | Command::OpenLease { .. }
+            Command::OpenSession { .. } | Command::OpenLease { .. } | Command::GrantLease { .. }
         )
     }
 
@@ -543,6 +564,7 @@ impl Command {
             Command::Limit { .. } => "limit",
             Command::Etcd(cmd) => cmd.kind(),
             Command::OpenLease { .. } => "open_lease",
+            Command::GrantLease { .. } => "grant_lease",
             Command::KeepAliveMany { .. } => "keep_alive_many",
             Command::EtcdLock { .. } => "etcd_lock",
             Command::EtcdUnlock { .. } => "etcd_unlock",

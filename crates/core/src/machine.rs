@@ -374,7 +374,10 @@ impl StateMachine {
                 token,
                 ttl_ms,
             } => self.renew(name, owner, *token, *ttl_ms),
-            Command::OpenSession { ttl_ms } => self.open_session(revision, *ttl_ms),
+            Command::OpenSession { ttl_ms } => {
+                let id = self.session_id_for(revision, semantics);
+                self.open_session(id, *ttl_ms)
+            }
             Command::KeepAlive { session } => Ok(self.keep_alive(*session)),
             Command::CloseSession { session } => {
                 Ok(self.close_session(*session, ReleaseReason::SessionClosed, semantics, events))
@@ -387,7 +390,14 @@ impl StateMachine {
                     },
                 ))
             }
-            Command::OpenLease { ttl_ms } => self.open_lease(revision, *ttl_ms),
+            Command::OpenLease { ttl_ms } => self.open_lease_at(revision, *ttl_ms, semantics),
+            Command::GrantLease { .. } if !semantics.chosen_leases() => Err(
+                crate::gate::refused_by_entry(cmd, semantics).unwrap_or(CoreError::NotUpgraded {
+                    needs: Semantics::CHOSEN_LEASES.0,
+                    detail: "a lease with a chosen id in an older entry".into(),
+                }),
+            ),
+            Command::GrantLease { id, ttl_ms } => self.grant_lease(*id, *ttl_ms),
             Command::EtcdLock { .. } | Command::EtcdUnlock { .. } | Command::EtcdCancel { .. }
                 if !semantics.elections() =>
             {

@@ -27,9 +27,8 @@ pub enum EtcdError {
     /// A `LeaseGrant` above [`super::MAX_LEASE_TTL_S`].
     #[error("etcdserver: too large lease TTL")]
     LeaseTtlTooLarge,
-    /// A `LeaseGrant` naming its own id: fenced assigns lease ids (the session id, the
-    /// revision that opened it), so a client-chosen one could collide with them.
-    #[error("etcdserver: fenced assigns lease ids: grant with ID 0 and use the ID answered (lease {lease} requested)")]
+    /// A `LeaseGrant` naming a negative id: a lease is a session, whose ids are positive.
+    #[error("etcdserver: fenced's lease ids are positive: grant with ID 0 or a positive ID (lease {lease} requested)")]
     LeaseIdChosen { lease: i64 },
     /// More than [`super::MAX_TXN_OPS`] compares, success or failure ops in one txn.
     #[error("etcdserver: too many operations in txn request")]
@@ -54,4 +53,7 @@ pub enum EtcdError {
     /// this write, or before it) until `Maintenance.Alarm` disarms it ([`super::Quota`]).
     #[error("etcdserver: mvcc: database space exceeded")]
     NoSpace,
+    /// A `LeaseGrant` naming the id of a live lease (or session).
+    #[error("etcdserver: lease already exists")]
+    LeaseExists { lease: i64 },
 }

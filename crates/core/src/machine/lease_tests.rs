@@ -351,3 +351,136 @@ fn a_restore_deletes_the_keys_of_the_sessions_it_drops() {
     assert_eq!(lease_of(&log.sm, "free"), Some(0));
     log.sm.check_invariants().expect("consistent");
 }
+
+fn chosen_log(semantics: Semantics) -> Log {
+    let mut log = Log::new();
+    log.semantics = semantics;
+    log
+}
+
+/// Issue 38, item 5: a lease id the client chose is granted when free, refused with etcd's
+/// "lease already exists" when taken, and ids assigned later skip it — never two sessions
+/// under one id, whatever revision reaches it.
+#[test]
+fn a_chosen_lease_id_is_granted_once_and_assigned_ids_skip_it() {
+    let mut log = chosen_log(Semantics::CHOSEN_LEASES);
+    let chosen = log.sm.revision() + 2;
+    let r = one(
+        &mut log,
+        Command::GrantLease {
+            id: chosen,
+            ttl_ms: 60_000,
+        },
+    )
+    .0;
+    assert!(
+        matches!(r, Response::SessionOpened { session, .. } if session == chosen),
+        "{r:?}"
+    );
+    let again = one(
+        &mut log,
+        Command::GrantLease {
+            id: chosen,
+            ttl_ms: 60_000,
+        },
+    )
+    .0;
+    assert_eq!(
+        again,
+        Response::Rejected(CoreError::Etcd(EtcdError::LeaseExists {
+            lease: chosen as i64
+        }))
+    );
+    assert_eq!(
+        EtcdError::LeaseExists { lease: 1 }.to_string(),
+        "etcdserver: lease already exists"
+    );
+    // The refusal took revision `chosen`: the next grant's revision is past it; one opened
+    // *at* a taken id's revision moves on to the next free one.
+    let mut log = chosen_log(Semantics::CHOSEN_LEASES);
+    let at = log.sm.revision() + 3;
+    one(
+        &mut log,
+        Command::GrantLease {
+            id: at,
+            ttl_ms: 60_000,
+        },
+    );
+    one(
+        &mut log,
+        Command::GrantLease {
+            id: at + 1,
+            ttl_ms: 60_000,
+        },
+    );
+    assert_eq!(
+        log.sm.revision() + 1,
+        at,
+        "the next command is at the taken id"
+    );
+    let assigned = grant(&mut log, 60_000);
+    assert_eq!(assigned, at + 2, "skips the two taken ids");
+    let session = match one(&mut log, Command::OpenSession { ttl_ms: 60_000 }).0 {
+        Response::SessionOpened { session, .. } => session,
+        other => panic!("{other:?}"),
+    };
+    assert!(session > assigned, "{session} after {assigned}");
+    let ids: Vec<SessionId> = [at, at + 1, assigned, session].to_vec();
+    let mut unique = ids.clone();
+    unique.dedup();
+    assert_eq!(ids, unique, "one session per id");
+}
+
+/// Entries of older rules replay as they applied: no chosen ids (refused, not upgraded),
+/// assigned ids are the revision.
+#[test]
+fn older_rules_know_no_chosen_lease_ids() {
+    let mut log = chosen_log(Semantics::CLUSTER_ALARM);
+    let r = one(
+        &mut log,
+        Command::GrantLease {
+            id: 99,
+            ttl_ms: 60_000,
+        },
+    )
+    .0;
+    assert!(
+        matches!(r, Response::Rejected(CoreError::NotUpgraded { .. })),
+        "{r:?}"
+    );
+    let next = log.sm.revision() + 1;
+    assert_eq!(grant(&mut log, 60_000), next);
+}
+
+/// etcd's capped applier: while `NOSPACE` is raised a `LeaseGrant` is refused (with or
+/// without a chosen id); entries of older rules still open the lease.
+#[test]
+fn nospace_refuses_lease_grants_under_the_chosen_lease_rules() {
+    for (semantics, refused) in [
+        (Semantics::CHOSEN_LEASES, true),
+        (Semantics::LUA_IDS, false),
+    ] {
+        let mut log = chosen_log(semantics);
+        log.etcd(EtcdCommand::Quota { bytes: 100 });
+        let r = log.etcd(EtcdCommand::Put(PutRequest::new("k", "v".repeat(200))));
+        assert_eq!(r, Response::Rejected(CoreError::Etcd(EtcdError::NoSpace)));
+        assert!(log.sm.etcd_quota().nospace);
+        let r = one(&mut log, Command::OpenLease { ttl_ms: 60_000 }).0;
+        assert_eq!(
+            r == Response::Rejected(CoreError::Etcd(EtcdError::NoSpace)),
+            refused,
+            "{semantics:?}: {r:?}"
+        );
+        if refused {
+            let r = one(
+                &mut log,
+                Command::GrantLease {
+                    id: 500,
+                    ttl_ms: 60_000,
+                },
+            )
+            .0;
+            assert_eq!(r, Response::Rejected(CoreError::Etcd(EtcdError::NoSpace)));
+        }
+    }
+}

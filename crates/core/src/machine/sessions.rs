@@ -49,6 +49,65 @@ impl StateMachine {
         self.insert_session(id, ttl_ms)
     }
 
+    /// The id a session (or lease) opened at `revision` gets: the revision itself; under
+    /// [`Semantics::CHOSEN_LEASES`] the smallest id at or above it that no live session has
+    /// (a lease id a client chose may be ahead of the revisions). Deterministic: it depends
+    /// only on the replicated session table. Bounded: at most one step per live session.
+    pub(super) fn session_id_for(&self, revision: Revision, semantics: Semantics) -> SessionId {
+        if !semantics.chosen_leases() {
+            return revision;
+        }
+        let mut id = revision;
+        for (taken, _) in self.sessions.range(revision..) {
+            if *taken != id {
+                break;
+            }
+            id = id.saturating_add(1);
+        }
+        id
+    }
+
+    /// etcd's `LeaseGrant` without an id ([`Command::OpenLease`]) at `revision`: under
+    /// [`Semantics::CHOSEN_LEASES`] refused by `NOSPACE` and given a free id
+    /// ([`session_id_for`](Self::session_id_for)); before, as session `revision`.
+    pub(super) fn open_lease_at(
+        &mut self,
+        revision: Revision,
+        ttl_ms: Millis,
+        semantics: Semantics,
+    ) -> Result<Response, CoreError> {
+        if semantics.chosen_leases() {
+            self.lease_space()?;
+        }
+        let id = self.session_id_for(revision, semantics);
+        self.open_lease(id, ttl_ms)
+    }
+
+    /// etcd's `LeaseGrant` with the client's `id` ([`Command::GrantLease`], rules
+    /// [`Semantics::CHOSEN_LEASES`]): "lease already exists" while a session `id` is live.
+    pub(super) fn grant_lease(
+        &mut self,
+        id: SessionId,
+        ttl_ms: Millis,
+    ) -> Result<Response, CoreError> {
+        if id == 0 || self.sessions.contains_key(&id) {
+            return Err(CoreError::Etcd(crate::etcd::EtcdError::LeaseExists {
+                lease: i64::try_from(id).unwrap_or(i64::MAX),
+            }));
+        }
+        self.lease_space()?;
+        self.open_lease(id, ttl_ms)
+    }
+
+    /// `LeaseGrant` under [`Semantics::CHOSEN_LEASES`]: refused with `NOSPACE` while the etcd
+    /// keyspace's space alarm is raised, as etcd's capped applier refuses it.
+    pub(super) fn lease_space(&self) -> Result<(), CoreError> {
+        if self.etcd_quota.nospace {
+            return Err(CoreError::Etcd(crate::etcd::EtcdError::NoSpace));
+        }
+        Ok(())
+    }
+
     fn insert_session(&mut self, id: SessionId, ttl_ms: Millis) -> Result<Response, CoreError> {
         if self.sessions.len() >= MAX_SESSIONS {
             return Err(CoreError::LimitReached {

@@ -196,23 +196,30 @@ impl Lease for EtcdApi {
     ) -> Reply<epb::LeaseGrantResponse> {
         let user = self.users.permit(&req, "LOCK.ACQUIRE", &[])?;
         let r = req.into_inner();
-        if r.id != 0 {
+        // A chosen id is a session id: positive (etcd's ids are too, in practice: clientv3
+        // and etcdctl read them as hex of an int64).
+        if r.id < 0 {
             return Err(etcd_status(&EtcdError::LeaseIdChosen { lease: r.id }));
         }
         let ttl = core::lease_ttl(r.ttl).map_err(|e| etcd_status(&e))?;
         let ttl_ms = u64::try_from(ttl).unwrap_or(1).saturating_mul(1000);
+        let cmd = match u64::try_from(r.id) {
+            Ok(id) if id != 0 => Command::GrantLease { id, ttl_ms },
+            _ => Command::OpenLease { ttl_ms },
+        };
         match self
             .node
-            .propose(
-                None,
-                Command::OpenLease { ttl_ms }.as_user(user.name(), user.is_admin()),
-            )
+            .propose(None, cmd.as_user(user.name(), user.is_admin()))
             .await
             .map_err(status_of)?
         {
             Response::SessionOpened { session, .. } => {
+                // The lease id is not always the revision that granted it any more (a chosen
+                // one, or an assigned one past a chosen one): the header names this node's
+                // revision, which the grant has reached.
+                let revision = self.node.local(|sm| sm.revision());
                 Ok(tonic::Response::new(epb::LeaseGrantResponse {
-                    header: self.header(session),
+                    header: self.header(revision),
                     id: lease_id(session),
                     ttl,
                     error: String::new(),

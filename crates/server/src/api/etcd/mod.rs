@@ -212,6 +212,8 @@ pub fn etcd_status(e: &EtcdError) -> Status {
         EtcdError::RevisionNotIncreasing { .. } => (Code::Internal, e.to_string()),
         // etcd's ErrGRPCNoSpace.
         EtcdError::NoSpace => (Code::ResourceExhausted, e.to_string()),
+        // etcd's ErrGRPCLeaseExist.
+        EtcdError::LeaseExists { .. } => (Code::FailedPrecondition, e.to_string()),
     };
     Status::new(code, msg)
 }
