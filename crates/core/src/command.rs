@@ -124,8 +124,13 @@ impl Semantics {
     /// etcd keyspace's space alarm is raised (etcd's capped applier). Older entries open
     /// sessions at their revision, alarm or not, as they did.
     pub const CHOSEN_LEASES: Semantics = Semantics(11);
+    /// The chosen-lease rules, and request ids bound to their command: the dedup record keeps a
+    /// digest of each request's command (snapshot body 7), and a request whose id was used
+    /// for a different command is refused ([`CoreError::RequestIdReused`]) instead of being
+    /// answered the other command's outcome. Older entries answer as they did.
+    pub const REQUEST_DIGESTS: Semantics = Semantics(12);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::CHOSEN_LEASES;
+    pub const NEWEST: Semantics = Semantics::REQUEST_DIGESTS;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -181,6 +186,11 @@ impl Semantics {
     /// `LeaseGrant` ([`Semantics::CHOSEN_LEASES`]).
     pub fn chosen_leases(self) -> bool {
         self.0 >= Semantics::CHOSEN_LEASES.0
+    }
+
+    /// A request id is bound to its command ([`Semantics::REQUEST_DIGESTS`]).
+    pub fn request_digests(self) -> bool {
+        self.0 >= Semantics::REQUEST_DIGESTS.0
     }
 
     /// The oldest rules under which `cmd` does what its caller means: the rules it exists

@@ -110,6 +110,14 @@ pub enum CoreError {
          fingerprint is {theirs:016x}, the leader's {ours:016x} (docs/operations.md, 'Scripts')"
     )]
     LuaBuildDiffers { member: u64, theirs: u64, ours: u64 },
+    /// A request id (RESP `REQID`, gRPC `client_id`/`seq`) already used for a different
+    /// command ([`Semantics::REQUEST_DIGESTS`]). Never stored: the id keeps its first
+    /// outcome. Appended last.
+    #[error(
+        "REQID {client_id} {seq} was already used for a different command; a retry must \
+         repeat the same command, a new command needs a new REQID"
+    )]
+    RequestIdReused { client_id: u64, seq: u64 },
 }
 
 /// Errors decoding a snapshot of the state machine.

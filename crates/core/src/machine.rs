@@ -18,7 +18,7 @@
 //! * `etcd` — the etcd keyspace's commands and reads;
 //! * `body` — the snapshot body encoding and its versions.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -117,6 +117,12 @@ pub struct StateMachine {
     /// sessions' owners, in body version 6 only, and only while raised (`body`).
     #[serde(skip)]
     cluster_alarm: Option<crate::CorruptAlarm>,
+    /// By client and seq, a digest of the command of each request whose response the dedup
+    /// table keeps, for requests applied under [`Semantics::REQUEST_DIGESTS`] (`dedup`).
+    /// Encoded after the cluster alarm, in body version 7 only, and only while not empty
+    /// (`body`).
+    #[serde(skip)]
+    request_digests: CowMap<u64, BTreeMap<u64, u64>>,
 }
 
 /// The snapshot layout written before tokens were revisions (format 1): [`StateMachine`]
@@ -201,6 +207,7 @@ impl StateMachine {
             etcd_locks: EtcdLocks::default(),
             session_owners: Default::default(),
             cluster_alarm: None,
+            request_digests: Default::default(),
         })
     }
 
@@ -283,13 +290,24 @@ impl StateMachine {
             self.kv.expire_due(self.now);
             self.hand_over(self.revision, events);
         }
-        if let Some(previous) = req.client.and_then(|rid| self.dedup_lookup(rid)) {
+        // Under REQUEST_DIGESTS, a request id is bound to its command's digest.
+        let digest = match req.client {
+            Some(_) if semantics.request_digests() => Some(dedup::command_digest(&req.cmd)),
+            _ => None,
+        };
+        if let Some(previous) = req
+            .client
+            .and_then(|rid| self.dedup_lookup_for(rid, digest))
+        {
             return previous;
         }
         self.revision += 1;
         let response = self.execute(req.client, &req.cmd, semantics, events);
         if let Some(rid) = req.client {
             self.dedup_store(rid, response.clone());
+            if let Some(d) = digest {
+                self.dedup_note_digest(rid, d);
+            }
         }
         self.hand_over(self.revision, events);
         if semantics.etcd() {

@@ -1,5 +1,6 @@
 //! Scenario tests of the lock state machine: one behaviour per test.
 
+use bincode::Options;
 use fenced_core::limits::*;
 use fenced_core::*;
 
@@ -757,4 +758,71 @@ fn fenced_put_is_fence_set_with_a_typed_answer() {
     h.run(1, put(30));
     assert_eq!(h.run_as(Some(rid), put(20)).response, first);
     assert_eq!(h.sm.kv().fence(b"file"), 30, "the retry did not act again");
+}
+
+/// Issue 49: a request id reused for a different command is refused, naming `REQID`; it
+/// does not answer the first command's outcome (a grant of another lock), acts on nothing,
+/// takes no revision, and leaves the first outcome for a true retry. The refusal survives
+/// a snapshot; an entry stamped older than the rule answers as it always did.
+#[test]
+fn a_request_id_reused_for_another_command_is_refused() {
+    let mut h = Harness::new();
+    let rid = RequestId {
+        client_id: 11,
+        seq: 1,
+    };
+    let first = h.run_as(Some(rid), acquire("a", "o", 5_000, 0));
+    let token = token_of(&first.response);
+    let revision = h.sm.revision();
+    let reused = h.run_as(Some(rid), acquire("b", "o", 5_000, 0));
+    assert!(
+        matches!(&reused.response, Response::Rejected(e) if e.to_string().contains("REQID")),
+        "a REQID reused for lock b answered {:?} (the grant of lock a, token {token})",
+        reused.response
+    );
+    assert!(h.sm.lock_info("b").is_none(), "lock b granted");
+    assert_eq!(h.sm.revision(), revision, "the refusal took a revision");
+    let retry = h.run_as(Some(rid), acquire("a", "o", 5_000, 0));
+    assert_eq!(retry.response, first.response, "a true retry");
+
+    // The digests travel in the snapshot body.
+    let mut body = Vec::new();
+    h.sm.write_body(
+        bincode::DefaultOptions::new().with_fixint_encoding(),
+        &mut body,
+    )
+    .expect("encode");
+    let version = h.sm.body_version();
+    let mut restored = StateMachine::read_body(
+        version,
+        bincode::DefaultOptions::new().with_fixint_encoding(),
+        &body[..],
+    )
+    .expect("decode");
+    assert_eq!(restored, h.sm);
+    let again = restored.apply(
+        100,
+        &Request {
+            time_ms: 2_000,
+            client: Some(rid),
+            cmd: acquire("b", "o", 5_000, 0),
+        },
+    );
+    assert!(matches!(again.response, Response::Rejected(_)), "{again:?}");
+
+    // Under the older rules, the stored outcome is answered (the old behaviour, replayed).
+    let mut old = h.sm.clone();
+    let mut batch = Batch::one(Request {
+        time_ms: 2_000,
+        client: Some(RequestId {
+            client_id: 12,
+            seq: 1,
+        }),
+        cmd: acquire("c", "o", 5_000, 0),
+    });
+    batch.semantics = Semantics::LUA_IDS;
+    let c = old.apply_batch(200, &batch);
+    batch.requests[0].cmd = acquire("d", "o", 5_000, 0);
+    let d = old.apply_batch(201, &batch);
+    assert_eq!(c.responses, d.responses, "older rules: the stored outcome");
 }

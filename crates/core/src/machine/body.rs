@@ -22,6 +22,10 @@
 //!   `Option<CorruptAlarm>`), written only while it is raised (only by entries stamped
 //!   [`Semantics::CLUSTER_ALARM`](crate::Semantics::CLUSTER_ALARM), i.e. once every member
 //!   reads version 6). Version 6 always carries the sessions' owners, empty or not.
+//! * **Version 7**: version 6 followed by the digests of the dedup table's commands
+//!   (`request_digests`' encoding), written only while some are kept (recorded only by
+//!   entries stamped [`Semantics::REQUEST_DIGESTS`](crate::Semantics::REQUEST_DIGESTS), i.e.
+//!   once every member reads version 7). Version 7 always carries the cluster alarm.
 //!
 //! A state whose etcd keyspace was never touched is written as version 1, byte for byte what
 //! earlier builds wrote: a member that has not been upgraded yet can still install a
@@ -41,7 +45,7 @@ use crate::etcd::{EtcdStore, Quota};
 use crate::SnapshotError;
 
 /// The newest snapshot body version this build reads and writes.
-pub const BODY_VERSION: u32 = 6;
+pub const BODY_VERSION: u32 = 7;
 
 /// bincode as `bincode::serialize` and `bincode::deserialize` use it.
 pub(super) fn options() -> impl Options + Clone {
@@ -68,16 +72,21 @@ pub(super) fn from_bytes(bytes: &[u8]) -> Result<StateMachine, SnapshotError> {
     if !r.is_empty() {
         sm.cluster_alarm = options().deserialize_from(&mut r)?;
     }
+    if !r.is_empty() {
+        sm.request_digests = options().deserialize_from(&mut r)?;
+    }
     Ok(sm)
 }
 
 impl StateMachine {
-    /// The body version [`write_body`](Self::write_body) writes for this state: 6 while the
-    /// cluster's `CORRUPT` alarm is raised, else 5 while a
+    /// The body version [`write_body`](Self::write_body) writes for this state: 7 while the
+    /// dedup table keeps command digests, else 6 while the cluster's `CORRUPT` alarm is raised, else 5 while a
     /// session has an owner, 4 while etcd's Lock or Election holds or waits, else 3 once the etcd quota or alarm differs
     /// from the default, else 1 while the etcd keyspace is untouched, else 2 (module docs).
     pub fn body_version(&self) -> u32 {
-        if self.cluster_alarm.is_some() {
+        if !self.request_digests.is_empty() {
+            7
+        } else if self.cluster_alarm.is_some() {
             6
         } else if !self.session_owners.is_empty() {
             5
@@ -114,7 +123,10 @@ impl StateMachine {
             opts.clone().serialize_into(&mut w, &self.session_owners)?;
         }
         if version >= 6 {
-            opts.serialize_into(&mut w, &self.cluster_alarm)?;
+            opts.clone().serialize_into(&mut w, &self.cluster_alarm)?;
+        }
+        if version >= 7 {
+            opts.serialize_into(&mut w, &self.request_digests)?;
         }
         Ok(())
     }
@@ -162,6 +174,16 @@ impl StateMachine {
                 sm.etcd_locks = opts.clone().deserialize_from::<_, EtcdLocks>(&mut r)?;
                 sm.session_owners = opts.clone().deserialize_from(&mut r)?;
                 sm.cluster_alarm = opts.deserialize_from(&mut r)?;
+                Ok(sm)
+            }
+            7 => {
+                let mut sm: StateMachine = opts.clone().deserialize_from(&mut r)?;
+                sm.etcd = opts.clone().deserialize_from::<_, EtcdStore>(&mut r)?;
+                sm.etcd_quota = opts.clone().deserialize_from::<_, Quota>(&mut r)?;
+                sm.etcd_locks = opts.clone().deserialize_from::<_, EtcdLocks>(&mut r)?;
+                sm.session_owners = opts.clone().deserialize_from(&mut r)?;
+                sm.cluster_alarm = opts.clone().deserialize_from(&mut r)?;
+                sm.request_digests = opts.deserialize_from(&mut r)?;
                 Ok(sm)
             }
             found => Err(SnapshotError::Decode(Box::new(bincode::ErrorKind::Custom(

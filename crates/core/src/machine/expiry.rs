@@ -71,6 +71,7 @@ impl StateMachine {
                         .is_some_and(|c| c.last_seen + CLIENT_IDLE_MS == t)
                     {
                         self.clients.remove(&id);
+                        self.request_digests.remove(&id);
                     }
                 }
             }

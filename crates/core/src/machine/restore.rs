@@ -86,6 +86,7 @@ impl StateMachine {
         self.etcd_locks = Default::default();
         self.session_owners.clear();
         self.clients.clear();
+        self.request_digests.clear();
         // Every deadline belongs to a lease, session, wait, lock-delay or dedup record.
         self.deadlines.clear();
         self.dirty.clear();
