@@ -223,7 +223,16 @@ impl Node {
     /// the commands that must be tried again are, in their order, after those that were
     /// already applied.
     pub async fn propose_all(&self, proposals: Vec<Proposal>) -> Vec<Proposed> {
-        if let Err(e) = self.serving() {
+        // A disarm of the cluster-wide alarm passes it (nothing else does).
+        let disarm = proposals
+            .iter()
+            .all(|(_, c)| matches!(c.inner(), Command::ClusterAlarm { raise: None }));
+        let check = if disarm {
+            self.member_serving()
+        } else {
+            self.serving()
+        };
+        if let Err(e) = check {
             return vec![Err(e); proposals.len()];
         }
         let outcomes = vec![Outcome::new(); proposals.len()];
@@ -578,7 +587,7 @@ impl Node {
                 .inner
                 .handing_off
                 .load(std::sync::atomic::Ordering::SeqCst)
-                || self.serving().is_err()
+                || self.member_serving().is_err()
             {
                 // Handing off: callers wait and retry, then reach the new leader.
                 return Err(NodeError::NotLeader { leader: None });

@@ -17,12 +17,16 @@
 //!   `--digest-interval` indexes, on a copy-on-write clone, off the apply path).
 //!
 //! At every index for which digests are in, the leader looks for a digest more than half of
-//! the members (voters and learners) share. A member whose digest at that index differs has
-//! diverged: the leader tells it so in its next check call (`corrupt`), and the member
-//! raises its alarm — persisted in its data dir (`fenced_storage::alarm`), so it survives
-//! restarts. If the leader itself is the odd one out, it raises the alarm on itself and stops
-//! leading. Without such a majority (two members that disagree) nobody is fenced; the leader
-//! logs the disagreement.
+//! the members (voters and learners, as etcd counts every member) not already alarmed share.
+//! A member whose digest at that index differs has diverged: the leader tells it so in its
+//! next check call (`corrupt`), and the member raises its alarm — persisted in its data dir
+//! (`fenced_storage::alarm`), so it survives restarts. If the leader itself is the odd one
+//! out, it raises the alarm on itself and stops leading. While members yet to answer could
+//! still make a majority, nobody is fenced and the leader logs the disagreement; once no
+//! majority is possible, the leader proposes the cluster-wide `CORRUPT` alarm
+//! (`Command::ClusterAlarm`, replicated): every member then refuses client reads and writes
+//! ([`Node::serving`], checked again after a read's barrier) until an operator's disarm
+//! (etcd's `Maintenance.Alarm` DEACTIVATE of `CORRUPT`), the one proposal it lets through.
 //!
 //! An alarmed member serves no client reads or writes ([`NodeError::Corrupt`]: RESP
 //! `-CORRUPT`, gRPC `UNAVAILABLE` with `x-fenced-alarm: corrupt`), `/ready` fails, it never
@@ -150,9 +154,31 @@ impl Alarms {
 }
 
 impl Node {
-    /// `Err(Corrupt)` while this member's divergence alarm is raised: it must not serve
-    /// client reads or writes.
+    /// `Err(Corrupt)` while this member's divergence alarm, or the cluster-wide `CORRUPT`
+    /// alarm of the state applied here, is raised: it must not serve client reads or writes
+    /// (a disarm of the cluster alarm excepted, [`Node::propose_all`]).
     pub fn serving(&self) -> Result<(), NodeError> {
+        self.member_serving()?;
+        self.cluster_serving()
+    }
+
+    /// `Err(Corrupt)` while the cluster-wide `CORRUPT` alarm is raised in the state applied
+    /// here ([`fenced_core::Command::ClusterAlarm`]).
+    pub fn cluster_serving(&self) -> Result<(), NodeError> {
+        match self.local(|sm| sm.cluster_alarm().cloned()) {
+            None => Ok(()),
+            Some(a) => Err(NodeError::Corrupt(format!(
+                "the cluster's CORRUPT alarm is raised (member {} found no majority among the \
+                 state digests at log index {}: {}); every member refuses reads and writes \
+                 until an operator disarms it (docs/operations.md, 'Divergence alarm')",
+                a.raised_by, a.index, a.detail
+            ))),
+        }
+    }
+
+    /// `Err(Corrupt)` while this member's own divergence alarm is raised: it must not serve
+    /// client requests, lead or campaign.
+    pub(crate) fn member_serving(&self) -> Result<(), NodeError> {
         if !self.inner.alarms.is_raised() {
             return Ok(());
         }
@@ -440,14 +466,18 @@ impl Node {
 
         self.note_lua_builds(lua_builds);
 
-        let (verdicts, undecided) = compare(&digests, members.len());
+        let voting = members.len() - alarmed.len().min(members.len());
+        let (verdicts, undecided, corrupt) = compare(&digests, &alarmed, voting);
+        if let Some((index, detail)) = corrupt {
+            self.raise_cluster_alarm(index, detail).await;
+        }
         for index in undecided {
             if round.warned.insert(index) {
                 tracing::warn!(
                     index,
                     ?digests,
                     "members' state digests differ at log index {index} and no majority \
-                     agrees: nobody is fenced out"
+                     agrees yet (some members have not answered): nobody is fenced out"
                 );
             }
         }
@@ -522,6 +552,37 @@ impl Node {
     }
 }
 
+impl Node {
+    /// On the leader: propose the cluster-wide `CORRUPT` alarm (once: not while the state
+    /// applied here has it), for the digests at `index` that no majority shares.
+    async fn raise_cluster_alarm(&self, index: u64, detail: String) {
+        if self.local(|sm| sm.cluster_alarm().is_some()) {
+            return;
+        }
+        tracing::error!(
+            index,
+            "CLUSTER CORRUPT ALARM: the members' state digests at log index {index} have no \
+             majority among the members not already alarmed ({detail}); raising the \
+             cluster-wide CORRUPT alarm: every member refuses reads and writes until an \
+             operator disarms it (docs/operations.md, 'Divergence alarm')"
+        );
+        let cmd = fenced_core::Command::ClusterAlarm {
+            raise: Some(fenced_core::CorruptAlarm {
+                index,
+                raised_by: self.id(),
+                detail,
+            }),
+        };
+        if let Err(e) = self.admit(&cmd) {
+            tracing::error!("cannot raise the cluster alarm: {e}");
+            return;
+        }
+        if let Err(e) = self.propose_local(None, cmd).await {
+            tracing::error!("proposing the cluster alarm: {e}");
+        }
+    }
+}
+
 /// What the leader learnt in this term.
 #[derive(Default)]
 struct Round {
@@ -556,21 +617,39 @@ fn floor(s: Semantics) -> Semantics {
     }
 }
 
-/// Compare the digests at equal indexes. Returns, per member whose digest differs from one
-/// more than half of `members` share, the verdict (at the lowest such index), and the
-/// indexes at which digests differ with no such majority.
+/// The verdicts of [`compare`]: per member, the verdict; the indexes still undecided; the
+/// first index with no possible majority, and what each member had there.
+type Compared = (
+    Vec<(NodeId, CorruptVerdict)>,
+    Vec<u64>,
+    Option<(u64, String)>,
+);
+
+/// Compare the digests at equal indexes, counting only the `voting` members not already
+/// `alarmed` (an alarmed member's state is known wrong: its digest neither makes nor breaks
+/// a majority). Returns, per member whose digest differs from one more than half of the
+/// voting members share, the verdict (at the lowest such index); the indexes at which
+/// digests differ with no such majority yet, but members that have not answered could
+/// still make one; and the first index at which no digest can reach a majority even if
+/// every member yet to answer agreed with the commonest one — the cluster-wide `CORRUPT`
+/// alarm, with each member's digest there.
 fn compare(
     digests: &BTreeMap<NodeId, Vec<(u64, u64)>>,
-    members: usize,
-) -> (Vec<(NodeId, CorruptVerdict)>, Vec<u64>) {
+    alarmed: &BTreeSet<NodeId>,
+    voting: usize,
+) -> Compared {
     let mut at: BTreeMap<u64, Vec<(NodeId, u64)>> = BTreeMap::new();
     for (id, list) in digests {
+        if alarmed.contains(id) {
+            continue;
+        }
         for (index, digest) in list {
             at.entry(*index).or_default().push((*id, *digest));
         }
     }
     let mut verdicts: BTreeMap<NodeId, CorruptVerdict> = BTreeMap::new();
     let mut undecided = Vec::new();
+    let mut corrupt = None;
     for (index, found) in at {
         let mut counts: BTreeMap<u64, usize> = BTreeMap::new();
         for (_, d) in &found {
@@ -579,8 +658,21 @@ fn compare(
         if counts.len() < 2 {
             continue;
         }
-        let Some((&majority, _)) = counts.iter().find(|(_, n)| **n * 2 > members) else {
-            undecided.push(index);
+        let Some((&majority, _)) = counts.iter().find(|(_, n)| **n * 2 > voting) else {
+            let most = counts.values().copied().max().unwrap_or(0);
+            let missing = voting.saturating_sub(found.len());
+            if (most + missing) * 2 <= voting {
+                if corrupt.is_none() {
+                    let detail = found
+                        .iter()
+                        .map(|(id, d)| format!("member {id}: {d:016x}"))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    corrupt = Some((index, detail));
+                }
+            } else {
+                undecided.push(index);
+            }
             continue;
         };
         for (id, digest) in found {
@@ -593,7 +685,7 @@ fn compare(
             }
         }
     }
-    (verdicts.into_iter().collect(), undecided)
+    (verdicts.into_iter().collect(), undecided, corrupt)
 }
 
 #[cfg(test)]
@@ -631,13 +723,16 @@ mod tests {
         d.insert(1, vec![(10, 7), (20, 8)]);
         d.insert(2, vec![(10, 7), (20, 9)]);
         d.insert(3, vec![(10, 7)]);
-        // At 20 only two answered and they differ: no majority of three.
-        let (v, undecided) = compare(&d, 3);
+        let none = BTreeSet::new();
+        // At 20 only two answered and they differ: no majority of three yet.
+        let (v, undecided, corrupt) = compare(&d, &none, 3);
         assert!(v.is_empty(), "{v:?}");
         assert_eq!(undecided, vec![20]);
+        assert_eq!(corrupt, None);
         d.insert(3, vec![(10, 7), (20, 8)]);
-        let (v, undecided) = compare(&d, 3);
+        let (v, undecided, corrupt) = compare(&d, &none, 3);
         assert!(undecided.is_empty());
+        assert_eq!(corrupt, None);
         assert_eq!(v.len(), 1);
         let (id, verdict) = &v[0];
         assert_eq!(*id, 2);
@@ -647,6 +742,39 @@ mod tests {
         );
         // Equal everywhere: nothing.
         d.insert(2, vec![(10, 7), (20, 8)]);
-        assert_eq!(compare(&d, 3), (vec![], vec![]));
+        assert_eq!(compare(&d, &none, 3), (vec![], vec![], None));
+    }
+
+    /// Issue 39: member 3 is alarmed, and members 1 and 2 disagree — no majority among the
+    /// members left, whatever member 3's digest: the cluster-wide alarm. Three distinct
+    /// digests among three members: the same.
+    #[test]
+    fn no_majority_among_the_members_not_alarmed_is_corrupt() {
+        let mut d = BTreeMap::new();
+        d.insert(1, vec![(30, 7)]);
+        d.insert(2, vec![(30, 8)]);
+        // The alarmed member shares member 1's digest: it does not vote.
+        d.insert(3, vec![(30, 7)]);
+        let alarmed: BTreeSet<NodeId> = [3].into_iter().collect();
+        let (v, undecided, corrupt) = compare(&d, &alarmed, 2);
+        assert!(
+            v.is_empty(),
+            "nobody fenced out by an alarmed member's vote: {v:?}"
+        );
+        assert!(undecided.is_empty());
+        let (index, detail) = corrupt.expect("no majority: CORRUPT");
+        assert_eq!(index, 30);
+        assert!(
+            detail.contains("member 1") && detail.contains("member 2"),
+            "{detail}"
+        );
+        // Three members, three digests.
+        d.insert(3, vec![(30, 9)]);
+        let (_, _, corrupt) = compare(&d, &BTreeSet::new(), 3);
+        assert_eq!(corrupt.map(|c| c.0), Some(30));
+        // Member 2 has not answered: 1 and 3 differ, but 2 could side with either.
+        d.remove(&2);
+        let (_, undecided, corrupt) = compare(&d, &BTreeSet::new(), 3);
+        assert_eq!((undecided, corrupt), (vec![30], None));
     }
 }

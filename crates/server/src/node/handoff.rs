@@ -142,7 +142,7 @@ impl Node {
     /// than `from` is known, for [`CAMPAIGN_FOR`] at most. Returns at once.
     pub fn campaign(&self, from: NodeId, after: Duration) -> Result<(), NodeError> {
         // A member fenced out by its divergence alarm never leads.
-        self.serving()?;
+        self.member_serving()?;
         let m = self.raft().metrics().borrow().clone();
         if !m
             .membership_config

@@ -350,8 +350,10 @@ impl Node {
                         .wait(Some(left.max(Duration::from_millis(100))))
                         .applied_index_at_least(Some(index), "read barrier")
                         .await
-                        .map(|_| time)
-                        .map_err(|e| NodeError::Unknown(format!("catching up: {e}")));
+                        .map_err(|e| NodeError::Unknown(format!("catching up: {e}")))
+                        // The cluster's alarm, as of the state the read is served from.
+                        .and_then(|_| self.cluster_serving())
+                        .map(|()| time);
                 }
                 Err(NodeError::NotLeader { .. } | NodeError::Unknown(_))
                     if Instant::now() < give_up => {}

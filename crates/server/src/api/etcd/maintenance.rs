@@ -15,7 +15,7 @@ use epb::maintenance_server::Maintenance;
 
 use fenced_core::{EtcdCommand, EtcdReply};
 
-use super::{unimplemented, EtcdApi, Reply, VERSION};
+use super::{status_of, unimplemented, EtcdApi, Reply, VERSION};
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<epb::SnapshotResponse, Status>> + Send>>;
 
@@ -49,6 +49,32 @@ impl Maintenance for EtcdApi {
             Ok(AlarmAction::Deactivate) => false,
             Err(_) => return Err(Status::invalid_argument("unknown alarm action")),
         };
+        // The cluster-wide CORRUPT alarm (listed under the member that raised it) is the one
+        // CORRUPT an operator disarms: `etcdctl alarm disarm`.
+        let cluster = self
+            .node
+            .local(|sm| sm.cluster_alarm().map(|a| a.raised_by));
+        if !activate
+            && want == epb::AlarmType::Corrupt
+            && cluster.is_some_and(|by| r.member_id == 0 || r.member_id == by)
+        {
+            let disarm = fenced_core::Command::ClusterAlarm { raise: None };
+            return match self.node.propose(None, disarm).await.map_err(status_of)? {
+                fenced_core::Response::ClusterAlarm { before, .. } => {
+                    Ok(tonic::Response::new(epb::AlarmResponse {
+                        header: self.header_now(),
+                        alarms: before
+                            .map(|a| epb::AlarmMember {
+                                member_id: a.raised_by,
+                                alarm: epb::AlarmType::Corrupt as i32,
+                            })
+                            .into_iter()
+                            .collect(),
+                    }))
+                }
+                other => Err(Status::internal(format!("unexpected answer {other:?}"))),
+            };
+        }
         if want == epb::AlarmType::Corrupt || (activate && want != epb::AlarmType::Nospace) {
             return Err(Status::unimplemented(
                 "fenced raises and clears the divergence alarm (CORRUPT) itself: it clears \
@@ -165,6 +191,19 @@ impl EtcdApi {
             alarms.push(self.nospace_member());
         }
         if wanted(epb::AlarmType::Corrupt) {
+            // The cluster-wide alarm first: `etcdctl alarm disarm` clears it before it meets
+            // a member's own divergence alarm, which it may not clear.
+            if let Some(by) = self
+                .node
+                .local(|sm| sm.cluster_alarm().map(|a| a.raised_by))
+            {
+                if member(by) {
+                    alarms.push(epb::AlarmMember {
+                        member_id: by,
+                        alarm: epb::AlarmType::Corrupt as i32,
+                    });
+                }
+            }
             alarms.extend(
                 self.node
                     .alarmed_members()

@@ -1,0 +1,196 @@
+//! No majority, no service (issue 39, item 3; `crates/server/src/node/alarm.rs`): on a
+//! 3-node cluster one follower is made to diverge (the test-only hook
+//! `--unsafe-test-diverge-at-index`, accepted only with `FENCED_UNSAFE_TEST_HOOKS=1`) and is
+//! fenced out by its divergence alarm; then the other follower diverges too, so the two
+//! members left disagree with no majority — the leader raises the cluster-wide `CORRUPT`
+//! alarm, replicated: every member refuses reads and writes over RESP (`-CORRUPT`), gRPC
+//! (`UNAVAILABLE`, `x-fenced-alarm: corrupt`) and etcd, and etcd's `AlarmList` shows it. Once
+//! the member taken for wrong is stopped, an operator's disarm (etcd's `Maintenance.Alarm`
+//! DEACTIVATE, what `etcdctl alarm disarm` sends) is accepted and the leader serves again.
+//!
+//! Run: `cargo test -p fenced-server --test cluster_corrupt`.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use fenced_proto::etcd::etcdserverpb as epb;
+use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
+use fenced_proto::etcd::etcdserverpb::maintenance_client::MaintenanceClient;
+use fenced_proto::v1 as pb;
+use support::{follower_of, resp_try, wait_for, within, TestCluster, LEADER_TIMEOUT};
+
+/// Digests every 8 indexes, a check every 500 ms: generous for a loaded machine.
+const ALARM_WITHIN: Duration = Duration::from_secs(60);
+const STEP: Duration = Duration::from_secs(30);
+
+/// Up to `n` writes through `via`, one after another; stops at the first refusal (the
+/// cluster alarm refuses them). How many were taken.
+async fn writes(c: &TestCluster, via: u64, prefix: &str, n: usize) -> usize {
+    for i in 0..n {
+        let key = format!("{prefix}-{i}");
+        match resp_try(c, via, &["SET", &key, "v"]).await {
+            Ok(Some(ok)) if ok == "OK" => {}
+            _ => return i,
+        }
+    }
+    n
+}
+
+async fn wait_member_alarm(c: &TestCluster, id: u64) {
+    wait_for(
+        &format!("node {id}'s divergence alarm"),
+        ALARM_WITHIN,
+        || async {
+            let s = c.status(id).await?;
+            if s.alarm.is_empty() {
+                Err(format!("no alarm yet; applied {}", s.last_applied))
+            } else {
+                Ok(())
+            }
+        },
+    )
+    .await
+}
+
+/// Member `id` refuses, as the cluster alarm does, over RESP and gRPC.
+async fn assert_refuses(c: &TestCluster, id: u64) {
+    for args in [&["GET", "k-0"][..], &["SET", "k-x", "v"][..]] {
+        match resp_try(c, id, args).await {
+            Err(e) => assert!(e.contains("CORRUPT"), "{args:?} on node {id}: {e}"),
+            Ok(v) => panic!("{args:?} on node {id} answered {v:?} under the cluster alarm"),
+        }
+    }
+    let mut lock = c.raw_lock_client(id, Duration::from_secs(5));
+    let refused = lock
+        .info(pb::InfoRequest { name: "l".into() })
+        .await
+        .expect_err("Lock.Info under the cluster alarm");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert_eq!(
+        refused
+            .metadata()
+            .get("x-fenced-alarm")
+            .and_then(|v| v.to_str().ok()),
+        Some("corrupt"),
+        "{refused:?}"
+    );
+    let mut kv = KvClient::new(c.raw_channel(id));
+    let range = within(
+        "etcd Range",
+        STEP,
+        kv.range(epb::RangeRequest {
+            key: b"k".to_vec(),
+            ..Default::default()
+        }),
+    )
+    .await
+    .expect_err("etcd Range under the cluster alarm");
+    assert_eq!(range.code(), tonic::Code::Unavailable, "{range:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_that_disagree_without_a_majority_stop_the_cluster_until_disarmed() {
+    std::env::set_var("FENCED_UNSAFE_TEST_HOOKS", "1");
+    let c = TestCluster::start("cluster-corrupt", &["--digest-interval", "8"]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    assert_eq!(writes(&c, leader, "warm", 3).await, 3);
+    let first = follower_of(leader);
+    let second = c
+        .ids()
+        .find(|id| *id != first && *id != leader)
+        .expect("a third");
+    let at = c.status_ok(leader).await.last_applied;
+    let (at1, at2) = (at + 12, at + 44);
+    for (id, index) in [(first, at1), (second, at2)] {
+        c.kill(id);
+        c.restart_with(id, &["--unsafe-test-diverge-at-index", &index.to_string()]);
+        c.wait_all_caught_up(leader, STEP).await;
+    }
+    assert_eq!(c.wait_for_leader(LEADER_TIMEOUT).await, leader);
+
+    // The first diverges and is fenced out; the cluster goes on.
+    assert_eq!(writes(&c, leader, "k", 24).await, 24);
+    wait_member_alarm(&c, first).await;
+    // The second diverges: the leader and it disagree, with no majority.
+    writes(&c, leader, "more", 60).await;
+    wait_for("the cluster-wide CORRUPT alarm", ALARM_WITHIN, || async {
+        match resp_try(&c, leader, &["GET", "k-0"]).await {
+            Err(e) if e.contains("CORRUPT") && e.contains("cluster") => Ok(()),
+            other => {
+                // Writes bring the digest indexes on.
+                let _ = resp_try(&c, leader, &["SET", "tick", "v"]).await;
+                Err(format!("{other:?}"))
+            }
+        }
+    })
+    .await;
+    for id in c.ids() {
+        assert_refuses(&c, id).await;
+    }
+    let m = MaintenanceClient::new(c.raw_channel(second));
+    let listed = wait_for("etcd's AlarmList to show CORRUPT", STEP, || {
+        let mut m = m.clone();
+        async move {
+            let r = m
+                .alarm(epb::AlarmRequest {
+                    action: epb::alarm_request::AlarmAction::Get as i32,
+                    member_id: 0,
+                    alarm: epb::AlarmType::None as i32,
+                })
+                .await
+                .map_err(|e| e.to_string())?
+                .into_inner();
+            r.alarms
+                .iter()
+                .any(|a| a.alarm == epb::AlarmType::Corrupt as i32 && a.member_id == leader)
+                .then_some(r.alarms.clone())
+                .ok_or(format!("{:?}", r.alarms))
+        }
+    })
+    .await;
+    assert!(!listed.is_empty());
+    let log = c.log_tail(leader, 400);
+    assert!(log.contains("CLUSTER CORRUPT ALARM"), "{log}");
+
+    // Recovery: the member taken for wrong is stopped, then the alarm disarmed.
+    c.kill(second);
+    let mut m = MaintenanceClient::new(c.raw_channel(leader));
+    let disarmed = within(
+        "the disarm",
+        STEP,
+        m.alarm(epb::AlarmRequest {
+            action: epb::alarm_request::AlarmAction::Deactivate as i32,
+            member_id: 0,
+            alarm: epb::AlarmType::Corrupt as i32,
+        }),
+    )
+    .await
+    .expect("the disarm is proposable under the alarm")
+    .into_inner();
+    assert!(
+        disarmed
+            .alarms
+            .iter()
+            .any(|a| a.alarm == epb::AlarmType::Corrupt as i32),
+        "{disarmed:?}"
+    );
+    wait_for("the leader to serve again", STEP, || async {
+        match resp_try(&c, leader, &["SET", "after", "1"]).await {
+            Ok(Some(ok)) if ok == "OK" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(
+        resp_try(&c, leader, &["GET", "after"]).await,
+        Ok(Some("1".into()))
+    );
+    // It stays disarmed: the member left disagrees with nobody it can be compared with.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        resp_try(&c, leader, &["GET", "after"]).await,
+        Ok(Some("1".into()))
+    );
+}
