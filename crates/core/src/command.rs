@@ -127,7 +127,8 @@ impl Semantics {
     /// The chosen-lease rules, and request ids bound to their command: the dedup record keeps a
     /// digest of each request's command (snapshot body 7), and a request whose id was used
     /// for a different command is refused ([`CoreError::RequestIdReused`]) instead of being
-    /// answered the other command's outcome. Older entries answer as they did.
+    /// answered the other command's outcome; and a script's `PUBLISH` on a reserved
+    /// `fenced:*` channel is refused like a client's. Older entries answer as they did.
     pub const REQUEST_DIGESTS: Semantics = Semantics(12);
     /// The newest rules this build applies (what it advertises to the leader).
     pub const NEWEST: Semantics = Semantics::REQUEST_DIGESTS;

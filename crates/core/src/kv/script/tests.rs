@@ -219,3 +219,32 @@ fn entries_stamped_revisions_behave_as_before() {
         Reply::Int(1)
     );
 }
+
+/// Issue 49: only the server publishes on `fenced:*`. A script's `PUBLISH` there is refused
+/// with the front end's error under `Semantics::REQUEST_DIGESTS` (it used to be applied and
+/// only suppressed at delivery, so the script saw success); other channels still publish,
+/// and older entries replay as they did.
+#[test]
+fn a_script_publishing_on_a_reserved_channel_is_refused() {
+    let reserved = "return redis.call('PUBLISH', 'fenced:lost:owner:bob', 'forged')";
+    let mut k = K::new(Semantics::NEWEST);
+    assert_eq!(
+        k.text(reserved),
+        "ERR channels starting with 'fenced:' are reserved for the server's own events",
+        "PUBLISH fenced:* from a script"
+    );
+    assert_eq!(
+        k.text("return redis.pcall('PUBLISH', 'fenced:x', 'm')['err']"),
+        "ERR channels starting with 'fenced:' are reserved for the server's own events"
+    );
+    assert_eq!(
+        k.eval("return redis.call('PUBLISH', 'news', 'm')"),
+        Reply::Int(0)
+    );
+    let mut old = K::new(Semantics::LUA_IDS);
+    assert_eq!(
+        old.eval(reserved),
+        Reply::Int(0),
+        "older rules replay as before"
+    );
+}
