@@ -66,13 +66,11 @@ impl super::EtcdStore {
         Ok(page)
     }
 
-    /// Where a watcher that has seen every change up to `after` — a *synced* one, caught up
-    /// with this store before — may read on from: `after`, or the compact revision when
-    /// compaction passed `after` but removed no write made after it (the watcher missed
-    /// nothing, whatever revisions lock commands, lease keep-alives or failed txns took
-    /// meanwhile). etcd never cancels a synced watcher for compaction; only an unsynced one
-    /// below the compact revision (a new watch from an old revision, or one that fell behind
-    /// writes that were then compacted) is ([`events_since`](Self::events_since)).
+    /// Where a watcher that has seen every change up to `after` may read on from: `after`,
+    /// or the compact revision when compaction passed `after` but removed no write made after
+    /// it (the watcher missed nothing, whatever revisions lock commands, lease keep-alives or
+    /// failed txns took meanwhile). etcd never cancels a synced watcher for compaction; a
+    /// watcher that would miss a compacted write still is ([`events_since`](Self::events_since)).
     /// Node-local knowledge: after a snapshot install or a restart it is conservative.
     pub fn synced_position(&self, after: Revision) -> Revision {
         if after < self.compact_revision && self.compacted_writes.0 <= after {

@@ -19,12 +19,14 @@
 //!   keyspace changes, so a quiet watcher's position stays at the last etcd write it saw
 //!   while lock commands, keep-alives and failed txns take revisions; a compaction at one of
 //!   those (`etcdctl compact $(current)`, fenced's auto-compaction on a busy lock table)
-//!   removed nothing the watcher missed. A watcher that has caught up once is *synced*: it
-//!   reads on from [`StateMachine::etcd_synced_position`], the compact revision when no
-//!   write it missed was compacted. Only an unsynced watch below the compact revision (a new
-//!   one from an old revision, or one still behind a write that was then compacted) is
-//!   cancelled. What a node knows of compacted writes is its own: after a snapshot install or
-//!   restart it is conservative (the streams of a restarted node are new anyway).
+//!   removed nothing the watcher missed. Every watcher reads on from
+//!   [`StateMachine::etcd_synced_position`]: the compact revision when compaction removed no
+//!   write after its position. So only a watch that would miss a compacted write is
+//!   cancelled — one behind a write that was then compacted, or a new one from before such a
+//!   write, as etcd cancels an unsynced watcher below its compact revision (in etcd the
+//!   compact revision is always a write's; in fenced it may be a lock command's, and a watch
+//!   from just after the last write is served, not cancelled). What a node knows of
+//!   compacted writes is its own: after a snapshot install or restart it is conservative.
 //! * **Pages** hold up to [`PAGE_EVENTS`] events and never split a revision (etcd sends one
 //!   revision's events in one response). A watch created with `fragment` has responses over
 //!   [`FRAGMENT_BYTES`] split into fragments, the last one with `fragment = false`.
@@ -126,9 +128,6 @@ struct Watcher {
     prev_kv: bool,
     fragment: bool,
     progress_notify: bool,
-    /// It has caught up with a state once (or started at or after the current revision):
-    /// compaction cancels it only if it removed a write the watcher has not seen.
-    synced: bool,
     /// When it last sent anything (for progress notifications).
     last_sent: Instant,
 }
@@ -278,8 +277,6 @@ impl Feed {
                 prev_kv: c.prev_kv,
                 fragment: c.fragment,
                 progress_notify: c.progress_notify,
-                // etcd's rule: a watch from now or from the future is synced at once.
-                synced: after >= now,
                 last_sent: Instant::now(),
             },
         );
@@ -315,12 +312,8 @@ impl Feed {
             let (range, prev_kv) = (w.range.clone(), w.prev_kv);
             let sm = self.api.node.local(StateMachine::clone);
             let state_rev = sm.revision();
-            // A synced watcher reads on past a compaction that removed nothing it missed.
-            let after = if w.synced {
-                sm.etcd_synced_position(w.after)
-            } else {
-                w.after
-            };
+            // Past a compaction that removed nothing after its position.
+            let after = sm.etcd_synced_position(w.after);
             let read = move || sm.etcd_events_since(after, &range, PAGE_EVENTS, prev_kv);
             let page = if state_rev.saturating_sub(after) <= INLINE_GAP {
                 read()
@@ -374,7 +367,6 @@ impl Feed {
             w.after = if page.more {
                 page.resume_after
             } else {
-                w.synced = true;
                 page.resume_after.max(state_rev)
             };
             let fragment = w.fragment;
