@@ -130,8 +130,20 @@ impl Semantics {
     /// answered the other command's outcome; and a script's `PUBLISH` on a reserved
     /// `fenced:*` channel is refused like a client's. Older entries answer as they did.
     pub const REQUEST_DIGESTS: Semantics = Semantics(12);
+    /// The request-digest rules, and etcd's `Lock` and `Election` on the etcd keyspace, as
+    /// etcd has them: the front end runs etcd's `concurrency.Mutex` / `Election` recipes with
+    /// plain etcd commands (a put of `name/<lease hex>` on the lease, a compared delete), so
+    /// they are one lock with every recipe client's on the same name; fenced's lock table
+    /// (`LOCK.*`) is a separate namespace. [`Command::EtcdLock`], [`Command::EtcdUnlock`]
+    /// and [`Command::EtcdCancel`] are refused in entries stamped so
+    /// ([`CoreError::Retired`]), and the first entry under these rules migrates what they
+    /// left (`machine::etcd_locks::migrate_etcd_locks`): a lock-table holder of an etcd lock
+    /// keeps its projected key — attached to its lease, created at its token — and so holds
+    /// it on the keyspace, its lock-table record dropped; a lock-table waiter (no key) is
+    /// withdrawn. Older entries replay as they applied.
+    pub const KEYSPACE_LOCKS: Semantics = Semantics(13);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::REQUEST_DIGESTS;
+    pub const NEWEST: Semantics = Semantics::KEYSPACE_LOCKS;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -192,6 +204,11 @@ impl Semantics {
     /// A request id is bound to its command ([`Semantics::REQUEST_DIGESTS`]).
     pub fn request_digests(self) -> bool {
         self.0 >= Semantics::REQUEST_DIGESTS.0
+    }
+
+    /// etcd's locks and elections live on the keyspace ([`Semantics::KEYSPACE_LOCKS`]).
+    pub fn keyspace_locks(self) -> bool {
+        self.0 >= Semantics::KEYSPACE_LOCKS.0
     }
 
     /// The oldest rules under which `cmd` does what its caller means: the rules it exists

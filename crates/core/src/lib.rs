@@ -118,6 +118,10 @@ pub enum CoreError {
          repeat the same command, a new command needs a new REQID"
     )]
     RequestIdReused { client_id: u64, seq: u64 },
+    /// A command the entry's rules no longer apply (`since`: the rules that retired it),
+    /// e.g. [`Command::EtcdLock`] under [`Semantics::KEYSPACE_LOCKS`]. Appended last.
+    #[error("retired by apply rules {since}: {detail}")]
+    Retired { since: u8, detail: String },
 }
 
 /// Errors decoding a snapshot of the state machine.

@@ -43,6 +43,8 @@ mod expiry;
 mod grants;
 mod invariants;
 #[cfg(test)]
+mod keyspace_lock_tests;
+#[cfg(test)]
 mod lease_tests;
 mod locks;
 mod owners;
@@ -302,6 +304,9 @@ impl StateMachine {
             return previous;
         }
         self.revision += 1;
+        if semantics.keyspace_locks() && !self.etcd_locks.is_empty() {
+            self.migrate_etcd_locks(events);
+        }
         let response = self.execute(req.client, &req.cmd, semantics, events);
         if let Some(rid) = req.client {
             self.dedup_store(rid, response.clone());
@@ -425,6 +430,17 @@ impl StateMachine {
                         detail: "an etcd lock command in an older entry".into(),
                     },
                 ))
+            }
+            Command::EtcdLock { .. } | Command::EtcdUnlock { .. } | Command::EtcdCancel { .. }
+                if semantics.keyspace_locks() =>
+            {
+                Err(CoreError::Retired {
+                    since: Semantics::KEYSPACE_LOCKS.0,
+                    detail: format!(
+                        "{} of the lock table: etcd's locks and elections are on the keyspace",
+                        cmd.kind()
+                    ),
+                })
             }
             Command::EtcdLock { name, lease, value } => {
                 self.etcd_lock(revision, rid, name, *lease, value, events)

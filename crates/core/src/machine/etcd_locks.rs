@@ -295,6 +295,38 @@ impl StateMachine {
     }
 }
 
+impl StateMachine {
+    /// The first entry under [`Semantics::KEYSPACE_LOCKS`] found what `EtcdLock` left under
+    /// older rules: end it in the lock table, at the current revision. Each waiter (it has
+    /// no key) is withdrawn — its request resolved `NotGranted`, so a call still waiting on
+    /// it learns so. Each holder's lock-table record is dropped *without* deleting its
+    /// projected key: that key (attached to the lease, created at the grant's revision, which
+    /// is its token) is the holder of etcd lock `name` on the keyspace from now on, so it
+    /// keeps the lock with the same token and the next recipe or `Lock` key waits for its
+    /// delete. The lock-table lock of the same name is free then: fenced's `LOCK.*` is a
+    /// separate namespace, and its next waiter is granted at this revision. Work bounded by
+    /// the records left (at most the waiter and lock limits).
+    pub(super) fn migrate_etcd_locks(&mut self, events: &mut Vec<Event>) {
+        let waiting: Vec<RequestId> = self.etcd_locks.waiting.keys().copied().collect();
+        for rid in waiting {
+            self.remove_waiter(rid, events);
+        }
+        // A waiting record without a waiter (cannot happen) goes too.
+        self.etcd_locks.waiting = CowMap::default();
+        let held: Vec<(String, SessionId)> = self.etcd_locks.held.keys().cloned().collect();
+        self.etcd_locks.held = CowMap::default();
+        for (name, lease) in held {
+            // `held` is empty now, so ending the grant deletes no key.
+            self.end_grant(
+                &name,
+                &(lease_owner(lease), Some(lease)),
+                ReleaseReason::Released,
+                events,
+            );
+        }
+    }
+}
+
 /// Wake the watches once per revision (revisions only grow, so the last wake-up is the
 /// newest).
 fn changed(revision: Revision, events: &mut Vec<Event>) {
