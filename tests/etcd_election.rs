@@ -1,12 +1,13 @@
-//! etcd's server-side `v3lockpb.Lock` and `v3electionpb.Election` on fenced's lock table
-//! (`crates/server/src/api/etcd/{lock,election}.rs`), over gRPC against a real 3-node
+//! etcd's server-side `v3lockpb.Lock` and `v3electionpb.Election` on the etcd keyspace
+//! (`crates/server/src/api/etcd/{lock,election,queue}.rs`), over gRPC against a real 3-node
 //! cluster with the generated tonic clients:
 //!
-//! * `Lock` waits FIFO on the server; the key it returns is `name/<lease hex>`, created at
-//!   grant time, so its `create_revision` equals the answer's `header.revision` — the
-//!   fencing token, the one `LOCK.INFO` shows for the same lock; `Lock` again with the
-//!   holding lease answers the same key; `Unlock(key)` hands over; a revoked lease hands
-//!   over; the stale holder's token is refused by `FENCE.SET` after the next holder wrote.
+//! * `Lock` waits FIFO on the server; the key it returns is `name/<lease hex>`, put when the
+//!   call queued, and its `create_revision` is the fencing token (an uncontended grant's
+//!   `header.revision` equals it); `Lock` again with the holding lease answers the same key;
+//!   fenced's own `LOCK.ACQUIRE` of the same name is another lock (a separate namespace);
+//!   `Unlock(key)` hands over; a revoked lease hands over; the stale holder's token is
+//!   refused by `FENCE.SET` after the next holder wrote.
 //! * A `Lock` call cancelled by its deadline leaves the queue: the lock goes to the next.
 //! * `Campaign`, `Proclaim`, `Leader`, `Observe` and `Resign`: the leader's value, a stale
 //!   leader's proclaim refused, every change observed in order, through a SIGKILL of the
@@ -107,29 +108,33 @@ async fn lock_waits_in_order_its_key_revision_is_the_token_and_storage_refuses_t
         (ta, a),
         "create revision = token"
     );
-    // The same lease again: the same key and token.
+    // The same lease again: the same key and token (the header is the revision of the
+    // call's txn, as in etcd).
     let again = within("lock a again", STEP, lock(ch(), "job", a))
         .await
         .expect("lock a again");
+    assert_eq!(again.key, la.key);
     assert_eq!(
-        (again.key.clone(), revision(&again.header)),
-        (la.key.clone(), ta)
+        get(ch(), &la.key).await.map(|kv| kv.create_revision),
+        Some(ta)
     );
-    // It is one lock with the lock table's: LOCK.INFO over RESP shows the token.
+    // fenced's lock table is a separate namespace: LOCK.ACQUIRE job is another lock.
     let mut con = resp_connect(&c, node).await;
-    let info: Vec<redis::Value> = resp_cmd(&mut con, &["LOCK.INFO", "job"]).await;
-    let shown = format!("{info:?}");
+    let granted: redis::Value = resp_cmd(&mut con, &["LOCK.ACQUIRE", "job", "o", "5000"]).await;
     assert!(
-        shown.contains(&ta.to_string()),
-        "LOCK.INFO {shown} lacks {ta}"
+        !matches!(granted, redis::Value::Nil),
+        "LOCK.ACQUIRE job: {granted:?}"
     );
 
-    // b then d wait, in that order; no key of theirs exists meanwhile.
+    // b then d wait, in that order; their keys are queued.
     let mut wb = tokio::spawn(lock(ch(), "job", b));
     still_waiting("b's Lock", &mut wb).await;
     let mut wd = tokio::spawn(lock(c.raw_channel(leader), "job", d));
     still_waiting("d's Lock", &mut wd).await;
-    assert_eq!(get(ch(), format!("job/{b:x}").as_bytes()).await, None);
+    let kb = get(ch(), format!("job/{b:x}").as_bytes())
+        .await
+        .expect("b's queued key");
+    assert!(kb.create_revision > ta);
 
     // A holder writes with its token at the storage.
     let ok: String = resp_cmd(&mut con, &["FENCE.SET", "db", "by-a", &ta.to_string()]).await;
@@ -140,12 +145,12 @@ async fn lock_waits_in_order_its_key_revision_is_the_token_and_storage_refuses_t
         .await
         .expect("join")
         .expect("lock b");
-    let tb = revision(&lb.header);
-    assert!(tb > ta);
+    let tb = get(ch(), &lb.key).await.map_or(0, |kv| kv.create_revision);
     assert_eq!(
-        get(ch(), &lb.key).await.map(|kv| kv.create_revision),
-        Some(tb)
+        tb, kb.create_revision,
+        "b's token is its queued key's create revision"
     );
+    assert!(revision(&lb.header) >= tb);
     assert_eq!(get(ch(), &la.key).await, None, "a's key deleted");
     still_waiting("d's Lock", &mut wd).await;
     let ok: String = resp_cmd(&mut con, &["FENCE.SET", "db", "by-b", &tb.to_string()]).await;
@@ -166,7 +171,7 @@ async fn lock_waits_in_order_its_key_revision_is_the_token_and_storage_refuses_t
         .await
         .expect("join")
         .expect("lock d");
-    assert!(revision(&ld.header) > tb);
+    assert!(get(ch(), &ld.key).await.expect("d's key").create_revision > tb);
     assert_eq!(
         get(ch(), &lb.key).await,
         None,
@@ -285,7 +290,11 @@ async fn an_election_campaigns_proclaims_observes_and_resigns_through_a_leader_s
         (ka.rev, a),
         "rev = create revision"
     );
-    let mut wb = tokio::spawn(campaign(c.raw_channel(other), b, "b1"));
+    // A channel without the harness's 2 s call timeout: b waits through a leader change.
+    let waiting = tonic::transport::Endpoint::from_shared(format!("http://{}", c.grpc_addr(other)))
+        .expect("endpoint")
+        .connect_lazy();
+    let mut wb = tokio::spawn(campaign(waiting, b, "b1"));
     still_waiting("b's Campaign", &mut wb).await;
     // Proclaim changes the value, seen by Leader.
     within(
