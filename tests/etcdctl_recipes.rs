@@ -3,8 +3,9 @@
 //! SIGKILL of the fenced leader and a partition that cuts the fenced leader off from the
 //! other members (clients still reach every node).
 //!
-//! These recipes build their lock from keys in the keyspace: a different lock from fenced's
-//! own server-side lock table. Don't use both on one name.
+//! These recipes build their lock from keys in the keyspace — the same lock as etcd's `Lock`
+//! and `Election` RPCs on that name (tests/etcd_one_lock.rs), a different one from fenced's
+//! own lock table (`LOCK.*`), which is a separate namespace.
 //!
 //! Run: `cargo test -p fenced-server --test etcdctl_recipes` (needs etcdctl and, for the
 //! partition, root and iptables: scripts/test.sh installs them).

@@ -44,7 +44,7 @@ use elpb::election_server::Election;
 
 use super::convert::kv;
 use super::lock::{lock_lease, lock_name, parse_key};
-use super::{not_etcd, rev_in, rev_out, status_of, watch, EtcdApi, Reply};
+use super::{not_etcd, queue, rev_in, rev_out, status_of, watch, EtcdApi, Reply};
 
 /// Events one read of an `Observe` takes from the change feed.
 const PAGE_EVENTS: usize = 1_000;
@@ -99,37 +99,24 @@ impl Election for EtcdApi {
             .permit(&req, "LOCK.ACQUIRE", &[name.as_bytes()])?;
         let r = req.into_inner();
         let lease = lock_lease(r.lease)?;
-        let token = self.take_lock(&user, &name, lease, r.value.clone()).await?;
-        // Campaigning again while leading, with another value: the value is proclaimed, as
-        // etcd's Campaign does (the grant kept the first campaign's value).
-        let key = lock_key(&name, lease);
-        let current = self
-            .node
-            .read_clone(|sm| sm.etcd_range(&RangeRequest::new(KeyRange::key(key))))
-            .await
-            .map_err(status_of)?
-            .map_err(|e| super::etcd_status(&e))?;
-        if current
-            .kvs
-            .first()
-            .is_some_and(|kv| kv.create_revision == token && kv.value != r.value)
-        {
-            self.put_leader_value(
-                &user,
-                &name,
-                lease,
-                r.lease,
-                rev_out(token),
-                r.value.clone(),
-            )
-            .await?;
+        if !self.node.stamp_semantics().keyspace_locks() {
+            if let Some(token) = self.take_lock(&user, &name, lease, r.value.clone()).await? {
+                return self
+                    .campaigned_in_lock_table(&user, &name, lease, &r, token)
+                    .await;
+            }
         }
+        // etcd's concurrency.Election.Campaign: the key on the lease (its value proclaimed if
+        // it existed with another), then the wait for every older key's delete.
+        let held = self
+            .queue_and_wait(&user, &name, r.lease, r.value.clone(), true)
+            .await?;
         Ok(tonic::Response::new(elpb::CampaignResponse {
-            header: self.header(token),
+            header: self.header(held.enqueued.revision),
             leader: Some(elpb::LeaderKey {
                 name: name.clone().into_bytes(),
-                key: lock_key(&name, lease),
-                rev: rev_out(token),
+                key: held.enqueued.key,
+                rev: rev_out(held.enqueued.create_revision),
                 lease: r.lease,
             }),
         }))
@@ -206,18 +193,71 @@ impl Election for EtcdApi {
             .users
             .permit(&req, "LOCK.RELEASE", &[name.as_bytes()])?;
         // etcd's Resign succeeds whether or not that term still leads.
-        self.release_lock(&user, name, lease, Some(rev_in(rev)).filter(|t| *t != 0))
-            .await?;
+        if !self.node.stamp_semantics().keyspace_locks()
+            && self
+                .release_lock(
+                    &user,
+                    name.clone(),
+                    lease,
+                    Some(rev_in(rev)).filter(|t| *t != 0),
+                )
+                .await?
+        {
+            return Ok(tonic::Response::new(elpb::ResignResponse {
+                header: self.header_now(),
+            }));
+        }
+        // etcd's Resign: delete the leader key if it is still that term's.
+        let key = lock_key(&name, lease);
+        let who = (user.name().to_owned(), user.is_admin());
+        let (revision, _) = queue::delete_generation(self, &who, key, rev_in(rev)).await?;
         Ok(tonic::Response::new(elpb::ResignResponse {
-            header: self.header_now(),
+            header: self.header(revision),
         }))
     }
 }
 
 impl EtcdApi {
+    /// A campaign the lock table granted (rules older than keyspace locks) with `token`.
+    async fn campaigned_in_lock_table(
+        &self,
+        user: &User,
+        name: &str,
+        lease: u64,
+        r: &elpb::CampaignRequest,
+        token: u64,
+    ) -> Reply<elpb::CampaignResponse> {
+        // Campaigning again while leading, with another value: the value is proclaimed, as
+        // etcd's Campaign does (the grant kept the first campaign's value).
+        let key = lock_key(name, lease);
+        let current = self
+            .node
+            .read_clone(|sm| sm.etcd_range(&RangeRequest::new(KeyRange::key(key))))
+            .await
+            .map_err(status_of)?
+            .map_err(|e| super::etcd_status(&e))?;
+        if current
+            .kvs
+            .first()
+            .is_some_and(|kv| kv.create_revision == token && kv.value != r.value)
+        {
+            self.put_leader_value(user, name, lease, r.lease, rev_out(token), r.value.clone())
+                .await?;
+        }
+        Ok(tonic::Response::new(elpb::CampaignResponse {
+            header: self.header(token),
+            leader: Some(elpb::LeaderKey {
+                name: name.to_owned().into_bytes(),
+                key: lock_key(name, lease),
+                rev: rev_out(token),
+                lease: r.lease,
+            }),
+        }))
+    }
+
     /// Put `value` on the leader key of `lease` in election `name` if that lease still leads
     /// with the term whose token is `rev`: the put's revision, `None` if it does not.
-    async fn put_leader_value(
+    pub(super) async fn put_leader_value(
         &self,
         user: &User,
         name: &str,

@@ -1,21 +1,23 @@
-//! `v3lockpb.Lock`: etcd's server-side lock **is** a lock of fenced's lock table
-//! ([`Command::EtcdLock`]; `fenced_core`'s `machine::etcd_locks` has the rules).
+//! `v3lockpb.Lock`: etcd's server-side lock, on the etcd keyspace as etcd has it.
 //!
-//! * `Lock(name, lease)` takes exclusive lock `name` for the lease (a fenced session), waiting
-//!   in the lock's FIFO queue on the server — no watch, no herd — for as long as the lease
-//!   lives and the call is open. At the grant the key `name/<lease id in hex>` is put,
-//!   attached to the lease, so its `create_revision` is the grant's revision: **the
-//!   fencing token**, the one `LOCK.ACQUIRE name` gives for the same lock. The answer's
-//!   `header.revision` is that token too. Waiters put no key. A lease that holds the lock
-//!   gets the same key again (idempotent). A lease of 0 is refused: a lock must end with its
-//!   owner's lease.
-//! * `Unlock(key)` ends the grant of the lease the key names (or withdraws its wait): the key
-//!   is deleted and the next waiter's key put at one revision. Unlocking what is not held
-//!   succeeds, as etcd's delete of an absent key does.
-//! * A call whose client goes away (cancelled, timed out, disconnected) undoes itself by its
-//!   request id ([`Command::EtcdCancel`]): its wait is withdrawn, or the grant it got
-//!   released — as etcd's server deletes its waiter key. A lease's end (revoke, expiry)
-//!   withdraws its waits and releases its grants.
+//! Under apply rules [`Semantics::KEYSPACE_LOCKS`](fenced_core::Semantics::KEYSPACE_LOCKS) (every member upgraded), `Lock` is etcd's
+//! `concurrency.Mutex` run on the server ([`super::queue`]): it puts `name/<lease id in hex>`
+//! on the caller's lease (or reuses it), waits until no live key under `name/` has a lower
+//! create revision, and answers that key; the lock's **fencing token is the key's
+//! `create_revision`** (read it with a `Range` of the key: the answer's `header.revision` is,
+//! as in etcd, the revision at which the wait ended). So `Lock`, `etcdctl lock`, `etcdctl
+//! elect`, Go's `concurrency` package and npm etcd3's `lock()` on one name are one lock, and
+//! a delete of the holder's key by any path hands it to the next key. `Unlock(key)` deletes
+//! the key (etcd's Unlock); unlocking what is not held succeeds. A call whose client goes
+//! away before its key holds withdraws the key (a delete comparing its create revision).
+//! fenced's lock table (`LOCK.*`, the gRPC Lock service) is a separate namespace:
+//! `LOCK.ACQUIRE job` and `etcdctl lock job` are two different locks.
+//!
+//! Under older rules (a rolling upgrade) the old lock-table implementation below serves:
+//! [`Command::EtcdLock`] and friends (`fenced_core`'s `machine::etcd_locks`), whose
+//! requests apply refuses once entries are stamped with the new rules — a call that meets
+//! that refusal (or whose wait the migration withdrew) goes on with the keyspace recipe.
+//!
 //! * etcd's server keeps a lease alive itself while a `Lock` is open; fenced does not: the
 //!   client keeps its lease alive (every etcd client library does, for its session).
 //! * Permissions: `LOCK.ACQUIRE` on the name to lock, `LOCK.RELEASE` to unlock.
@@ -23,13 +25,17 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use fenced_core::etcd::lease_session;
-use fenced_core::{lock_key, Command, RequestId, Response, SessionId, Token};
+use fenced_core::etcd::{DeleteRangeRequest, KeyRange};
+use fenced_core::{
+    lock_key, Command, CoreError, EtcdCommand, RequestId, Response, SessionId, Token,
+};
 use fenced_proto::etcd::v3lockpb as lpb;
 use tonic::{Request, Status};
 
 use lpb::lock_server::Lock;
 
 use super::{not_etcd, status_of, EtcdApi, Reply};
+
 use crate::error::NodeError;
 use crate::node::Node;
 use fenced_resp::acl::User;
@@ -136,16 +142,18 @@ pub(super) fn parse_key(key: &[u8]) -> Result<(String, SessionId), Status> {
 }
 
 impl EtcdApi {
-    /// Take etcd lock `name` for `lease`, its key holding `value`: the grant's token, once
-    /// granted. Waits as long as needed; if the call is dropped first, the request is
-    /// cancelled.
+    /// Take etcd lock `name` for `lease` in the lock table (rules older than
+    /// [`Semantics::KEYSPACE_LOCKS`](fenced_core::Semantics::KEYSPACE_LOCKS)), its key holding `value`: the grant's token, once
+    /// granted; `None` if the entry's rules retired the lock-table lock meanwhile (go on
+    /// with the keyspace). Waits as long as needed; if the call is dropped first, the
+    /// request is cancelled.
     pub(super) async fn take_lock(
         &self,
         user: &User,
         name: &str,
         lease: SessionId,
         value: Vec<u8>,
-    ) -> Result<Token, Status> {
+    ) -> Result<Option<Token>, Status> {
         let request = self.lock_ids.next();
         let cmd = Command::EtcdLock {
             name: name.to_owned(),
@@ -167,7 +175,16 @@ impl EtcdApi {
             match answer {
                 Ok(Response::Granted { token, .. }) => {
                     cancel.armed = false;
-                    return Ok(token);
+                    return Ok(Some(token));
+                }
+                Ok(Response::Rejected(CoreError::Retired { .. })) => {
+                    cancel.armed = false;
+                    return Ok(None);
+                }
+                // The migration to keyspace locks withdrew the wait.
+                Ok(Response::NotGranted) if self.node.stamp_semantics().keyspace_locks() => {
+                    cancel.armed = false;
+                    return Ok(None);
                 }
                 // Queued (or its resolution not learnt yet): listen again, same request id.
                 Ok(Response::Pending) => continue,
@@ -201,14 +218,15 @@ impl EtcdApi {
         }
     }
 
-    /// End `lease`'s grant of `name` (only grant `token`, if given) or withdraw its wait.
+    /// End `lease`'s grant of `name` (only grant `token`, if given) or withdraw its wait, in
+    /// the lock table: `false` if the entry's rules retired it (go on with the keyspace).
     pub(super) async fn release_lock(
         &self,
         user: &User,
         name: String,
         lease: SessionId,
         token: Option<Token>,
-    ) -> Result<(), Status> {
+    ) -> Result<bool, Status> {
         // With a request id, so the node may retry it across a leader change (applying it
         // twice ends nothing more: only the lease's grant, or only grant `token`).
         let request = self.lock_ids.next();
@@ -221,7 +239,8 @@ impl EtcdApi {
             .await
             .map_err(status_of)?
         {
-            Response::Released { .. } | Response::NotHeld => Ok(()),
+            Response::Released { .. } | Response::NotHeld => Ok(true),
+            Response::Rejected(CoreError::Retired { .. }) => Ok(false),
             other => Err(not_etcd(other)),
         }
     }
@@ -234,11 +253,22 @@ impl Lock for EtcdApi {
         let user = self
             .users
             .permit(&req, "LOCK.ACQUIRE", &[name.as_bytes()])?;
-        let lease = lock_lease(req.get_ref().lease)?;
-        let token = self.take_lock(&user, &name, lease, Vec::new()).await?;
+        let lease_id = req.get_ref().lease;
+        let lease = lock_lease(lease_id)?;
+        if !self.node.stamp_semantics().keyspace_locks() {
+            if let Some(token) = self.take_lock(&user, &name, lease, Vec::new()).await? {
+                return Ok(tonic::Response::new(lpb::LockResponse {
+                    header: self.header(token),
+                    key: lock_key(&name, lease),
+                }));
+            }
+        }
+        let held = self
+            .queue_and_wait(&user, &name, lease_id, Vec::new(), false)
+            .await?;
         Ok(tonic::Response::new(lpb::LockResponse {
-            header: self.header(token),
-            key: lock_key(&name, lease),
+            header: self.header(held.revision),
+            key: held.enqueued.key,
         }))
     }
 
@@ -247,9 +277,25 @@ impl Lock for EtcdApi {
         let user = self
             .users
             .permit(&req, "LOCK.RELEASE", &[name.as_bytes()])?;
-        self.release_lock(&user, name, lease, None).await?;
+        if !self.node.stamp_semantics().keyspace_locks()
+            && self.release_lock(&user, name, lease, None).await?
+        {
+            return Ok(tonic::Response::new(lpb::UnlockResponse {
+                header: self.header_now(),
+            }));
+        }
+        // etcd's Unlock: a delete of the key.
+        let (revision, _) = self
+            .write_as(
+                &user,
+                EtcdCommand::DeleteRange(DeleteRangeRequest {
+                    range: KeyRange::key(req.into_inner().key),
+                    prev_kv: false,
+                }),
+            )
+            .await?;
         Ok(tonic::Response::new(lpb::UnlockResponse {
-            header: self.header_now(),
+            header: self.header(revision),
         }))
     }
 }

@@ -37,6 +37,7 @@ mod lease;
 mod lock;
 mod maintenance;
 mod perm;
+mod queue;
 mod watch;
 
 use std::sync::Arc;
