@@ -22,12 +22,12 @@
 //! * extend = one keep-alive of the session's lease.
 //!
 //! The fencing token is the lock key's **create revision** (etcd's documented ownership
-//! token) in both cases, obtained as [`TokenFrom`] says: fenced answers `Lock` with
-//! `header.revision` equal to the key's create revision, so it is read from the answer
-//! ([`TokenFrom::Header`], no extra call); etcd's `header.revision` is the store's revision
-//! when the wait ended (later than the key's creation whenever the call waited), so the token
-//! is read with one serializable `Range` of the key on the same member, which has applied the
-//! key's creation before it answered `Lock` ([`TokenFrom::Get`]).
+//! token) in both cases, read with one serializable `Range` of the key on the member that
+//! answered `Lock`, which has applied the key's creation before it answered
+//! ([`TokenFrom::Get`]): `header.revision` is, in etcd and in fenced since its Lock runs on
+//! the keyspace (apply rules 13), the store's revision when the wait ended — later than the
+//! key's creation whenever the call waited. [`TokenFrom::Header`] is only right for fenced
+//! under older rules, whose lock-table grant answered with the key's create revision.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -50,7 +50,8 @@ pub const GRACE: Duration = Duration::from_millis(200);
 /// Where the fencing token (the lock key's create revision) comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TokenFrom {
-    /// `LockResponse.header.revision` (fenced: equal to the key's create revision).
+    /// `LockResponse.header.revision` (equal to the key's create revision only on fenced
+    /// under apply rules older than 13).
     Header,
     /// A serializable `Range` of the lock key after the grant (etcd).
     Get,
@@ -71,9 +72,9 @@ impl EtcdLockService {
     }
 
     /// A client of fenced's etcd lock service at one node's gRPC port: backend
-    /// `fenced-etcdlock`, token from the answer's header ([`TokenFrom::Header`]).
+    /// `fenced-etcdlock`, token read with a `Range` as for etcd ([`TokenFrom::Get`]).
     pub fn fenced(endpoint: &str) -> Result<EtcdLockService, LockError> {
-        Self::connect("fenced-etcdlock", endpoint, TokenFrom::Header)
+        Self::connect("fenced-etcdlock", endpoint, TokenFrom::Get)
     }
 
     pub fn connect(
