@@ -290,7 +290,7 @@ proptest! {
             }
             let end = (at + n).min(log.len());
             index += 1;
-            let batch = Batch { requests: log[at..end].to_vec(), semantics: Semantics::REVISIONS };
+            let batch = Batch { requests: log[at..end].to_vec(), semantics: Semantics::NEWEST };
             let out = batched.apply_batch(index, &batch);
             let mut responses = Vec::new();
             let mut events = Vec::new();
