@@ -662,3 +662,81 @@ async fn a_require_leader_watch_ends_when_its_member_loses_the_majority() {
         panic!("the plain watch ended or got something: {r:?}");
     }
 }
+
+/// Issue 49: one stream holds at most 10,000 watches and 64 MiB of watched keys; a create past
+/// either is answered created-and-cancelled with etcd's style of reason, and the stream and
+/// its other watches go on (a cancel makes room again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_past_its_watch_limits_refuses_the_create_and_goes_on() {
+    const WATCHES: usize = 10_000;
+    let c = TestCluster::start("etcd-watch-limit", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let all: Vec<u64> = c.ids().collect();
+    put(&c, &all, "warm", "x").await;
+
+    let mut s = Stream::open(&c, leader).await;
+    let started = Instant::now();
+    for i in 0..WATCHES {
+        s.create(prefix(&format!("n{i}/"))).await;
+        let r = s.next().await;
+        assert!(r.created && !r.canceled, "watch {i} of {WATCHES}: {r:?}");
+    }
+    s.create(prefix("over/")).await;
+    let over = s.next().await;
+    assert!(
+        over.created && over.canceled && over.cancel_reason.contains("too many watches"),
+        "watch {} of one stream must be refused: {over:?}",
+        WATCHES + 1
+    );
+    // A cancel makes room; the stream still serves its watches.
+    s.send(epb::watch_request::RequestUnion::CancelRequest(
+        epb::WatchCancelRequest { watch_id: 5 },
+    ))
+    .await;
+    let cancelled = s.next().await;
+    assert!(
+        cancelled.canceled && cancelled.watch_id == 5,
+        "{cancelled:?}"
+    );
+    s.create(prefix("again/")).await;
+    let again = s.next().await;
+    assert!(again.created && !again.canceled, "{again:?}");
+    put(&c, &all, "n7/k", "v").await;
+    let mut other = Vec::new();
+    let got = s.events(7, 1, &mut other).await;
+    assert_eq!(brief(&got[0]).1, "n7/k");
+    println!(
+        "{WATCHES} watches created on one stream in {:?}",
+        started.elapsed()
+    );
+
+    // Bytes: 64 watches of a 1 MiB key fill the 64 MiB; the 65th is refused.
+    let mut b = Stream::open(&c, leader).await;
+    b.create(prefix("small/")).await;
+    assert!(!b.next().await.canceled);
+    for i in 0..64u8 {
+        let mut key = vec![b'k'; 1 << 20];
+        key[0] = i;
+        b.create(epb::WatchCreateRequest {
+            key,
+            ..Default::default()
+        })
+        .await;
+        let r = b.next().await;
+        assert!(
+            r.created && !r.canceled,
+            "big watch {i}: {:?}",
+            r.cancel_reason
+        );
+    }
+    b.create(prefix("last/")).await;
+    let full = b.next().await;
+    assert!(
+        full.canceled && full.cancel_reason.contains("too many watches"),
+        "a watch past 64 MiB of watched keys must be refused: {:?}",
+        full.cancel_reason
+    );
+    put(&c, &all, "small/k", "v").await;
+    let got = b.events(0, 1, &mut other).await;
+    assert_eq!(brief(&got[0]).1, "small/k");
+}

@@ -42,6 +42,10 @@
 //!   `progress_notify` answer is capped the same way.
 //! * **Ids** as etcd: 0 asks for one (the stream's next free id, from 0), any other must be
 //!   unused on the stream; a cancel of an unknown id is ignored.
+//! * **Limits**: a stream holds at most [`MAX_WATCHES_PER_STREAM`] watches and
+//!   [`MAX_WATCHED_BYTES_PER_STREAM`] bytes of watched keys (etcd has no limit); a create past
+//!   either is answered created-and-cancelled with "etcdserver: too many watches on this
+//!   stream", and the stream and its other watches go on.
 //! * **Permissions**: a watch needs `GET` on its range ([`permit_range`]); refused, it is
 //!   answered created-and-cancelled with etcd's reason, like a duplicate id.
 //! * **Require leader.** A stream opened with etcd's `hasleader: true` metadata (clientv3's
@@ -91,6 +95,14 @@ pub const LEADER_CHECKS: u32 = 3;
 
 /// etcd's reason for a watch id already in use on the stream.
 const DUPLICATE_ID: &str = "mvcc: duplicate watch ID provided on the WatchStream";
+/// Watches one stream may hold at once (etcd sets no limit; fenced bounds what one client can
+/// make a node keep and walk at every change). Past it a create is answered
+/// created-and-cancelled with [`TOO_MANY`], like a duplicate id, and the stream goes on.
+pub const MAX_WATCHES_PER_STREAM: usize = 10_000;
+/// Bytes of watched keys (`key` plus `range_end`) one stream may hold at once, for the same
+/// reason: each create may name up to a request's worth of key.
+pub const MAX_WATCHED_BYTES_PER_STREAM: usize = 64 << 20;
+const TOO_MANY: &str = "etcdserver: too many watches on this stream";
 /// etcd's id for "no watch" (a refused create, a progress answer).
 const NO_WATCH: i64 = -1;
 
@@ -110,12 +122,18 @@ impl Watch for EtcdApi {
             user,
             tx,
             watchers: BTreeMap::new(),
+            watched_bytes: 0,
             next_id: 0,
         };
         tokio::spawn(stream.run(req.into_inner(), require_leader));
         let out: WatchStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
         Ok(tonic::Response::new(out))
     }
+}
+
+/// What a watch's range counts against [`MAX_WATCHED_BYTES_PER_STREAM`].
+fn range_bytes(range: &KeyRange) -> usize {
+    range.key.len() + range.range_end.len()
 }
 
 /// One watch of a stream.
@@ -138,6 +156,8 @@ struct Feed {
     user: Arc<User>,
     tx: mpsc::Sender<Result<epb::WatchResponse, Status>>,
     watchers: BTreeMap<i64, Watcher>,
+    /// Bytes of the watchers' ranges ([`MAX_WATCHED_BYTES_PER_STREAM`]).
+    watched_bytes: usize,
     next_id: i64,
 }
 
@@ -186,11 +206,12 @@ impl Feed {
 
     /// Remove a watch: whether it existed.
     fn remove(&mut self, id: i64) -> bool {
-        let existed = self.watchers.remove(&id).is_some();
-        if existed {
-            self.api.node.metrics().etcd_watchers(-1);
-        }
-        existed
+        let Some(gone) = self.watchers.remove(&id) else {
+            return false;
+        };
+        self.watched_bytes = self.watched_bytes.saturating_sub(range_bytes(&gone.range));
+        self.api.node.metrics().etcd_watchers(-1);
+        true
     }
 
     async fn send(&self, resp: epb::WatchResponse) -> Result<(), Gone> {
@@ -253,6 +274,18 @@ impl Feed {
         if range.key.is_empty() && range.range_end.is_empty() {
             return self.send(refused(EtcdError::EmptyKey.to_string())).await;
         }
+        let bytes = range_bytes(&range);
+        if self.watchers.len() >= MAX_WATCHES_PER_STREAM
+            || self.watched_bytes.saturating_add(bytes) > MAX_WATCHED_BYTES_PER_STREAM
+        {
+            return self
+                .send(refused(format!(
+                    "{TOO_MANY} (at most {MAX_WATCHES_PER_STREAM} watches and \
+                     {MAX_WATCHED_BYTES_PER_STREAM} bytes of watched keys per stream; \
+                     cancel some or open another stream)"
+                )))
+                .await;
+        }
         let id = if c.watch_id == 0 {
             while self.watchers.contains_key(&self.next_id) {
                 self.next_id += 1;
@@ -267,6 +300,7 @@ impl Feed {
         let start = rev_in(c.start_revision);
         let after = if start == 0 { now } else { start - 1 };
         self.api.node.metrics().etcd_watchers(1);
+        self.watched_bytes += bytes;
         self.watchers.insert(
             id,
             Watcher {
