@@ -326,8 +326,10 @@ impl Leadership {
 /// The leader changes of an election ([`Etcd::observe`]): the leader when the stream opens,
 /// then each new term or proclaimed value, in revision order. It **resumes across node
 /// failures**: when its stream breaks it re-issues `Observe` on the next endpoint, which
-/// answers the current leader first; changes are deduplicated by `(key, mod_revision)` (and
-/// never go back in revision), so none is reported twice. Changes *between* the failure and
+/// answers the current leader first; changes are deduplicated by term and value — a later term
+/// has a higher `create_revision` (terms follow their keys' create order), a proclaim of the
+/// same term a higher `mod_revision` — so none is reported twice and none goes back. (A new
+/// term's key may be older than the last proclaim: it was put when its campaign began.) Changes *between* the failure and
 /// the new stream are not replayed: the leader at reconnection is reported as the current
 /// one (a term that began and ended meanwhile is not seen; watch the election's prefix,
 /// [`Etcd::watch_prefix`], to see every one).
@@ -352,8 +354,8 @@ pub struct Observe {
     stream: Option<Streaming<elpb::LeaderResponse>>,
     /// The endpoint to open the next stream on.
     endpoint: usize,
-    /// The last change handed out: (key, mod_revision).
-    last: Option<(Vec<u8>, i64)>,
+    /// The last change handed out: (key, create_revision, mod_revision).
+    last: Option<(Vec<u8>, i64, i64)>,
 }
 
 impl Observe {
@@ -376,7 +378,7 @@ impl Observe {
                 Ok(Some(kv)) => {
                     failing_since = None;
                     if self.is_new(&kv) {
-                        self.last = Some((kv.key.clone(), kv.mod_revision));
+                        self.last = Some((kv.key.clone(), kv.create_revision, kv.mod_revision));
                         return Ok(kv);
                     }
                 }
@@ -403,12 +405,16 @@ impl Observe {
         }
     }
 
-    /// Not reported yet: another (key, mod_revision) than the last one, and not older.
+    /// Not reported yet: a later term than the last one (a higher create revision), or a
+    /// later value of the same term (same key and create revision, higher mod revision).
     fn is_new(&self, kv: &KeyValue) -> bool {
         match &self.last {
             None => true,
-            Some((key, rev)) => {
-                kv.mod_revision > *rev || (kv.mod_revision == *rev && kv.key != *key)
+            Some((key, created, modified)) => {
+                kv.create_revision > *created
+                    || (kv.create_revision == *created
+                        && kv.key == *key
+                        && kv.mod_revision > *modified)
             }
         }
     }
@@ -439,9 +445,10 @@ impl Observe {
 mod tests {
     use super::*;
 
-    fn kv(key: &str, mod_revision: i64) -> KeyValue {
+    fn kv(key: &str, create_revision: i64, mod_revision: i64) -> KeyValue {
         KeyValue {
             key: key.as_bytes().to_vec(),
+            create_revision,
             mod_revision,
             ..Default::default()
         }
@@ -451,15 +458,19 @@ mod tests {
     async fn observe_reports_each_change_once_and_never_goes_back() {
         let client = Client::connect(["127.0.0.1:1"]).unwrap_or_else(|e| panic!("{e}"));
         let mut o = client.etcd().observe("e");
-        assert!(o.is_new(&kv("e/1", 5)));
-        o.last = Some((b"e/1".to_vec(), 5));
+        assert!(o.is_new(&kv("e/1", 2, 5)));
+        o.last = Some((b"e/1".to_vec(), 2, 5));
         // The same change again, from a new stream after a failover: not reported.
-        assert!(!o.is_new(&kv("e/1", 5)));
+        assert!(!o.is_new(&kv("e/1", 2, 5)));
         // An older state (a node behind): not reported.
-        assert!(!o.is_new(&kv("e/0", 3)));
+        assert!(!o.is_new(&kv("e/0", 1, 3)));
+        assert!(!o.is_new(&kv("e/1", 2, 4)));
         // A proclaim, a new term: reported.
-        assert!(o.is_new(&kv("e/1", 6)));
-        assert!(o.is_new(&kv("e/2", 9)));
+        assert!(o.is_new(&kv("e/1", 2, 6)));
+        assert!(o.is_new(&kv("e/2", 9, 9)));
+        // The next term's key was put while e/1 led, before e/1's last proclaim: its mod
+        // revision is older than the last change's, and it is still a new term.
+        assert!(o.is_new(&kv("e/2", 3, 3)));
     }
 
     #[test]
