@@ -710,11 +710,11 @@ async fn a_stream_past_its_watch_limits_refuses_the_create_and_goes_on() {
         started.elapsed()
     );
 
-    // Bytes: 64 watches of a 1 MiB key fill the 64 MiB; the 65th is refused.
+    // Bytes: a small watch and 63 of a 1 MiB key fit in the 64 MiB; one more is refused.
     let mut b = Stream::open(&c, leader).await;
     b.create(prefix("small/")).await;
     assert!(!b.next().await.canceled);
-    for i in 0..64u8 {
+    for i in 0..63u8 {
         let mut key = vec![b'k'; 1 << 20];
         key[0] = i;
         b.create(epb::WatchCreateRequest {
@@ -729,7 +729,11 @@ async fn a_stream_past_its_watch_limits_refuses_the_create_and_goes_on() {
             r.cancel_reason
         );
     }
-    b.create(prefix("last/")).await;
+    b.create(epb::WatchCreateRequest {
+        key: vec![b'z'; 1 << 20],
+        ..Default::default()
+    })
+    .await;
     let full = b.next().await;
     assert!(
         full.canceled && full.cancel_reason.contains("too many watches"),

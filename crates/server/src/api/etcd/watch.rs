@@ -321,8 +321,14 @@ impl Feed {
             ..Default::default()
         })
         .await?;
-        // A watch from an older revision has history to send now.
-        self.catch_up().await
+        // A watch from an older revision has history to send now; the stream's other watches
+        // catch up when the state changes (walking them all at every create made n creates
+        // cost n², 10,000 of them minutes).
+        if let Err(e) = self.api.node.serving() {
+            let _ = self.tx.send(Err(status_of(e))).await;
+            return Err(Gone);
+        }
+        self.catch_up_one(id).await
     }
 
     /// Send every watch what changed after its position.
