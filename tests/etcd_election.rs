@@ -23,58 +23,20 @@ mod support;
 use std::time::Duration;
 
 use fenced_proto::etcd::etcdserverpb as epb;
-use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
 use fenced_proto::etcd::etcdserverpb::lease_client::LeaseClient;
-use fenced_proto::etcd::mvccpb;
 use fenced_proto::etcd::v3electionpb as elpb;
 use fenced_proto::etcd::v3electionpb::election_client::ElectionClient;
 use fenced_proto::etcd::v3lockpb as lpb;
 use fenced_proto::etcd::v3lockpb::lock_client::LockClient;
 use support::{
-    follower_of, grant_lease, resp_cmd, resp_cmd_err, resp_connect, within, TestCluster,
-    ETCD_READY, LEADER_TIMEOUT,
+    etcd_get as get, etcd_lock as lock, etcd_unlock as unlock, follower_of, grant_lease, resp_cmd,
+    resp_cmd_err, resp_connect, within, TestCluster, ETCD_READY, LEADER_TIMEOUT,
 };
 use tonic::transport::Channel;
 use tonic::Code;
 
 /// Bound for one call that should answer soon.
 const STEP: Duration = Duration::from_secs(20);
-
-async fn lock(ch: Channel, name: &str, lease: i64) -> Result<lpb::LockResponse, tonic::Status> {
-    LockClient::new(ch)
-        .lock(lpb::LockRequest {
-            name: name.as_bytes().to_vec(),
-            lease,
-        })
-        .await
-        .map(|r| r.into_inner())
-}
-
-async fn unlock(ch: Channel, key: &[u8]) {
-    within(
-        "unlock",
-        STEP,
-        LockClient::new(ch).unlock(lpb::UnlockRequest { key: key.to_vec() }),
-    )
-    .await
-    .expect("unlock");
-}
-
-async fn get(ch: Channel, key: &[u8]) -> Option<mvccpb::KeyValue> {
-    within(
-        "get",
-        STEP,
-        KvClient::new(ch).range(epb::RangeRequest {
-            key: key.to_vec(),
-            ..Default::default()
-        }),
-    )
-    .await
-    .expect("range")
-    .into_inner()
-    .kvs
-    .pop()
-}
 
 fn revision(h: &Option<epb::ResponseHeader>) -> i64 {
     h.as_ref().map_or(0, |h| h.revision)

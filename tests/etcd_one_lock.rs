@@ -25,18 +25,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fenced_proto::etcd::etcdserverpb as epb;
-use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
 use fenced_proto::etcd::etcdserverpb::lease_client::LeaseClient;
-use fenced_proto::etcd::mvccpb;
 use fenced_proto::etcd::v3electionpb as elpb;
 use fenced_proto::etcd::v3electionpb::election_client::ElectionClient;
 use fenced_proto::etcd::v3lockpb as lpb;
 use fenced_proto::etcd::v3lockpb::lock_client::LockClient;
 use support::{
-    check_one_holder_at_a_time, etcdctl_cmd, etcdctl_in_ok, follower_of, grant_lease, log_lines,
-    require, wait_for, wait_leases_work, wait_sections, within, Spawned, TestCluster, ETCD_READY,
-    LEADER_TIMEOUT,
+    check_one_holder_at_a_time, etcd_get as get, etcd_lock as lock, etcd_unlock as unlock,
+    etcdctl_cmd, etcdctl_in_ok, follower_of, grant_lease, log_lines, require, wait_for,
+    wait_leases_work, wait_sections, within, Spawned, TestCluster, ETCD_READY, LEADER_TIMEOUT,
 };
 use tonic::transport::Channel;
 
@@ -49,42 +46,6 @@ fn channel(c: &TestCluster, id: u64) -> Channel {
         .expect("endpoint")
         .connect_timeout(Duration::from_millis(500))
         .connect_lazy()
-}
-
-async fn lock(ch: Channel, name: &str, lease: i64) -> Result<lpb::LockResponse, tonic::Status> {
-    LockClient::new(ch)
-        .lock(lpb::LockRequest {
-            name: name.as_bytes().to_vec(),
-            lease,
-        })
-        .await
-        .map(|r| r.into_inner())
-}
-
-async fn unlock(ch: Channel, key: &[u8]) {
-    within(
-        "unlock",
-        STEP,
-        LockClient::new(ch).unlock(lpb::UnlockRequest { key: key.to_vec() }),
-    )
-    .await
-    .expect("unlock");
-}
-
-async fn get(ch: Channel, key: &[u8]) -> Option<mvccpb::KeyValue> {
-    within(
-        "get",
-        STEP,
-        KvClient::new(ch).range(epb::RangeRequest {
-            key: key.to_vec(),
-            ..Default::default()
-        }),
-    )
-    .await
-    .expect("range")
-    .into_inner()
-    .kvs
-    .pop()
 }
 
 /// A call that must not have answered yet (it waits on the server).
