@@ -250,11 +250,18 @@ async fn etcd_client_crate_kv_watch_and_keepalive_through_a_leader_sigkill() {
     // -1 is "not found"); 0 is "under a second left", which a keep-alive stream cut by the
     // last restart can leave on a loaded machine. Stopping the keeper first (as this test
     // once did) let a 3 s lease run down to 0 before the question on a 2-core CI run.
-    let left = client
-        .lease_time_to_live(lease, None)
-        .await
-        .expect("time to live")
-        .ttl();
+    // Retried through transport errors: the endpoint the client picks may be the member
+    // restarted last, not serving yet (seen once under load: `expect("time to live")`).
+    let left = wait_for("the lease's time to live", STEP, || {
+        let mut c = client.clone();
+        async move {
+            c.lease_time_to_live(lease, None)
+                .await
+                .map(|r| r.ttl())
+                .map_err(|e| e.to_string())
+        }
+    })
+    .await;
     stop.store(true, Ordering::Relaxed);
     within("the keep-alive task", STEP, keeper)
         .await
@@ -269,10 +276,11 @@ async fn etcd_client_crate_kv_watch_and_keepalive_through_a_leader_sigkill() {
     );
     let owned = client.get("owned", None).await.expect("get owned");
     assert_eq!(owned.kvs().len(), 1, "the leased key is gone");
-    assert!(
-        kept.load(Ordering::Relaxed) >= 5,
-        "too few keep-alives answered"
-    );
+    // A 3 s lease alive 6 s after the kill was renewed at least twice since; each restart
+    // can cost the keeper a 2 s unanswered message, so a loaded machine answers fewer than
+    // the ~15 a quiet one does (a run here beside five compiles answered fewer than 5).
+    let kept = kept.load(Ordering::Relaxed);
+    assert!(kept >= 3, "too few keep-alives answered: {kept}");
 }
 
 /// Lock/Unlock through `lock_client()`: the key is `name/<lease hex>`; Lock is idempotent
