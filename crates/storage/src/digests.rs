@@ -8,7 +8,7 @@
 //! no mutation is hooked. A digest the thread cannot take in time (more than [`QUEUE`] waiting)
 //! is skipped: the leader then compares at another index. The digests are not in snapshots.
 //!
-//! With [`Io::Inline`] there is no thread: the digest is computed during `apply`, at once,
+//! With [`Io::Inline`] and [`Io::Tasks`] there is no thread: the digest is computed during `apply`, at once,
 //! and never skipped.
 //!
 //! The leader compares digests at equal indexes (`fenced_server::alarm`). A replica that
@@ -82,7 +82,7 @@ pub(crate) struct Digester {
     log: DigestLog,
     /// Test only ([`crate::StateMachineStore::diverge_at_for_tests`]).
     diverge_at: Option<u64>,
-    /// [`Io::Inline`]: digest in [`Digester::applied`], no thread.
+    /// [`Io::Inline`], [`Io::Tasks`]: digest in [`Digester::applied`], no thread.
     io: Io,
 }
 
@@ -99,7 +99,7 @@ impl Digester {
     pub(crate) fn start(&mut self, every: u64) {
         self.every = every;
         self.tx = None;
-        if every == 0 || self.io == Io::Inline {
+        if every == 0 || self.io.inline() {
             return;
         }
         let (tx, rx) = sync_channel::<(u64, StateMachine)>(QUEUE);
@@ -143,7 +143,7 @@ impl Digester {
         if self.every == 0 || !index.is_multiple_of(interval_at(self.every, machine)) {
             return;
         }
-        if self.io == Io::Inline {
+        if self.io.inline() {
             self.log.record(index, machine.digest());
             return;
         }

@@ -39,6 +39,7 @@ pub mod inspect;
 mod log;
 pub mod observe;
 mod open;
+pub mod planted;
 pub mod purged;
 pub mod quarantine;
 pub mod restore;
@@ -54,6 +55,7 @@ pub use state::{CompactionGauge, SharedState, SnapshotBuilder, StateMachineStore
 pub(crate) use open::has_sled;
 use open::open_checked;
 
+use std::fmt;
 use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -277,7 +279,7 @@ pub(crate) fn replace_file(
 /// Where a store runs its blocking work: the `fdatasync`s of the group commit, hard-state
 /// writes, snapshot files and state digests. Chosen per store when it is opened
 /// ([`open_with`], [`datadir::open_with`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Io {
     /// Off the async runtime (production): the group commit on a flusher thread of its own
     /// ([`wal::Flusher`]), hard-state and snapshot I/O in `spawn_blocking`, digests on a
@@ -290,23 +292,108 @@ pub enum Io {
     /// waits on another thread, so a single-threaded runtime with paused time (the
     /// simulator) stays deterministic.
     Inline,
+    /// The production code paths on a simulator's executor ([`TaskIo`]): the group commit and
+    /// its recorder run the same rounds and passes as [`Io::Threads`]'s threads, as tasks, each
+    /// `fdatasync`'s completion (and each hard-state or snapshot write run where production
+    /// runs `spawn_blocking`) delayed by a latency drawn from a seeded generator. So an append
+    /// is acknowledged later than it returns, and openraft's pending flush is open while the
+    /// next message is handled. Digests and snapshot file reads and writes stay inline
+    /// ([`Io::inline`]).
+    Tasks(Arc<TaskIo>),
 }
 
-impl Io {
-    /// Whether the work runs inline (a [`SnapshotFile`](fenced_raft_types::SnapshotFile)'s
-    /// I/O included).
-    pub fn inline(self) -> bool {
-        self == Io::Inline
+/// The simulator's disk timing for [`Io::Tasks`]: a seeded latency per sync, and the node's
+/// life (a crashed node's tasks do nothing more when they wake).
+pub struct TaskIo {
+    rng: std::sync::Mutex<rand::rngs::StdRng>,
+    alive: std::sync::atomic::AtomicBool,
+}
+
+impl TaskIo {
+    /// Latencies drawn from `seed`.
+    pub fn new(seed: u64) -> Arc<TaskIo> {
+        use rand::SeedableRng;
+        Arc::new(TaskIo {
+            rng: std::sync::Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+            alive: std::sync::atomic::AtomicBool::new(true),
+        })
     }
 
-    /// Run blocking `f` as this mode says: on tokio's blocking pool, or right here.
+    /// The node crashed: its flusher, recorder and pending writes stop where they are (what
+    /// they have not done yet is never done, as in a killed process).
+    pub fn kill(&self) {
+        self.alive.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn alive(&self) -> bool {
+        self.alive.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The next sync's latency: 9 in 10 between 20 µs and 1 ms, the rest up to 12 ms (a slow
+    /// disk's tail), so that a flush is often still pending a network hop later.
+    pub fn latency(&self) -> std::time::Duration {
+        use rand::Rng;
+        let mut rng = self
+            .rng
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let us = if rng.gen_bool(0.9) {
+            rng.gen_range(20..=1_000)
+        } else {
+            rng.gen_range(1_000..=12_000)
+        };
+        std::time::Duration::from_micros(us)
+    }
+
+    /// Sleep one latency on the (simulated) clock; `false` if the node crashed meanwhile.
+    pub async fn delay(&self) -> bool {
+        tokio::time::sleep(self.latency()).await;
+        self.alive()
+    }
+}
+
+impl fmt::Debug for TaskIo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskIo")
+            .field("alive", &self.alive())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for TaskIo {
+    fn eq(&self, other: &TaskIo) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for TaskIo {}
+
+impl Io {
+    /// Whether snapshot file I/O ([`SnapshotFile`](fenced_raft_types::SnapshotFile)) and
+    /// digests run inline: with [`Io::Inline`] and [`Io::Tasks`].
+    pub fn inline(&self) -> bool {
+        !matches!(self, Io::Threads)
+    }
+
+    /// Run blocking `f` as this mode says: on tokio's blocking pool, right here, or (tasks)
+    /// here after a drawn latency — an error if the node crashed during it.
     pub(crate) async fn run<T: Send + 'static>(
-        self,
+        &self,
         what: &'static str,
         f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         match self {
             Io::Inline => f(),
+            Io::Tasks(t) => {
+                if t.delay().await {
+                    f()
+                } else {
+                    Err(StoreError::File {
+                        path: PathBuf::from(what),
+                        error: io::Error::other("the node crashed"),
+                    })
+                }
+            }
             Io::Threads => tokio::task::spawn_blocking(f)
                 .await
                 .map_err(|e| StoreError::File {

@@ -101,7 +101,7 @@ impl LogStore {
                 hard.clone(),
                 committed.clone(),
                 hook.clone(),
-                io,
+                io.clone(),
             )?),
             hook,
             purged: Arc::new(Mutex::new(purged)),

@@ -79,7 +79,7 @@ pub(crate) fn open_checked(
     events: EventSink,
     env: &Env,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
-    let (fs, io) = (&env.fs, env.io);
+    let (fs, io) = (&env.fs, env.io.clone());
     // The names in the data dir may not be durable: a process whose directory fsync failed
     // (replacing the purged record, say) left them in the cache only, and this one goes on
     // from them (found by fenced-sim, seed 1206996: the purged record's rename was lost in a
@@ -182,14 +182,21 @@ pub(crate) fn open_checked(
     }
     let hook = observe::Hook::default();
     let snapshots = Arc::new(snapshots);
-    let log_store = LogStore::new(purged_file, wal, hard, hook.clone(), io, snapshots.clone())?;
+    let log_store = LogStore::new(
+        purged_file,
+        wal,
+        hard,
+        hook.clone(),
+        io.clone(),
+        snapshots.clone(),
+    )?;
     let sm_store = StateMachineStore {
         snapshots,
         state: Arc::new(RwLock::new(state)),
         events,
         snapshot_seq: 0,
         hook,
-        digester: digests::Digester::new(io),
+        digester: digests::Digester::new(io.clone()),
         io,
         quarantined,
     };

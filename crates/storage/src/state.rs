@@ -318,7 +318,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             state,
             seq: self.snapshot_seq,
             hook: self.hook.clone(),
-            io: self.io,
+            io: self.io.clone(),
         }
     }
 

@@ -96,8 +96,12 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder 
         let dir = TempDir::new_in(self.root.path()).map_err(|e| StorageIOError::write(&e))?;
         let name = dir.path().file_name().expect("a name").to_owned();
         let seen = Path::new(VIRTUAL).join(name);
-        let (log, sm) = open_with(&seen, no_events(), Env::new(self.fs.clone(), self.io))
-            .map_err(|e| StorageIOError::write(&e))?;
+        let (log, sm) = open_with(
+            &seen,
+            no_events(),
+            Env::new(self.fs.clone(), self.io.clone()),
+        )
+        .map_err(|e| StorageIOError::write(&e))?;
         Ok((dir, log, sm))
     }
 }
@@ -353,5 +357,68 @@ fn opening_a_store_makes_its_dirs_names_durable() {
             let lost = disk.power_loss();
             assert!(fs.exists(&left), "{sub:?}, seed {seed}: {lost:?}");
         }
+    }
+}
+
+/// [`Io::Tasks`] (the simulator's): on a paused current-thread runtime the flusher and its
+/// recorder are tasks, an append is acknowledged only after a drawn sync latency (the clock
+/// moves by it, nothing else moves it), and a power loss right after the acknowledgement —
+/// before the recorder's pass, which waits a latency of its own — loses no acknowledged
+/// entry: the entry past the record is kept, not cut as a torn tail.
+#[tokio::test(start_paused = true)]
+async fn tasks_acknowledge_after_a_sync_latency_and_a_power_loss_before_the_record_keeps_the_entry()
+{
+    use fenced_storage::TaskIo;
+    use openraft::storage::{RaftLogReader, RaftLogStorageExt};
+    for seed in 0..10 {
+        let tasks = TaskIo::new(seed);
+        let (disk, dir, env) = simulated_disk(seed, Io::Tasks(tasks.clone()));
+        let (mut log, sm) = open_with(&dir, no_events(), env).expect("open");
+        let t0 = tokio::time::Instant::now();
+        log.blocking_append((1..=4).map(blank))
+            .await
+            .expect("append");
+        assert!(
+            t0.elapsed() >= std::time::Duration::from_micros(20),
+            "seed {seed}: acknowledged without a sync latency"
+        );
+        // Let the recorder record entry 4.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        log.blocking_append([blank(5)]).await.expect("append 5");
+        // The machine dies at once: the recorder's pass for 5 is still waiting.
+        tasks.kill();
+        let lost = disk.power_loss();
+        drop(log);
+        drop(sm);
+        let env = Env::new(Arc::new(disk.clone()), Io::Tasks(TaskIo::new(seed + 100)));
+        let (mut log, _sm) = open_with(&dir, no_events(), env)
+            .unwrap_or_else(|e| panic!("seed {seed}: {e} after {lost:?}"));
+        let found = log.try_get_log_entries(1..6).await.expect("read");
+        assert_eq!(found.len(), 5, "seed {seed}: entries lost after {lost:?}");
+    }
+}
+
+/// A failed hard-state record fails every later append (`Flusher`'s rule), with the recorder
+/// as a task: the record's sync fails, the disk works again, and the next append is still
+/// refused.
+#[tokio::test(start_paused = true)]
+async fn tasks_a_failed_record_fails_later_appends() {
+    use fenced_storage::TaskIo;
+    use openraft::storage::RaftLogStorageExt;
+    for seed in 0..5 {
+        let (disk, dir, env) = simulated_disk(seed, Io::Tasks(TaskIo::new(seed)));
+        let (mut log, _sm) = open_with(&dir, no_events(), env).expect("open");
+        log.blocking_append((1..=4).map(blank))
+            .await
+            .expect("append");
+        // Before the recorder's pass (it waits a latency): its sync fails.
+        disk.change_faults(|f| f.fsync_error = 1.0);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        disk.change_faults(|f| f.fsync_error = 0.0);
+        let later = log.blocking_append([blank(5)]).await;
+        assert!(
+            later.is_err(),
+            "seed {seed}: an append after a failed record was acknowledged"
+        );
     }
 }

@@ -21,8 +21,8 @@ struct Builder(Io);
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for Builder {
     async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<NodeId>> {
         let dir = TempDir::new().map_err(|e| StorageIOError::write(&e))?;
-        let (log, sm) =
-            open_with(dir.path(), no_events(), self.0).map_err(|e| StorageIOError::write(&e))?;
+        let (log, sm) = open_with(dir.path(), no_events(), self.0.clone())
+            .map_err(|e| StorageIOError::write(&e))?;
         Ok((dir, log, sm))
     }
 }
@@ -38,6 +38,14 @@ fn openraft_storage_suite() -> Result<(), StorageError<NodeId>> {
 #[test]
 fn openraft_storage_suite_inline() -> Result<(), StorageError<NodeId>> {
     Suite::test_all(Builder(Io::Inline))
+}
+
+/// The same suite with the flusher and recorder as tasks, each sync delayed ([`Io::Tasks`],
+/// the simulator's default). A new store per test: one seed each.
+#[allow(clippy::result_large_err)]
+#[test]
+fn openraft_storage_suite_tasks() -> Result<(), StorageError<NodeId>> {
+    Suite::test_all(Builder(Io::Tasks(fenced_storage::TaskIo::new(7))))
 }
 
 fn no_events() -> EventSink {
@@ -128,7 +136,7 @@ async fn state_survives_restart_with(io: Io) {
     let vote = Vote::new(1, 1);
 
     let expected_state = {
-        let (mut log, mut sm) = open_with(dir.path(), sink, io).unwrap();
+        let (mut log, mut sm) = open_with(dir.path(), sink, io.clone()).unwrap();
         log.blocking_append(entries.clone()).await.unwrap();
         log.save_vote(&vote).await.unwrap();
         log.save_committed(Some(log_id(1, 6))).await.unwrap();

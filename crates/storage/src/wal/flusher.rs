@@ -1,5 +1,5 @@
 //! The group commit: makes appended entries durable and acknowledges them, on a thread of
-//! its own or inline ([`Io`]).
+//! its own, inline, or as tasks on a simulator's executor ([`Io`]).
 
 use std::io;
 use std::path::Path;
@@ -13,8 +13,11 @@ use fenced_raft_types::{NodeId, TypeConfig};
 use openraft::storage::LogFlushed;
 use openraft::LogId;
 
+use tokio::sync::Notify;
+
 use crate::hardstate::HardState;
 use crate::observe::Hook;
+use crate::planted::Planted;
 use crate::{Io, StoreError};
 
 /// The group commit: makes appended entries durable and acknowledges them.
@@ -40,7 +43,13 @@ use crate::{Io, StoreError};
 ///
 /// With [`Io::Inline`] [`Flusher::sync`] runs the round at once over the one append, in the
 /// caller, and records the hard state before it acknowledges, as before: nothing runs on
-/// another thread there (the simulator's determinism).
+/// another thread there (the simulator's old mode).
+///
+/// With [`Io::Tasks`] (the simulator's default) the same rounds and recorder passes as with
+/// threads run as two tokio tasks: the flusher task takes what is queued, waits one drawn
+/// `fdatasync` latency, runs the round; the recorder task waits one latency between reading
+/// what to record and recording it (the window a truncate or a power loss may fall into).
+/// Only the waiting differs (a channel and [`Notify`] instead of `mpsc` and [`Condvar`]).
 ///
 /// Dropping the last handle: the thread finishes the rounds already queued (fsyncs and
 /// acknowledges them), the recorder records their end, and both end before the drop returns.
@@ -55,6 +64,12 @@ enum Mode {
         recorder: Arc<Recorder>,
     },
     Inline(Mutex<Step>),
+    /// [`Io::Tasks`]: the thread's loop and the recorder's as tasks. Dropping the sender lets
+    /// the task finish what is queued, as the thread does (unless the node crashed).
+    Task {
+        jobs: tokio::sync::mpsc::UnboundedSender<Job>,
+        recorder: Arc<Recorder>,
+    },
 }
 
 enum Job {
@@ -75,17 +90,71 @@ struct Step {
     committed: Arc<Mutex<Option<LogId<NodeId>>>>,
     hook: Hook,
     failed: Option<String>,
-    /// With [`Io::Threads`], who records the hard state; `None`: the round does, inline.
+    /// With [`Io::Threads`] and [`Io::Tasks`], who records the hard state; `None`: the round
+    /// does, inline.
     recorder: Option<Arc<Recorder>>,
 }
 
-/// The hand-over between the flusher and the recorder thread.
+/// The hand-over between the flusher and the recorder thread (or task).
 struct Recorder {
     state: Mutex<Target>,
     /// Signalled when there is something to record, or to stop.
-    work: Condvar,
+    work: Signal,
     /// Signalled when the recorder finished a pass.
-    done: Condvar,
+    done: Signal,
+}
+
+/// How the recorder and the flusher wake each other: a thread waits on a [`Condvar`], a task
+/// on a [`Notify`].
+enum Signal {
+    Thread(Condvar),
+    Task(Notify),
+}
+
+impl Signal {
+    fn new(io: &Io) -> Signal {
+        match io {
+            Io::Tasks(_) => Signal::Task(Notify::new()),
+            _ => Signal::Thread(Condvar::new()),
+        }
+    }
+
+    fn notify_one(&self) {
+        match self {
+            Signal::Thread(c) => c.notify_one(),
+            Signal::Task(n) => n.notify_one(),
+        }
+    }
+
+    fn notify_all(&self) {
+        match self {
+            Signal::Thread(c) => c.notify_all(),
+            Signal::Task(n) => n.notify_waiters(),
+        }
+    }
+
+    /// Block on the condition variable (a thread's signal only).
+    fn wait<'a>(&self, t: MutexGuard<'a, Target>) -> MutexGuard<'a, Target> {
+        match self {
+            Signal::Thread(c) => c.wait(t).unwrap_or_else(PoisonError::into_inner),
+            Signal::Task(_) => t,
+        }
+    }
+
+    /// Wait, as a task, until `until` holds of the target (a task's signal only).
+    async fn wait_until(&self, recorder: &Recorder, until: impl Fn(&Target) -> bool) {
+        let Signal::Task(n) = self else {
+            return;
+        };
+        loop {
+            // Registered before the check: a notification in between is not missed.
+            let notified = n.notified();
+            if until(&recorder.lock()) {
+                return;
+            }
+            notified.await;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -107,12 +176,27 @@ impl Recorder {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Whether everything posted so far is recorded (or recording failed).
+    fn is_caught_up(t: &Target) -> bool {
+        t.failed.is_some() || t.handled == (t.durable, t.epoch)
+    }
+
     /// Wait until everything posted so far is recorded (or recording failed).
     fn caught_up(&self) {
         let mut t = self.lock();
-        while t.failed.is_none() && t.handled != (t.durable, t.epoch) {
-            t = self.done.wait(t).unwrap_or_else(PoisonError::into_inner);
+        while !Recorder::is_caught_up(&t) {
+            t = self.done.wait(t);
         }
+    }
+
+    /// [`Recorder::caught_up`], as a task.
+    async fn caught_up_task(&self) {
+        self.done.wait_until(self, Recorder::is_caught_up).await;
+    }
+
+    /// What the next pass should record, `None` when there is nothing new.
+    fn wanted(t: &Target) -> Option<(Option<LogId<NodeId>>, u64)> {
+        (t.handled != (t.durable, t.epoch)).then_some((t.durable, t.epoch))
     }
 
     /// The recorder thread: record the latest durable log id whenever it moves, never naming
@@ -121,43 +205,79 @@ impl Recorder {
         loop {
             let (want, epoch) = {
                 let mut t = self.lock();
-                while !t.stop && t.handled == (t.durable, t.epoch) {
-                    t = self.work.wait(t).unwrap_or_else(PoisonError::into_inner);
+                while !t.stop && Recorder::wanted(&t).is_none() {
+                    t = self.work.wait(t);
                 }
-                if t.handled == (t.durable, t.epoch) {
-                    return;
-                }
-                (t.durable, t.epoch)
-            };
-            let result = {
-                let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
-                let current = h.value().last_log_id;
-                // Checked under the hard-state lock, which a truncate holds to lower it.
-                let same_log = self.lock().epoch == epoch;
-                if same_log && want.map(|w| w.index) > current.map(|c| c.index) {
-                    record_end(&mut h, want, committed)
-                } else {
-                    Ok(())
+                match Recorder::wanted(&t) {
+                    Some(w) => w,
+                    None => return,
                 }
             };
-            let mut t = self.lock();
-            match result {
-                Ok(()) => {
-                    if let (Some(o), Some(w)) = (hook.get(), want) {
-                        o.log_recorded(w.index);
-                    }
-                }
-                Err(e) => {
-                    tracing::error!("hard state write failed: {e}");
-                    t.failed = Some(e);
-                }
-            }
-            // A truncate meanwhile set what it handled itself.
-            if t.epoch == epoch {
-                t.handled = (want, epoch);
-            }
-            self.done.notify_all();
+            self.pass(want, epoch, hard, committed, hook);
         }
+    }
+
+    /// The recorder as a task ([`Io::Tasks`]): [`Recorder::run`]'s loop, with one drawn
+    /// latency between reading what to record and recording it.
+    async fn run_task(
+        &self,
+        io: &crate::TaskIo,
+        hard: &Mutex<HardState>,
+        committed: &Mutex<Option<LogId<NodeId>>>,
+        hook: &Hook,
+    ) {
+        loop {
+            self.work
+                .wait_until(self, |t| t.stop || Recorder::wanted(t).is_some())
+                .await;
+            let Some((want, epoch)) = Recorder::wanted(&self.lock()) else {
+                return;
+            };
+            if !io.delay().await {
+                return;
+            }
+            self.pass(want, epoch, hard, committed, hook);
+        }
+    }
+
+    /// One pass: record `want`, read at `epoch`, unless the log was cut since or the record
+    /// is already there; then mark it handled and wake who waits for it.
+    fn pass(
+        &self,
+        want: Option<LogId<NodeId>>,
+        epoch: u64,
+        hard: &Mutex<HardState>,
+        committed: &Mutex<Option<LogId<NodeId>>>,
+        hook: &Hook,
+    ) {
+        let result = {
+            let mut h = hard.lock().unwrap_or_else(PoisonError::into_inner);
+            let current = h.value().last_log_id;
+            // Checked under the hard-state lock, which a truncate holds to lower it.
+            let same_log = self.lock().epoch == epoch || crate::planted::is(Planted::RecorderEpoch);
+            if same_log && want.map(|w| w.index) > current.map(|c| c.index) {
+                record_end(&mut h, want, committed)
+            } else {
+                Ok(())
+            }
+        };
+        let mut t = self.lock();
+        match result {
+            Ok(()) => {
+                if let (Some(o), Some(w)) = (hook.get(), want) {
+                    o.log_recorded(w.index);
+                }
+            }
+            Err(e) => {
+                tracing::error!("hard state write failed: {e}");
+                t.failed = Some(e);
+            }
+        }
+        // A truncate meanwhile set what it handled itself.
+        if t.epoch == epoch {
+            t.handled = (want, epoch);
+        }
+        self.done.notify_all();
     }
 }
 
@@ -182,19 +302,7 @@ impl Flusher {
         let mode = match io {
             Io::Inline => Mode::Inline(Mutex::new(step)),
             Io::Threads => {
-                let recorder = Arc::new(Recorder {
-                    state: Mutex::new(Target {
-                        durable: step.hard_value_last(),
-                        ..Target::default()
-                    }),
-                    work: Condvar::new(),
-                    done: Condvar::new(),
-                });
-                {
-                    let mut t = recorder.lock();
-                    t.handled = (t.durable, t.epoch);
-                }
-                step.recorder = Some(recorder.clone());
+                let recorder = step.new_recorder(&io);
                 let recording = {
                     let (r, hard, committed, hook) = (
                         recorder.clone(),
@@ -216,7 +324,8 @@ impl Flusher {
                         while let Ok(first) = rx.recv() {
                             batch.push(first);
                             batch.extend(rx.try_iter());
-                            step.round(&mut batch);
+                            // A thread's recorder is waited for in the round: none is left.
+                            let _ = step.round(&mut batch);
                         }
                         // Every handle is gone: record what is durable, then end.
                         stopping.lock().stop = true;
@@ -229,6 +338,46 @@ impl Flusher {
                     thread: Some(thread),
                     recorder,
                 }
+            }
+            Io::Tasks(ref tasks) => {
+                let recorder = step.new_recorder(&io);
+                {
+                    let (r, hard, committed, hook, tasks) = (
+                        recorder.clone(),
+                        step.hard.clone(),
+                        step.committed.clone(),
+                        step.hook.clone(),
+                        tasks.clone(),
+                    );
+                    tokio::spawn(async move { r.run_task(&tasks, &hard, &committed, &hook).await });
+                }
+                let (jobs, mut rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+                let (stopping, tasks) = (recorder.clone(), tasks.clone());
+                tokio::spawn(async move {
+                    let mut batch = Vec::new();
+                    while let Some(first) = rx.recv().await {
+                        batch.push(first);
+                        while let Ok(more) = rx.try_recv() {
+                            batch.push(more);
+                        }
+                        // The round's fdatasync takes a drawn latency; what is queued meanwhile
+                        // waits for the next round, as behind the thread's sync.
+                        let syncs = batch.iter().any(|j| matches!(j, Job::Append { .. }));
+                        if (syncs && !tasks.delay().await) || !tasks.alive() {
+                            return;
+                        }
+                        for barrier in step.round(&mut batch) {
+                            stopping.caught_up_task().await;
+                            if !tasks.alive() {
+                                return;
+                            }
+                            let _ = barrier.send(());
+                        }
+                    }
+                    stopping.lock().stop = true;
+                    stopping.work.notify_all();
+                });
+                Mode::Task { jobs, recorder }
             }
         };
         Ok(Flusher { mode })
@@ -257,24 +406,29 @@ impl Flusher {
                     let _ = jobs.send(job);
                 }
             }
-            Mode::Inline(step) => step
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .round(&mut vec![job]),
+            Mode::Task { jobs, .. } => {
+                let _ = jobs.send(job);
+            }
+            Mode::Inline(step) => {
+                let mut step = step.lock().unwrap_or_else(PoisonError::into_inner);
+                // Inline there is no recorder: no barrier is left waiting.
+                let _ = step.round(&mut vec![job]);
+            }
         }
     }
 
     /// Wait until every append queued so far is acknowledged and its end recorded in the hard
     /// state (inline: at once, none is pending).
     pub async fn drain(&self) {
-        let Mode::Thread {
-            jobs: Some(jobs), ..
-        } = &self.mode
-        else {
-            return;
-        };
         let (tx, rx) = tokio::sync::oneshot::channel();
-        if jobs.send(Job::Barrier(tx)).is_ok() {
+        let sent = match &self.mode {
+            Mode::Thread {
+                jobs: Some(jobs), ..
+            } => jobs.send(Job::Barrier(tx)).is_ok(),
+            Mode::Task { jobs, .. } => jobs.send(Job::Barrier(tx)).is_ok(),
+            _ => false,
+        };
+        if sent {
             let _ = rx.await;
         }
     }
@@ -282,7 +436,7 @@ impl Flusher {
     /// The log was cut: entries after `to` are gone, and the recorder must not name them. Call
     /// after [`Flusher::drain`] and before writing the lowered record yourself.
     pub fn truncated(&self, to: Option<LogId<NodeId>>) {
-        if let Mode::Thread { recorder, .. } = &self.mode {
+        if let Mode::Thread { recorder, .. } | Mode::Task { recorder, .. } = &self.mode {
             let mut t = recorder.lock();
             t.durable = to;
             t.epoch += 1;
@@ -331,6 +485,24 @@ pub(crate) fn note_committed(
 }
 
 impl Step {
+    /// The recorder, caught up with the hard state as it stands, now this step's.
+    fn new_recorder(&mut self, io: &Io) -> Arc<Recorder> {
+        let recorder = Arc::new(Recorder {
+            state: Mutex::new(Target {
+                durable: self.hard_value_last(),
+                ..Target::default()
+            }),
+            work: Signal::new(io),
+            done: Signal::new(io),
+        });
+        {
+            let mut t = recorder.lock();
+            t.handled = (t.durable, t.epoch);
+        }
+        self.recorder = Some(recorder.clone());
+        recorder
+    }
+
     fn hard_value_last(&self) -> Option<LogId<NodeId>> {
         self.hard
             .lock()
@@ -350,8 +522,11 @@ impl Step {
     }
 
     /// One round of the group commit over `batch` (emptied): sync, hand the new end to the
-    /// recorder (inline: record it), acknowledge.
-    fn round(&mut self, batch: &mut Vec<Job>) {
+    /// recorder (inline: record it), acknowledge. Returns the barriers a task's recorder must
+    /// catch up with before they are answered (a thread's recorder is waited for here).
+    #[must_use]
+    fn round(&mut self, batch: &mut Vec<Job>) -> Vec<tokio::sync::oneshot::Sender<()>> {
+        let mut later = Vec::new();
         let hook = &self.hook;
         if self.failed.is_none() {
             if let Some(r) = &self.recorder {
@@ -416,13 +591,17 @@ impl Step {
                     }
                     callback.log_io_completed(result);
                 }
-                Job::Barrier(done) => {
-                    if let Some(r) = &self.recorder {
-                        r.caught_up();
+                Job::Barrier(done) => match &self.recorder {
+                    Some(r) if matches!(r.done, Signal::Task(_)) => later.push(done),
+                    r => {
+                        if let Some(r) = r {
+                            r.caught_up();
+                        }
+                        let _ = done.send(());
                     }
-                    let _ = done.send(());
-                }
+                },
             }
         }
+        later
     }
 }
