@@ -206,6 +206,17 @@ async fn tls_cluster_end_to_end() {
     .expect_err("Raft vote with a certificate of another CA");
     assert_ne!(foreign.code(), tonic::Code::Ok);
 
+    // HTTP/1.1 over TLS on the client port: fenced offers ALPN `http/1.1` beside `h2`
+    // (tonic's own TLS offered only `h2`, and an HTTP/1.1-only client failed the handshake).
+    let url = format!("https://{}/no-such-path", c.grpc_addr(follower));
+    let (code, body) = curl(&["--http1.1", "--cacert", &good_ca, &url]);
+    assert_eq!(code, "404", "HTTP/1.1 over TLS: {body}");
+    assert_eq!(body, "404 page not found\n");
+    let (code, _) = curl(&["--http2", "--cacert", &good_ca, &url]);
+    assert_eq!(code, "404", "HTTP/2 over TLS");
+    let (code, _) = curl(&[&format!("http://{}/no-such-path", c.grpc_addr(follower))]);
+    assert_eq!(code, "000", "plaintext HTTP was served");
+
     // RESP over TLS with unchanged clients.
     require("redis-cli", &["--version"]);
     {
@@ -303,6 +314,22 @@ async fn tls_require_client_cert() {
         "a node-CA certificate at the API: {accepted:?}"
     );
 
+    // HTTP over TLS: without a client certificate refused, with one served.
+    let url = format!("https://{}/no-such-path", c.grpc_addr(leader));
+    let (code, _) = curl(&["--http1.1", "--cacert", &good_ca, &url]);
+    assert_eq!(code, "000", "HTTP/1.1 without a client certificate served");
+    let (code, body) = curl(&[
+        "--http1.1",
+        "--cacert",
+        &good_ca,
+        "--cert",
+        &member,
+        "--key",
+        &member_key,
+        &url,
+    ]);
+    assert_eq!(code, "404", "HTTP/1.1 with a client certificate: {body}");
+
     require("redis-cli", &["--version"]);
     {
         let (cert, key) = (member.clone(), member_key.clone());
@@ -328,6 +355,17 @@ async fn tls_require_client_cert() {
             "redis-cli without a certificate served: {out}"
         );
     }
+}
+
+/// `curl -s ARGS` with a 20 s limit: (HTTP status code, "000" when no response; body).
+fn curl(args: &[&str]) -> (String, String) {
+    require("curl", &["--version"]);
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "--max-time", "20", "-w", "\n%{http_code}"])
+        .args(args);
+    let (_, out, _) = run_bounded(cmd, "", Duration::from_secs(30));
+    let (body, code) = out.rsplit_once('\n').unwrap_or(("", out.as_str()));
+    (code.trim().to_owned(), body.to_owned())
 }
 
 /// Bad TLS flags stop `fenced serve` at once with a message naming the problem.

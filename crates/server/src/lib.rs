@@ -9,6 +9,7 @@ pub mod admin;
 pub mod api;
 pub mod backup;
 pub mod batch;
+pub mod client_port;
 pub mod clock;
 pub mod config;
 pub mod config_file;

@@ -353,111 +353,86 @@ async fn listen(
     };
     crate::metrics::spawn_watchdog(node.clone(), metrics_listener, shutdown_rx.clone())
         .map_err(|e| StartError::Config(format!("starting the watchdog thread: {e}")))?;
-    {
-        let mut builder = tonic::transport::Server::builder()
-            .max_concurrent_streams(cfg.grpc_max_concurrent_streams.max(1));
-        let mut check = fenced_tls::PeerCertCheck::open();
-        if let Some(t) = &cfg.tls {
-            builder = builder
-                .tls_config(t.grpc_server())
-                .map_err(|e| StartError::Config(format!("TLS: {e}")))?;
-            check = t
-                .peer_check()
-                .map_err(|e| StartError::Config(format!("TLS: {e}")))?;
-        }
-        let tls = cfg.tls.is_some();
-        let users = Arc::new(crate::users::Users::new(
-            cfg.acl.clone(),
-            cfg.auth_token_ttl,
-        ));
-        // Counts and times the client API's calls (fenced.v1 and etcd's; node-to-node calls
-        // pass).
-        // Then the limits on calls without a valid token, before their bodies are read.
-        let pre_auth = crate::pre_auth::PreAuthLayer::new(
+    let port = crate::client_port::ClientPort::new(listener, cfg)?;
+    let check = match &cfg.tls {
+        Some(t) => t
+            .peer_check()
+            .map_err(|e| StartError::Config(format!("TLS: {e}")))?,
+        None => fenced_tls::PeerCertCheck::open(),
+    };
+    let tls = cfg.tls.is_some();
+    let users = Arc::new(crate::users::Users::new(
+        cfg.acl.clone(),
+        cfg.auth_token_ttl,
+    ));
+    // Counts and times the client API's calls (fenced.v1 and etcd's; node-to-node calls
+    // pass). Then the limits on calls without a valid token, before their bodies are read.
+    let layers = crate::client_port::Layers {
+        metrics: node.metrics().grpc_layer(),
+        pre_auth: crate::pre_auth::PreAuthLayer::new(
             users.clone(),
             cfg.grpc_unauthenticated_calls,
             node.metrics().clone(),
-        );
-        let router = builder
-            .layer(node.metrics().grpc_layer())
-            .layer(pre_auth)
-            .add_service(raft_server(
-                raft.clone(),
-                gate.clone(),
-                check.clone(),
-                Some(node.metrics().clone()),
-            ))
-            .add_service(crate::forward::server::forward_server(node.clone(), check))
-            .add_service(crate::api::lock_server(node.clone(), users.clone()))
-            .add_service(crate::api::session_server(node.clone(), users.clone()))
-            .add_service(crate::api::kv_server(node.clone(), users.clone()))
-            .add_service(crate::api::limiter_server(node.clone(), users.clone()))
-            .add_service(crate::api::cluster_server(node.clone(), users.clone()))
-            .add_service(crate::api::auth_server(node.clone(), users.clone()))
-            // etcd's v3 API (service names `etcdserverpb.*`): `etcdctl` and etcd clients.
-            .add_service(crate::api::etcd::kv_server(
-                node.clone(),
-                users.clone(),
-                tls,
-            ))
-            .add_service(crate::api::etcd::maintenance_server(
-                node.clone(),
-                users.clone(),
-                tls,
-            ))
-            .add_service(crate::api::etcd::cluster_server(
-                node.clone(),
-                users.clone(),
-                tls,
-            ))
-            .add_service(crate::api::etcd::watch_server(
-                node.clone(),
-                users.clone(),
-                tls,
-            ))
-            .add_service(crate::api::etcd::lease_server(
-                node.clone(),
-                users.clone(),
-                tls,
-            ))
-            .add_service(crate::api::etcd::lock_server(
-                node.clone(),
-                users.clone(),
-                tls,
-            ))
-            .add_service(crate::api::etcd::election_server(
-                node.clone(),
-                users.clone(),
-                tls,
-            ))
-            .add_service(crate::api::etcd::auth_server(node.clone(), users, tls))
-            .add_service(health_service);
-        let mut rx = shutdown_rx.clone();
-        // Nagle off on every accepted connection: a reply written as HEADERS, DATA and
-        // trailers must not wait for the peer's delayed ACK (a 40 ms stall per call).
-        // Past --max-clients open connections, a new one is closed at once.
-        let limit = Arc::new(tokio::sync::Semaphore::new(cfg.max_clients.max(1)));
-        let incoming = tokio_stream::StreamExt::filter_map(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            move |conn| match conn {
-                Ok(socket) => {
-                    if let Err(e) = socket.set_nodelay(true) {
-                        tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
-                    }
-                    crate::conn_limit::admit(&limit, socket).map(Ok)
-                }
-                Err(e) => Some(Err(e)),
-            },
-        );
-        tasks.push(tokio::spawn(async move {
-            let stop = async move {
-                let _ = rx.wait_for(|s| *s).await;
-            };
-            if let Err(e) = router.serve_with_incoming_shutdown(incoming, stop).await {
-                tracing::error!("gRPC server failed: {e}");
-            }
-        }));
-    }
+        ),
+    };
+    let mut grpc = tonic::service::Routes::builder();
+    grpc.add_service(raft_server(
+        raft.clone(),
+        gate.clone(),
+        check.clone(),
+        Some(node.metrics().clone()),
+    ))
+    .add_service(crate::forward::server::forward_server(node.clone(), check))
+    .add_service(crate::api::lock_server(node.clone(), users.clone()))
+    .add_service(crate::api::session_server(node.clone(), users.clone()))
+    .add_service(crate::api::kv_server(node.clone(), users.clone()))
+    .add_service(crate::api::limiter_server(node.clone(), users.clone()))
+    .add_service(crate::api::cluster_server(node.clone(), users.clone()))
+    .add_service(crate::api::auth_server(node.clone(), users.clone()))
+    // etcd's v3 API (service names `etcdserverpb.*`): `etcdctl` and etcd clients.
+    .add_service(crate::api::etcd::kv_server(
+        node.clone(),
+        users.clone(),
+        tls,
+    ))
+    .add_service(crate::api::etcd::maintenance_server(
+        node.clone(),
+        users.clone(),
+        tls,
+    ))
+    .add_service(crate::api::etcd::cluster_server(
+        node.clone(),
+        users.clone(),
+        tls,
+    ))
+    .add_service(crate::api::etcd::watch_server(
+        node.clone(),
+        users.clone(),
+        tls,
+    ))
+    .add_service(crate::api::etcd::lease_server(
+        node.clone(),
+        users.clone(),
+        tls,
+    ))
+    .add_service(crate::api::etcd::lock_server(
+        node.clone(),
+        users.clone(),
+        tls,
+    ))
+    .add_service(crate::api::etcd::election_server(
+        node.clone(),
+        users.clone(),
+        tls,
+    ))
+    .add_service(crate::api::etcd::auth_server(node.clone(), users, tls))
+    .add_service(health_service);
+    let routes = crate::client_port::routes(grpc.routes(), axum::Router::new());
+    let mut rx = shutdown_rx.clone();
+    let stop = async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    tasks.push(port.serve(layers, routes, stop));
 
     Ok(tasks)
 }

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 pub use tokio_rustls::server::TlsStream;
 pub use tokio_rustls::TlsAcceptor;
@@ -138,6 +138,7 @@ impl ServerTls {
             require_client_cert: false,
         };
         tls.rustls_server()?;
+        tls.client_port_acceptor()?;
         tls.peer_check()?;
         Ok(tls)
     }
@@ -160,24 +161,6 @@ impl ServerTls {
     pub fn require_client_cert(mut self, yes: bool) -> Self {
         self.require_client_cert = yes;
         self
-    }
-
-    /// For the gRPC listener.
-    pub fn grpc_server(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.cert.bytes, &self.key.bytes))
-            .client_ca_root(Certificate::from_pem(self.grpc_client_roots()))
-            .client_auth_optional(!self.require_client_cert)
-    }
-
-    /// gRPC callers are clients or other nodes: both CAs, PEM after PEM.
-    fn grpc_client_roots(&self) -> Vec<u8> {
-        let mut pem = self.ca.bytes.clone();
-        if let Some(c) = &self.client_ca {
-            pem.push(b'\n');
-            pem.extend_from_slice(&c.bytes);
-        }
-        pem
     }
 
     /// The interceptor for the node-to-node services: callers must present a certificate
@@ -207,10 +190,40 @@ impl ServerTls {
         Ok(TlsAcceptor::from(Arc::new(self.rustls_server()?)))
     }
 
+    /// For the client port (gRPC and HTTP on one listener, `fenced-server`'s
+    /// `client_port`): callers are clients or other nodes, so certificates of either CA
+    /// are accepted here (the node-to-node services check theirs against the node CA with
+    /// [`PeerCertCheck`]), and ALPN offers `h2` and `http/1.1` — gRPC clients pick the
+    /// first, HTTP/1.1 clients (curl, Python `requests`) the second.
+    pub fn client_port_acceptor(&self) -> Result<TlsAcceptor, TlsError> {
+        let mut roots = roots(&self.ca)?;
+        if let Some(c) = &self.client_ca {
+            for cert in c.certs("client CA")? {
+                roots.add(cert).map_err(|e| TlsError::Pem {
+                    what: "client CA",
+                    path: c.origin.clone(),
+                    reason: format!("unusable trust anchor: {e}"),
+                })?;
+            }
+        }
+        let mut config = self.server_config(roots)?;
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(TlsAcceptor::from(Arc::new(config)))
+    }
+
     fn rustls_server(&self) -> Result<rustls::ServerConfig, TlsError> {
+        self.server_config(roots(self.clients_ca())?)
+    }
+
+    /// A server configuration presenting this node's certificate, checking clients'
+    /// certificates against `roots` (required only with `--tls-require-client-cert`).
+    fn server_config(
+        &self,
+        roots: rustls::RootCertStore,
+    ) -> Result<rustls::ServerConfig, TlsError> {
         let provider = provider();
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(roots(self.clients_ca())?),
+            Arc::new(roots),
             provider.clone(),
         );
         let verifier = if self.require_client_cert {
