@@ -120,6 +120,7 @@ LUA_API void lua_xmove (lua_State *from, lua_State *to, int n) {
   api_checknelems(from, n);
   api_check(from, G(from) == G(to));
   api_check(from, to->ci->top - to->top >= n);
+  luaD_fencedmore(to, (lu_mem)n / FENCED_PER_MOVE);  /* fenced: helper rules (ldo.c) */
   from->top -= n;
   for (i = 0; i < n; i++) {
     setobj2s(to, to->top++, from->top + i);
@@ -1126,6 +1127,11 @@ LUA_API void lua_fenced_ids (lua_State *L, int on, unsigned int base) {
 
 LUA_API size_t lua_fenced_take (void) {
   return (size_t)luaD_fencedtake();
+}
+
+
+LUA_API void lua_fenced_more (lua_State *L, size_t units) {
+  luaD_fencedmore(L, (lu_mem)units);
 }
 
 

@@ -85,6 +85,7 @@ LUALIB_API void luaL_where (lua_State *L, int level) {
 
 LUALIB_API int luaL_error (lua_State *L, const char *fmt, ...) {
   va_list argp;
+  lua_fenced_more(L, LUA_FENCED_ERROR);  /* fenced: helper rules (ldo.c) */
   va_start(argp, fmt);
   luaL_where(L, 1);
   lua_pushvfstring(L, fmt, argp);

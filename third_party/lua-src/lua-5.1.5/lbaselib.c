@@ -350,6 +350,7 @@ static int luaB_unpack (lua_State *L) {
   n = e - i + 1;  /* number of elements */
   if (n <= 0 || !lua_checkstack(L, n))  /* n <= 0 means arith. overflow */
     return luaL_error(L, "too many results to unpack");
+  lua_fenced_more(L, (size_t)n);  /* fenced: each element looked up (helper rules, ldo.c) */
   lua_rawgeti(L, 1, i);  /* push arg[i] (avoiding overflow problems) */
   while (i++ < e)  /* push arg[i + 1...e] */
     lua_rawgeti(L, 1, i);

@@ -503,6 +503,9 @@ static const char *getobjname (lua_State *L, CallInfo *ci, int stackpos,
     *name = luaF_getlocalname(p, stackpos+1, pc);
     if (*name)  /* is a local? */
       return "local";
+    /* fenced: the symbolic execution walks the function's code up to `pc' (helper rules,
+       ldo.c) */
+    luaD_fencedmore(L, (lu_mem)pc / FENCED_PER_MOVE);
     i = symbexec(p, pc, stackpos);  /* try symbolic execution */
     lua_assert(pc != -1);
     switch (GET_OPCODE(i)) {

@@ -142,6 +142,8 @@ void luaD_reallocstack (lua_State *L, int newsize) {
   TValue *oldstack = L->stack;
   int realsize = newsize + 1 + EXTRA_STACK;
   lua_assert(L->stack_last - L->stack == L->stacksize - EXTRA_STACK - 1);
+  /* fenced: the copy, and correctstack's walk of every frame (helper rules, above) */
+  luaD_fencedlater((lu_mem)(realsize + (L->ci - L->base_ci)) / FENCED_PER_MOVE);
   luaM_reallocvector(L, L->stack, L->stacksize, realsize, TValue);
   L->stacksize = realsize;
   L->stack_last = L->stack+newsize;
@@ -151,6 +153,7 @@ void luaD_reallocstack (lua_State *L, int newsize) {
 
 void luaD_reallocCI (lua_State *L, int newsize) {
   CallInfo *oldci = L->base_ci;
+  luaD_fencedlater((lu_mem)newsize / FENCED_PER_MOVE);  /* fenced: the copy (helper rules) */
   luaM_reallocvector(L, L->base_ci, L->size_ci, newsize, CallInfo);
   L->size_ci = newsize;
   L->ci = (L->ci - oldci) + L->base_ci;
@@ -271,6 +274,33 @@ int luaD_fencedon (void) {
 }
 
 
+/*
+** fenced: the charges the helper rules add (Semantics::CHARGED_HELPERS; charging level 2,
+** `lua_fenced_charging(2)`): values moved between stack slots and tables in bulk (calls'
+** arguments and results, `...`, table constructors, `unpack`, coroutines' transfers),
+** registers cleared, stacks reallocated, empty slots `next` skips, the lookups `#t` makes,
+** numbers converted to and from text. Under level 1 (the bounded rules) none of these is
+** charged, so entries stamped before the helper rules count exactly as they did.
+*/
+#define FENCED_FULL	2
+
+int luaD_fencedfull (void) {
+  return luaD_fencedcharging >= FENCED_FULL;
+}
+
+
+void luaD_fencedmore (lua_State *L, lu_mem units) {
+  if (luaD_fencedcharging >= FENCED_FULL && units > 0) luaD_fenceddebt(L, units);
+}
+
+
+/* the same where no lua_State is at hand: paid at the next debt or instruction */
+void luaD_fencedlater (lu_mem units) {
+  if (luaD_fencedcharging >= FENCED_FULL && luaD_fencedpending < (lu_mem)FENCED_MAXDEBT)
+    luaD_fencedpending += units;
+}
+
+
 void luaD_fenceddebt (lua_State *L, lu_mem units) {
   units += luaD_fencedtake();  /* hash-chain steps walked since the last charge */
   if (!luaD_fencedcharging || !(L->hookmask & LUA_MASKCOUNT) || L->basehookcount <= 0)
@@ -382,6 +412,9 @@ int luaD_precall (lua_State *L, StkId func, int nresults) {
     L->savedpc = p->code;  /* starting point */
     ci->tailcalls = 0;
     ci->nresults = nresults;
+    /* fenced: the registers cleared and the arguments passed (helper rules, above) */
+    luaD_fencedmore(L, (lu_mem)(ci->top - L->top) / FENCED_PER_CLEAR
+                       + (lu_mem)(L->top - func) / FENCED_PER_MOVE);
     for (st = L->top; st < ci->top; st++)
       setnilvalue(st);
     L->top = ci->top;
@@ -397,6 +430,8 @@ int luaD_precall (lua_State *L, StkId func, int nresults) {
     int n;
     /* fenced: a call of a C function costs several instructions' worth (ldo.c) */
     luaD_fenceddebt(L, FENCED_CCALL);
+    /* fenced: its arguments, which a C function may walk (helper rules, above) */
+    luaD_fencedmore(L, (lu_mem)(L->top - func) / FENCED_PER_MOVE);
     luaD_checkstack(L, LUA_MINSTACK);  /* ensure minimum stack size */
     ci = inc_ci(L);  /* now `enter' new function */
     ci->func = restorestack(L, funcr);
@@ -441,6 +476,8 @@ int luaD_poscall (lua_State *L, StkId firstResult) {
   wanted = ci->nresults;
   L->base = (ci - 1)->base;  /* restore base */
   L->savedpc = (ci - 1)->savedpc;  /* restore savedpc */
+  /* fenced: the results moved (helper rules, above) */
+  luaD_fencedmore(L, (lu_mem)(L->top - firstResult) / FENCED_PER_MOVE);
   /* move results to correct place */
   for (i = wanted; i != 0 && firstResult < L->top; i--)
     setobjs2s(L, res++, firstResult++);

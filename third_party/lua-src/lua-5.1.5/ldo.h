@@ -45,6 +45,15 @@ LUAI_FUNC int luaD_fencedidson (void);
 LUAI_FUNC void luaD_fencedidswitch (int on);
 LUAI_FUNC void luaD_fencedwalk (lu_mem steps);
 LUAI_FUNC lu_mem luaD_fencedtake (void);
+/* the charges of the helper rules only (charging level 2, ldo.c); values moved or slots
+   cleared per unit of work */
+#define FENCED_PER_MOVE	LUA_FENCED_MOVES
+#define FENCED_PER_CLEAR	LUA_FENCED_CLEARS
+/* a number converted to or from text (sprintf, strtod), under the helper rules */
+#define FENCED_CONVERT	LUA_FENCED_CONVERT
+LUAI_FUNC void luaD_fencedmore (lua_State *L, lu_mem units);
+LUAI_FUNC void luaD_fencedlater (lu_mem units);
+LUAI_FUNC int luaD_fencedfull (void);
 /* hash-chain steps walked in id-hashed tables and not yet charged (ltable.c) */
 extern __thread lu_mem luaD_fencedpending __attribute__((tls_model("initial-exec")));
 

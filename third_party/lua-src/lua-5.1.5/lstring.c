@@ -52,6 +52,7 @@ static TString *newlstr (lua_State *L, const char *str, size_t l,
                                        unsigned int h) {
   /* fenced: a new string, its bytes copied (and later swept) (ldo.c) */
   luaD_fenceddebt(L, 4 + l / LUA_FENCED_BYTES);
+  luaD_fencedmore(L, LUA_FENCED_NEWSTRING);  /* fenced: helper rules (ldo.c) */
   TString *ts;
   stringtable *tb;
   if (l+1 > (MAX_SIZET - sizeof(TString))/sizeof(char))

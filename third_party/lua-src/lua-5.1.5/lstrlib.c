@@ -119,6 +119,7 @@ static int str_byte (lua_State *L) {
   if (posi + n <= pose)  /* overflow? */
     luaL_error(L, "string slice too long");
   luaL_checkstack(L, n, "string slice too long");
+  lua_fenced_more(L, (size_t)n);  /* fenced: each byte pushed (helper rules, ldo.c) */
   for (i=0; i<n; i++)
     lua_pushinteger(L, uchar(s[posi+i-1]));
   return n;
@@ -849,6 +850,7 @@ static int str_format (lua_State *L) {
       if (++arg > top)
         luaL_argerror(L, arg, "no value");
       strfrmt = scanformat(L, strfrmt, form);
+      lua_fenced_more(L, LUA_FENCED_CONVERT);  /* fenced: sprintf's work (helper rules, ldo.c) */
       switch (*strfrmt++) {
         case 'c': {
           sprintf(buff, form, (int)luaL_checknumber(L, arg));
@@ -867,6 +869,8 @@ static int str_format (lua_State *L) {
         case 'e':  case 'E': case 'f':
         case 'g': case 'G': {
           sprintf(buff, form, (double)luaL_checknumber(L, arg));
+          /* fenced: glibc's work grows with the digits written (helper rules, ldo.c) */
+          lua_fenced_more(L, strlen(buff) * LUA_FENCED_FLOATCHAR);
           break;
         }
         case 'q': {

@@ -109,6 +109,10 @@ static unsigned int objectid (const GCObject *o) {
   }
 }
 
+/* charge `n` units of the helper rules' work on `t`, if it is id-hashed (ldo.c) */
+#define fencedfull(t,n) \
+  { if ((n) > 0 && idhashed(t)) luaD_fencedlater((lu_mem)(n)); }
+
 /* charge `steps` steps walked along a chain of `t`, if it is id-hashed (ldo.c) */
 #define fencedsteps(t,steps) \
   { if ((steps) > 0 && idhashed(t)) luaD_fencedwalk((lu_mem)(steps)); }
@@ -258,8 +262,10 @@ static int findindex (lua_State *L, Table *t, StkId key) {
 
 int luaH_next (lua_State *L, Table *t, StkId key) {
   int i = findindex(L, t, key);  /* find original element */
+  int from = i;  /* fenced: the slots scanned, empty ones included (helper rules) */
   for (i++; i < t->sizearray; i++) {  /* try first array part */
     if (!ttisnil(&t->array[i])) {  /* a non-nil value? */
+      fencedfull(t, (i - from) / FENCED_PER_MOVE);
       setnvalue(key, cast_num(i+1));
       setobj2s(L, key+1, &t->array[i]);
       return 1;
@@ -267,11 +273,13 @@ int luaH_next (lua_State *L, Table *t, StkId key) {
   }
   for (i -= t->sizearray; i < sizenode(t); i++) {  /* then hash part */
     if (!ttisnil(gval(gnode(t, i)))) {  /* a non-nil value? */
+      fencedfull(t, (i + t->sizearray - from) / FENCED_PER_MOVE);
       setobj2s(L, key, key2tval(gnode(t, i)));
       setobj2s(L, key+1, gval(gnode(t, i)));
       return 1;
     }
   }
+  fencedfull(t, (i + t->sizearray - from) / FENCED_PER_MOVE);
   return 0;  /* no more elements */
 }
 
@@ -654,15 +662,18 @@ TValue *luaH_setstr (lua_State *L, Table *t, TString *key) {
 
 static int unbound_search (Table *t, unsigned int j) {
   unsigned int i = j;  /* i is zero or a present index */
+  lu_mem looked = 1;  /* fenced: lookups made (helper rules, ldo.c) */
   j++;
   /* find `i' and `j' such that i is present and j is not */
   while (!ttisnil(luaH_getnum(t, j))) {
     i = j;
     j *= 2;
+    looked++;
     if (j > cast(unsigned int, MAX_INT)) {  /* overflow? */
       /* table was built with bad purposes: resort to linear search */
       i = 1;
       while (!ttisnil(luaH_getnum(t, i))) i++;
+      fencedfull(t, looked + i);
       return i - 1;
     }
   }
@@ -671,7 +682,9 @@ static int unbound_search (Table *t, unsigned int j) {
     unsigned int m = (i+j)/2;
     if (ttisnil(luaH_getnum(t, m))) j = m;
     else i = m;
+    looked++;
   }
+  fencedfull(t, looked);
   return i;
 }
 

@@ -350,6 +350,8 @@ LUA_API void lua_fenced_charging (int on);
 LUA_API int lua_fenced_on (void);
 LUA_API void lua_fenced_work (lua_State *L, size_t units);
 LUA_API void lua_fenced_debt (lua_State *L, size_t units);
+/* a debt charged only under the helper rules (charging level 2; ldo.c) */
+LUA_API void lua_fenced_more (lua_State *L, size_t units);
 /* objects hashed by creation id, hash chains charged (ltable.c): the switch, which also
    resets the state's id counter to `base` (unless L is NULL) */
 LUA_API void lua_fenced_ids (lua_State *L, int on, unsigned int base);
@@ -359,6 +361,18 @@ LUA_API size_t lua_fenced_take (void);
 LUA_API unsigned long long lua_fenced_layout (void);
 /* one unit of work per this many bytes copied, compared, scanned or allocated */
 #define LUA_FENCED_BYTES	64
+/* under the helper rules only (lua_fenced_more): values moved, and slots cleared, per
+   unit; the units of one number converted to or from text */
+#define LUA_FENCED_MOVES	2
+#define LUA_FENCED_CLEARS	8
+#define LUA_FENCED_CONVERT	48
+/* a new string beyond the bounded rules' charge (its hashing, interning, collection) */
+#define LUA_FENCED_NEWSTRING	8
+/* per character a floating-point conversion of `string.format' writes (glibc's printf of
+   a large `%f' does multi-precision arithmetic for every digit) */
+#define LUA_FENCED_FLOATCHAR	16
+/* an error raised by a library function (its position looked up, its message built) */
+#define LUA_FENCED_ERROR	64
 
 
 struct lua_Debug {

@@ -35,6 +35,8 @@
 const TValue *luaV_tonumber (const TValue *obj, TValue *n) {
   lua_Number num;
   if (ttisnumber(obj)) return obj;
+  /* fenced: strtod's work, beyond the bytes already charged (helper rules, ldo.c) */
+  if (ttisstring(obj)) luaD_fencedlater(FENCED_CONVERT);
   if (ttisstring(obj) && luaO_str2d(svalue(obj), &num)) {
     setnvalue(n, num);
     return n;
@@ -50,6 +52,7 @@ int luaV_tostring (lua_State *L, StkId obj) {
   else {
     char s[LUAI_MAXNUMBER2STR];
     lua_Number n = nvalue(obj);
+    luaD_fencedmore(L, FENCED_CONVERT);  /* fenced: sprintf's work (helper rules, ldo.c) */
     lua_number2str(s, n);
     setsvalue2s(L, obj, luaS_new(L, s));
     return 1;
@@ -436,6 +439,7 @@ void luaV_execute (lua_State *L, int nexeccalls) {
       }
       case OP_LOADNIL: {
         TValue *rb = RB(i);
+        luaD_fencedmore(L, (lu_mem)(rb - ra) / FENCED_PER_CLEAR);  /* fenced (ldo.c) */
         do {
           setnilvalue(rb--);
         } while (rb >= ra);
@@ -724,6 +728,7 @@ void luaV_execute (lua_State *L, int nexeccalls) {
         runtime_check(L, ttistable(ra));
         h = hvalue(ra);
         last = ((c-1)*LFIELDS_PER_FLUSH) + n;
+        luaD_fencedmore(L, (lu_mem)n / FENCED_PER_MOVE);  /* fenced: values stored (ldo.c) */
         if (last > h->sizearray)  /* needs more space? */
           luaH_resizearray(L, h, last);  /* pre-alloc it at once */
         for (; n > 0; n--) {
@@ -768,6 +773,7 @@ void luaV_execute (lua_State *L, int nexeccalls) {
           b = n;
           L->top = ra + n;
         }
+        luaD_fencedmore(L, (lu_mem)b / FENCED_PER_MOVE);  /* fenced: values copied (ldo.c) */
         for (j = 0; j < b; j++) {
           if (j < n) {
             setobjs2s(L, ra + j, ci->base - n + j);

@@ -331,6 +331,7 @@ pub const FENCED_PATCHED_SOURCES: &[&str] = &[
     include_str!("../lua-5.1.5/lapi.c"),
     include_str!("../lua-5.1.5/lauxlib.c"),
     include_str!("../lua-5.1.5/lbaselib.c"),
+    include_str!("../lua-5.1.5/ldebug.c"),
     include_str!("../lua-5.1.5/ldo.c"),
     include_str!("../lua-5.1.5/ldo.h"),
     include_str!("../lua-5.1.5/lfunc.c"),
