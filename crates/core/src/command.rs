@@ -142,8 +142,18 @@ impl Semantics {
     /// it on the keyspace, its lock-table record dropped; a lock-table waiter (no key) is
     /// withdrawn. Older entries replay as they applied.
     pub const KEYSPACE_LOCKS: Semantics = Semantics(13);
+    /// The keyspace-lock rules, and every helper a script calls charged by its work (issue
+    /// 49): a call of a Rust helper (`redis.sha1hex`, `redis.error_reply`, `math.random`,
+    /// cjson, `redis.call`, …) by its arguments and input bytes, and its errors raised as
+    /// plain Lua strings (mlua's errors built a traceback walking the globals, uncharged);
+    /// cjson's scan of a table's keys; and in the patched Lua (charging level 2) values
+    /// moved in bulk (arguments, results, `...`, constructors, `unpack`, coroutine
+    /// transfers), registers cleared, stacks reallocated, the empty slots `next` skips, the
+    /// lookups `#t` makes, numbers converted to and from text (`kv/script/lua.rs`,
+    /// third_party/README.md). Older entries count their steps as they did.
+    pub const CHARGED_HELPERS: Semantics = Semantics(14);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::KEYSPACE_LOCKS;
+    pub const NEWEST: Semantics = Semantics::CHARGED_HELPERS;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -209,6 +219,11 @@ impl Semantics {
     /// etcd's locks and elections live on the keyspace ([`Semantics::KEYSPACE_LOCKS`]).
     pub fn keyspace_locks(self) -> bool {
         self.0 >= Semantics::KEYSPACE_LOCKS.0
+    }
+
+    /// Scripts' helpers are charged by their work ([`Semantics::CHARGED_HELPERS`]).
+    pub fn charged_helpers(self) -> bool {
+        self.0 >= Semantics::CHARGED_HELPERS.0
     }
 
     /// The oldest rules under which `cmd` does what its caller means: the rules it exists

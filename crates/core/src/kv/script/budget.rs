@@ -12,6 +12,8 @@ pub(crate) struct Budget {
     spent: AtomicU64,
     limit: AtomicU64,
     over: AtomicBool,
+    /// The run's rules charge helpers ([`crate::Semantics::CHARGED_HELPERS`]).
+    helpers: AtomicBool,
 }
 
 impl Budget {
@@ -20,7 +22,28 @@ impl Budget {
             spent: AtomicU64::new(0),
             limit: AtomicU64::new(LUA_INSTRUCTION_BUDGET),
             over: AtomicBool::new(false),
+            helpers: AtomicBool::new(false),
         }
+    }
+
+    /// A call of a Rust helper with `args` arguments and `bytes` of input it reads, charged
+    /// only under the helper rules ([`crate::Semantics::CHARGED_HELPERS`]); under older
+    /// rules nothing, as before.
+    pub(crate) fn helper(&self, args: usize, bytes: usize) -> mlua::Result<()> {
+        if !self.helpers.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        use super::rules::{HELPER_ARG_STEPS, HELPER_BYTES_PER_STEP, HELPER_CALL_STEPS};
+        self.charge(
+            HELPER_CALL_STEPS
+                .saturating_add((args as u64).saturating_mul(HELPER_ARG_STEPS))
+                .saturating_add(bytes as u64 / HELPER_BYTES_PER_STEP),
+        )
+    }
+
+    /// The run's rules charge helpers.
+    pub(crate) fn charges_helpers(&self) -> bool {
+        self.helpers.load(Ordering::Relaxed)
     }
 
     /// Spend `n` steps; past the budget (now or before) this fails, and keeps failing.
@@ -59,10 +82,11 @@ impl Budget {
         self.limit.load(Ordering::Relaxed)
     }
 
-    /// A new run with a budget of `limit`.
-    pub(crate) fn reset(&self, limit: u64) {
+    /// A new run with a budget of `limit`; `helpers`: its rules charge helpers.
+    pub(crate) fn reset(&self, limit: u64, helpers: bool) {
         self.spent.store(0, Ordering::Relaxed);
         self.limit.store(limit, Ordering::Relaxed);
         self.over.store(false, Ordering::Relaxed);
+        self.helpers.store(helpers, Ordering::Relaxed);
     }
 }

@@ -115,6 +115,8 @@ struct Meter<'a> {
     budget: &'a Budget,
     pending: u64,
     bounded: bool,
+    /// The helper rules: the key scan of `refuse_bad_keys` is charged too.
+    helpers: bool,
 }
 
 impl Meter<'_> {
@@ -162,11 +164,14 @@ pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<(Table, Se
         raw.set(
             "encode",
             lua.create_function(move |lua, args: MultiValue| {
+                // Under the helper rules: the call and its arguments (`helpers.rs`).
+                budget.helper(args.len(), 0)?;
                 let c = current(&cfg);
                 let mut meter = Meter {
                     budget: &budget,
                     pending: 0,
                     bounded: c.bounded,
+                    helpers: budget.charges_helpers(),
                 };
                 let r = encode_fn(lua, &c, &mut meter, args);
                 meter.flush()?;
@@ -179,11 +184,14 @@ pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<(Table, Se
         raw.set(
             "decode",
             lua.create_function(move |lua, args: MultiValue| {
+                // Under the helper rules: the call and its arguments (`helpers.rs`).
+                budget.helper(args.len(), 0)?;
                 let c = current(&cfg);
                 let mut meter = Meter {
                     budget: &budget,
                     pending: 0,
                     bounded: c.bounded,
+                    helpers: budget.charges_helpers(),
                 };
                 let r = decode_fn(lua, &c, &mut meter, args);
                 meter.flush()?;
@@ -248,10 +256,11 @@ pub(super) fn install(lua: &Lua, budget: Arc<Budget>) -> mlua::Result<(Table, Se
         }),
     ];
     for (name, setter) in setters {
-        let cfg = cfg.clone();
+        let (cfg, budget) = (cfg.clone(), budget.clone());
         raw.set(
             name,
             lua.create_function(move |lua, args: MultiValue| {
+                budget.helper(args.len(), 0)?;
                 let args: Vec<LV> = args.into_iter().collect();
                 let mut c = current(&cfg);
                 let r = setter(lua, &mut c, &args, name);
@@ -530,7 +539,7 @@ impl Encoder<'_, '_> {
     /// Classify a table (lua-cjson's rules) and write its opening bracket.
     fn open(&mut self, t: Table) -> Res<Frame> {
         if self.cfg.deterministic {
-            refuse_bad_keys(&t)?;
+            refuse_bad_keys(&t, self.meter)?;
         }
         // An array: only integer keys >= 1, and not excessively sparse.
         let (mut max, mut items, mut array) = (0.0f64, 0u64, true);
@@ -714,14 +723,20 @@ impl Encoder<'_, '_> {
 /// Under the deterministic rules, before anything else: refuse a table with a key lua-cjson
 /// cannot write (not a string or number), naming the first of boolean, userdata, table,
 /// function, thread that occurs — not the first in iteration order, which for table,
-/// function, thread and userdata keys depends on memory addresses. Nothing is charged (the
-/// charge would depend on where the bad key came), and a table that passes is then written
-/// exactly as before, its order being deterministic.
-fn refuse_bad_keys(t: &Table) -> Res<()> {
+/// function, thread and userdata keys depends on memory addresses. Under older rules nothing
+/// is charged; under the helper rules ([`crate::Semantics::CHARGED_HELPERS`]) every key
+/// scanned is (the scan visits all of them whatever it finds, so the charge does not depend
+/// on where the bad key came: `pcall(cjson.encode, t)` of a table with object keys in a
+/// loop paused 462 ms uncharged, issue 49). A table that passes is then written exactly as
+/// before, its order being deterministic.
+fn refuse_bad_keys(t: &Table, meter: &mut Meter<'_>) -> Res<()> {
     const ORDER: [&str; 5] = ["boolean", "userdata", "table", "function", "thread"];
     let mut worst: Option<usize> = None;
     for pair in t.pairs::<LV, LV>() {
         let (k, _) = pair?;
+        if meter.helpers {
+            meter.value()?;
+        }
         let rank = match k {
             LV::String(_) | LV::Integer(_) | LV::Number(_) => continue,
             other => ORDER

@@ -137,7 +137,8 @@ use mlua::{
 use super::budget::Budget;
 use super::cjson;
 use super::convert::{lua_to_reply, reply_to_lua};
-use super::prelude::PRELUDE;
+use super::helpers;
+use super::prelude::{HELPERS_PRELUDE, PRELUDE};
 use super::rules::{busy, call_cost, charging, ids, reply_cost, Rules};
 use crate::kv::args::fmt_f64;
 use crate::kv::error::KvError;
@@ -192,9 +193,11 @@ pub(crate) fn run(
     args: &[Bytes],
     call: impl FnMut(&[Bytes]) -> Reply,
 ) -> (Reply, Option<Vm>) {
-    let vm = match vm {
+    // A VM is built for the helper rules or for older ones (HELPERS_PRELUDE); one built
+    // for the other kind is dropped and rebuilt.
+    let vm = match vm.filter(|vm| vm.helpers_driver.is_some() == rules.helpers) {
         Some(vm) => vm,
-        None => match Vm::build(src) {
+        None => match Vm::build(src, rules.helpers) {
             Ok(vm) => vm,
             Err(e) => return (Reply::Error(e.to_string()), None),
         },
@@ -324,6 +327,9 @@ pub(crate) struct Vm {
     /// The same under the rules that hash objects by creation id: `driver` with only
     /// `tostring` replaced.
     ids_driver: Function,
+    /// The same under the helper rules: `ids_driver` with the Rust helpers replaced by the
+    /// charged ones of `helpers.rs`. Only in a VM built for them (`HELPERS_PRELUDE`).
+    helpers_driver: Option<Function>,
     /// `normalize(pad)` concatenates `pad .. pad` (resets the concatenation buffer).
     normalize: Function,
     pad: LuaString,
@@ -340,7 +346,7 @@ pub(crate) struct Vm {
 
 impl Vm {
     /// Build the VM of `src`: compile it, set up the sandbox, settle the heap.
-    fn build(src: &str) -> Result<Vm, KvError> {
+    fn build(src: &str, with_helpers: bool) -> Result<Vm, KvError> {
         let start = |e: mlua::Error| {
             KvError::invalid(format!("cannot start Lua: {}", clean(&e.to_string())))
         };
@@ -361,7 +367,7 @@ impl Vm {
                     clean(&e.to_string())
                 ))
             })?;
-        let mut vm = setup(lua, src, func).map_err(start)?;
+        let mut vm = setup(lua, src, func, with_helpers).map_err(start)?;
         vm.baseline = vm.settle().map_err(start)?;
         Ok(vm)
     }
@@ -381,6 +387,7 @@ impl Vm {
             deterministic: false,
             bounded: false,
             ids: false,
+            helpers: false,
         };
         self.invoke(&noop, 0, old, &[], &[], |_| Reply::Nil)?;
         drop(noop);
@@ -441,7 +448,7 @@ impl Vm {
         mut exec: impl FnMut(&[Bytes]) -> Reply,
     ) -> mlua::Result<(bool, Reply)> {
         let det = rules.deterministic;
-        self.budget.reset(rules.budget());
+        self.budget.reset(rules.budget(), rules.helpers);
         self.rng.store(seed(index), Ordering::Relaxed);
         self.cjson.reset(det, rules.bounded);
         let budget = &self.budget;
@@ -458,6 +465,8 @@ impl Vm {
         };
         let outcome = lua.scope(|scope| {
             let dispatch = scope.create_function_mut(|lua, argv: MultiValue| {
+                // Under the helper rules, mlua's way in and each argument it converted.
+                budget.helper(argv.len(), 0)?;
                 let mut cmd: Vec<Bytes> = Vec::with_capacity(argv.len());
                 for v in argv.iter() {
                     match v {
@@ -491,7 +500,11 @@ impl Vm {
                 }
                 reply_to_lua(lua, &reply, 0)
             })?;
-            let driver = if rules.ids {
+            let driver = if rules.helpers {
+                self.helpers_driver
+                    .as_ref()
+                    .ok_or_else(|| mlua::Error::runtime("a VM built for older rules"))?
+            } else if rules.ids {
                 &self.ids_driver
             } else if det {
                 &self.det_driver
@@ -500,7 +513,7 @@ impl Vm {
             };
             let thread = lua.create_thread(driver.clone())?;
             let (f, keys, args) = (f.clone(), strings(lua, keys)?, strings(lua, args)?);
-            let charging = rules.bounded.then(charging::On::new);
+            let charging = rules.bounded.then(|| charging::On::new(rules.helpers));
             let resumed = thread.resume::<(bool, LV)>((f, dispatch, keys, args));
             drop(charging);
             let (ok, value) = resumed?;
@@ -521,6 +534,9 @@ impl Vm {
         self.driver.set_environment(self.neutral.clone())?;
         self.det_driver.set_environment(self.neutral.clone())?;
         self.ids_driver.set_environment(self.neutral.clone())?;
+        if let Some(d) = &self.helpers_driver {
+            d.set_environment(self.neutral.clone())?;
+        }
         self.lua
             .set_type_metatable::<LuaString>(Some(self.string_mt.clone()));
         Ok(())
@@ -561,7 +577,7 @@ fn strings(lua: &Lua, items: &[Bytes]) -> mlua::Result<Table> {
 }
 
 /// The sandbox of a new VM: what every run copies, and the driver that runs it.
-fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
+fn setup(lua: Lua, src: &str, func: Function, with_helpers: bool) -> mlua::Result<Vm> {
     let g = lua.globals();
     for name in [
         "dofile",
@@ -586,20 +602,9 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
         math.set(
             "random",
             lua.create_function(move |_, (m, n): (Option<f64>, Option<f64>)| {
-                let mut x = state.load(Ordering::Relaxed);
-                x ^= x >> 12;
-                x ^= x << 25;
-                x ^= x >> 27;
-                state.store(x, Ordering::Relaxed);
-                let r = (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64;
-                match (m, n) {
-                    (None, _) => Ok(r),
-                    (Some(m), None) if m >= 1.0 => Ok((r * m.floor()).floor() + 1.0),
-                    (Some(m), Some(n)) if m <= n => Ok((r * (n - m + 1.0).floor()).floor() + m),
-                    _ => Err(mlua::Error::RuntimeError(
-                        "bad argument to 'random' (interval is empty)".into(),
-                    )),
-                }
+                random_draw(&state, m, n).ok_or_else(|| {
+                    mlua::Error::RuntimeError("bad argument to 'random' (interval is empty)".into())
+                })
             })?,
         )?;
     }
@@ -671,7 +676,12 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
     lua.remove_hook();
     let over = lua.create_function({
         let budget = budget.clone();
-        move |_, ()| Ok(budget.is_over())
+        move |_, ()| {
+            // Every pcall asks (a Rust call): charged under the helper rules; a charge past
+            // the budget makes the answer true.
+            let _ = budget.helper(0, 0);
+            Ok(budget.is_over())
+        }
     })?;
     let set_string_mt = lua.create_function(|lua, mt: Table| {
         lua.set_type_metatable::<LuaString>(Some(mt));
@@ -679,19 +689,29 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
     })?;
     let (cjson_raw, cjson) = cjson::install(&lua, budget.clone())?;
     // Would Lua's `tostring` show this value's address (no `__tostring` in its metatable)?
-    let shows_address = lua.create_function(|_, v: LV| {
-        Ok(match v {
-            LV::Table(t) => match t.metatable() {
-                Some(mt) => mt.raw_get::<LV>("__tostring")?.is_nil(),
-                None => true,
-            },
-            LV::Function(_) | LV::Thread(_) | LV::UserData(_) => true,
-            LV::LightUserData(p) => !p.0.is_null(),
-            // Errors raised by Rust helpers are userdata whose `__tostring` is the message.
-            _ => false,
-        })
+    let shows_address = lua.create_function({
+        let budget = budget.clone();
+        move |_, v: LV| {
+            budget.helper(1, 0)?;
+            Ok(match v {
+                LV::Table(t) => match t.metatable() {
+                    Some(mt) => mt.raw_get::<LV>("__tostring")?.is_nil(),
+                    None => true,
+                },
+                LV::Function(_) | LV::Thread(_) | LV::UserData(_) => true,
+                LV::LightUserData(p) => !p.0.is_null(),
+                // Errors raised by Rust helpers are userdata whose `__tostring` is the message.
+                _ => false,
+            })
+        }
     })?;
 
+    // Only a VM built for the helper rules makes anything for them (see HELPERS_PRELUDE).
+    let error: Option<Function> = if with_helpers {
+        Some(g.get("error")?)
+    } else {
+        None
+    };
     let (driver, det_driver, ids_driver, normalize): (Function, Function, Function, Function) = lua
         .load(PRELUDE)
         .set_name("=fenced_prelude")
@@ -704,10 +724,25 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
             cjson::null(),
             shows_address,
         ))?;
+    let helpers_driver = match error {
+        Some(error) => {
+            let safe = helpers::install(&lua, budget.clone(), rng.clone())?;
+            let d: Function = lua
+                .load(HELPERS_PRELUDE)
+                .set_name("=fenced_helpers")
+                .set_mode(ChunkMode::Text)
+                .call((ids_driver.clone(), safe, error))?;
+            Some(d)
+        }
+        None => None,
+    };
     let neutral = lua.create_table()?;
     driver.set_environment(neutral.clone())?;
     det_driver.set_environment(neutral.clone())?;
     ids_driver.set_environment(neutral.clone())?;
+    if let Some(d) = &helpers_driver {
+        d.set_environment(neutral.clone())?;
+    }
     func.set_environment(neutral.clone())?;
     let string_mt = lua
         .type_metatable::<LuaString>()
@@ -720,6 +755,7 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
         driver,
         det_driver,
         ids_driver,
+        helpers_driver,
         normalize,
         pad,
         neutral,
@@ -731,7 +767,24 @@ fn setup(lua: Lua, src: &str, func: Function) -> mlua::Result<Vm> {
     })
 }
 
-fn seed(x: u64) -> u64 {
+/// The next draw of the xorshift64* state (advanced whatever the bounds), as `math.random`
+/// scales it: `None` for an empty interval.
+pub(super) fn random_draw(state: &AtomicU64, m: Option<f64>, n: Option<f64>) -> Option<f64> {
+    let mut x = state.load(Ordering::Relaxed);
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    state.store(x, Ordering::Relaxed);
+    let r = (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64;
+    match (m, n) {
+        (None, _) => Some(r),
+        (Some(m), None) if m >= 1.0 => Some((r * m.floor()).floor() + 1.0),
+        (Some(m), Some(n)) if m <= n => Some((r * (n - m + 1.0).floor()).floor() + m),
+        _ => None,
+    }
+}
+
+pub(super) fn seed(x: u64) -> u64 {
     // splitmix64 of the input, never zero (xorshift's fixed point).
     let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);

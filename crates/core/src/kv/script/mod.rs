@@ -6,6 +6,7 @@ mod budget;
 mod cjson;
 mod convert;
 mod costly;
+mod helpers;
 mod lua;
 mod prelude;
 mod rules;
@@ -18,6 +19,8 @@ pub(crate) use rules::Rules;
 
 #[cfg(test)]
 mod bounded_tests;
+#[cfg(test)]
+mod helpers_tests;
 #[cfg(test)]
 mod ids_tests;
 #[cfg(test)]

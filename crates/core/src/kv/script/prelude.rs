@@ -155,3 +155,35 @@ local function normalize(pad)
 end
 return driver, det_driver, ids_driver, normalize
 "#;
+
+/// Run once more, after [`PRELUDE`], by a VM built for the helper rules
+/// ([`crate::Semantics::CHARGED_HELPERS`]) only — so that a VM built for older rules holds
+/// exactly the objects it held before these rules (its baseline heap, hence its collector's
+/// pace, unchanged). Takes `ids_driver`, the charged helpers (`helpers.rs`) and `error`;
+/// returns `helpers_driver`: `ids_driver` with `redis.sha1hex`, `error_reply`,
+/// `status_reply`, `log`, `setresp`, `set_repl`, `replicate_commands`, `math.random` and
+/// `math.randomseed` replaced in the run's environment by wrappers that raise a helper's
+/// failure as a plain string error.
+pub(super) const HELPERS_PRELUDE: &str = r#"
+local ids_driver, safe, raw_error = ...
+local next, getfenv, setfenv = next, getfenv, setfenv
+local function check(ok, ...)
+  if ok then return ... end
+  raw_error((...), 0)
+end
+local function wrap(fn)
+  return function(...) return check(fn(...)) end
+end
+local REDIS = { "sha1hex", "error_reply", "status_reply", "log", "setresp", "set_repl",
+  "replicate_commands" }
+return function(f, dispatch, keys, argv)
+  return ids_driver(function()
+    local env = getfenv(1)
+    local redis, math = env.redis, env.math
+    for _, name in next, REDIS do redis[name] = wrap(safe[name]) end
+    math.random, math.randomseed = wrap(safe.random), wrap(safe.randomseed)
+    setfenv(f, env)
+    return f()
+  end, dispatch, keys, argv)
+end
+"#;

@@ -16,6 +16,10 @@ pub(crate) struct Rules {
     /// Objects hash by creation id, hash chains are charged, iteration is not refused
     /// ([`crate::Semantics::lua_ids`]; implies the two above).
     pub(crate) ids: bool,
+    /// Every helper charged by its work: Rust helpers by arguments and input, their errors
+    /// plain strings, and the patched Lua's charging level 2
+    /// ([`crate::Semantics::charged_helpers`]; implies the three above).
+    pub(crate) helpers: bool,
 }
 
 impl Rules {
@@ -25,6 +29,7 @@ impl Rules {
             deterministic: semantics.deterministic(),
             bounded: semantics.bounded(),
             ids: semantics.lua_ids(),
+            helpers: semantics.charged_helpers(),
         }
     }
 
@@ -47,6 +52,20 @@ const REDIS_CALL_STEPS: u64 = 100;
 pub(super) fn call_cost(cmd: &[Bytes]) -> u64 {
     REDIS_CALL_STEPS + cmd.iter().map(|a| a.len() as u64).sum::<u64>() / 64
 }
+
+/// Under the helper rules ([`crate::Semantics::CHARGED_HELPERS`]), what any call of a Rust
+/// helper costs beyond the instruction that made it: mlua's way in and out (a userdata
+/// made for a possible error, the unwinding guard, the conversions), ~0.3–0.6 µs here.
+pub(super) const HELPER_CALL_STEPS: u64 = 100;
+/// On top of [`HELPER_CALL_STEPS`], what `redis.error_reply`/`status_reply` cost: a table
+/// made and set through mlua's protected calls (~3 µs measured on a loaded machine).
+pub(super) const HELPER_REPLY_STEPS: u64 = 300;
+/// The same, per argument converted into a Rust value (a slot of mlua's reference stack
+/// each): a helper may be passed thousands (`f(unpack(t))`).
+pub(super) const HELPER_ARG_STEPS: u64 = 8;
+/// Bytes a helper reads per step under the helper rules (`redis.sha1hex` hashes ~2 ns a
+/// byte here: one step per byte).
+pub(super) const HELPER_BYTES_PER_STEP: u64 = 1;
 
 /// The budget's charge for a `redis.call`'s reply under the bounded rules: one step, one per
 /// element and one per 64 bytes (what converting it into Lua values costs, and a bound on the
@@ -80,9 +99,10 @@ pub(super) mod charging {
     pub(in crate::kv::script) struct On(());
 
     impl On {
-        pub(in crate::kv::script) fn new() -> On {
+        /// `full`: the helper rules' charges too (charging level 2 of the patched Lua).
+        pub(in crate::kv::script) fn new(full: bool) -> On {
             // SAFETY: sets a thread-local int in the patched Lua; no other state touched.
-            unsafe { lua_fenced_charging(1) };
+            unsafe { lua_fenced_charging(if full { 2 } else { 1 }) };
             On(())
         }
     }
