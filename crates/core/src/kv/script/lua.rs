@@ -18,7 +18,9 @@
 //!   rates) charges it to the count hook's counter while `rules::charging::On` is alive,
 //!   which is the run's `resume` only — and a `redis.call`, by its arguments and reply
 //!   (`rules.rs`). So no script runs for longer than the budget allows (docs/operations.md,
-//!   "Scripts", has the pause; hash chains are charged from [`crate::Semantics::LUA_IDS`] on). Older entries keep
+//!   "Scripts", has the pause; hash chains are charged from [`crate::Semantics::LUA_IDS`] on,
+//!   and from [`crate::Semantics::CHARGED_HELPERS`] on every Rust helper by its call,
+//!   arguments and input — `helpers.rs` — and the interpreter's bulk work). Older entries keep
 //!   [`LUA_INSTRUCTION_BUDGET`](crate::kv::LUA_INSTRUCTION_BUDGET) instructions and no charge
 //!   for work in C.
 //! * `redis.call`/`redis.pcall` run the keyspace interpreter directly, with Redis's RESP2 ↔ Lua
