@@ -311,8 +311,9 @@ fn finish(lua: &Lua, r: Res<MultiValue>) -> mlua::Result<MultiValue> {
     }
 }
 
-/// `lua_typename` of a value (light userdata is plain "userdata" in Lua 5.1).
-fn type_name(v: &LV) -> &'static str {
+/// `lua_typename` of a value (light userdata is plain "userdata" in Lua 5.1; mlua's names
+/// differ for light userdata and integers).
+pub(super) fn type_name(v: &LV) -> &'static str {
     match v {
         LV::Nil => "nil",
         LV::Boolean(_) => "boolean",

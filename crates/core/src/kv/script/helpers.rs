@@ -22,21 +22,8 @@ use std::sync::Arc;
 use mlua::{Lua, MultiValue, Table, Value as LV};
 
 use super::budget::Budget;
+use super::cjson::type_name as lua_type;
 use super::lua::{random_draw, seed, sha1hex};
-
-/// Lua's name of a value's type (mlua's names differ for light userdata and integers).
-fn lua_type(v: &LV) -> &'static str {
-    match v {
-        LV::Nil => "nil",
-        LV::Boolean(_) => "boolean",
-        LV::Integer(_) | LV::Number(_) => "number",
-        LV::String(_) => "string",
-        LV::Table(_) => "table",
-        LV::Function(_) => "function",
-        LV::Thread(_) => "thread",
-        _ => "userdata",
-    }
-}
 
 /// `ok, values…`: `values` after a leading `true`.
 fn ok(lua: &Lua, values: Vec<LV>) -> mlua::Result<MultiValue> {
