@@ -11,25 +11,12 @@
 //! run); under the rules before (13) the same loop is charged as it was, and finishes. The
 //! charge is asserted, not the time (timing is the bench's, `eval_stopped`).
 
-use crate::kv::{Keyspace, KvCommand, Reply};
+use super::ids_tests::eval as eval_in;
+use crate::kv::{Keyspace, Reply};
 use crate::Semantics;
 
-const NOW: u64 = 1_000_000;
 const OLD: Semantics = Semantics::KEYSPACE_LOCKS;
 const NEW: Semantics = Semantics::CHARGED_HELPERS;
-
-fn eval_in(ks: &mut Keyspace, revision: &mut u64, semantics: Semantics, script: &str) -> Reply {
-    *revision += 1;
-    let argv = vec![b"EVAL".to_vec(), script.as_bytes().to_vec(), b"0".to_vec()];
-    let mut r = ks.apply(
-        revision,
-        semantics,
-        NOW,
-        &KvCommand::Batch(vec![argv]),
-        &mut Vec::new(),
-    );
-    r.replies.remove(0)
-}
 
 fn eval(semantics: Semantics, script: &str) -> Reply {
     eval_in(&mut Keyspace::default(), &mut 0, semantics, script)

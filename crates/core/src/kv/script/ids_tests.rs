@@ -11,7 +11,13 @@ use crate::Semantics;
 
 const NOW: u64 = 1_000_000;
 
-fn eval(ks: &mut Keyspace, revision: &mut u64, semantics: Semantics, script: &str) -> Reply {
+/// One `EVAL script 0` applied at `revision + 1`; its reply (also helpers_tests's).
+pub(super) fn eval(
+    ks: &mut Keyspace,
+    revision: &mut u64,
+    semantics: Semantics,
+    script: &str,
+) -> Reply {
     *revision += 1;
     let argv = vec![b"EVAL".to_vec(), script.as_bytes().to_vec(), b"0".to_vec()];
     let mut r = ks.apply(
