@@ -104,14 +104,24 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 fn roots(ca: &Pem) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
-    for c in ca.certs("CA")? {
+    add_roots(&mut roots, ca, "CA")?;
+    Ok(roots)
+}
+
+/// Adds every certificate of `pem` (`what`, for errors) to `roots` as a trust anchor.
+fn add_roots(
+    roots: &mut rustls::RootCertStore,
+    pem: &Pem,
+    what: &'static str,
+) -> Result<(), TlsError> {
+    for c in pem.certs(what)? {
         roots.add(c).map_err(|e| TlsError::Pem {
-            what: "CA",
-            path: ca.origin.clone(),
+            what,
+            path: pem.origin.clone(),
             reason: format!("unusable trust anchor: {e}"),
         })?;
     }
-    Ok(roots)
+    Ok(())
 }
 
 /// A node's TLS settings: its certificate and key, and the CA its peers' (and clients')
@@ -198,13 +208,7 @@ impl ServerTls {
     pub fn client_port_acceptor(&self) -> Result<TlsAcceptor, TlsError> {
         let mut roots = roots(&self.ca)?;
         if let Some(c) = &self.client_ca {
-            for cert in c.certs("client CA")? {
-                roots.add(cert).map_err(|e| TlsError::Pem {
-                    what: "client CA",
-                    path: c.origin.clone(),
-                    reason: format!("unusable trust anchor: {e}"),
-                })?;
-            }
+            add_roots(&mut roots, c, "client CA")?;
         }
         let mut config = self.server_config(roots)?;
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
