@@ -152,8 +152,17 @@ impl Semantics {
     /// lookups `#t` makes, numbers converted to and from text (`kv/script/lua.rs`,
     /// third_party/README.md). Older entries count their steps as they did.
     pub const CHARGED_HELPERS: Semantics = Semantics(14);
+    /// The charged-helper rules, and the cluster's `CORRUPT` alarm holding time: while it is
+    /// raised the replicated clock stands still (an entry's time does not advance it), so no
+    /// session, lease, leased grant, wait, lock-delay or idle client record expires — the
+    /// cluster serves nothing, so no client can keep alive (etcd's leases do not run out
+    /// while it does not serve either); and the entry that disarms it moves every such
+    /// deadline by the time the clock stood still (`machine::expiry::hold_deadlines`), so each
+    /// has the time left it had at the raise. Keys' TTLs do not move. Older entries expire
+    /// as time passes, alarm or not.
+    pub const ALARM_HOLDS_LEASES: Semantics = Semantics(15);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::CHARGED_HELPERS;
+    pub const NEWEST: Semantics = Semantics::ALARM_HOLDS_LEASES;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -224,6 +233,12 @@ impl Semantics {
     /// Scripts' helpers are charged by their work ([`Semantics::CHARGED_HELPERS`]).
     pub fn charged_helpers(self) -> bool {
         self.0 >= Semantics::CHARGED_HELPERS.0
+    }
+
+    /// The cluster's `CORRUPT` alarm stops the replicated clock
+    /// ([`Semantics::ALARM_HOLDS_LEASES`]).
+    pub fn alarm_holds_leases(self) -> bool {
+        self.0 >= Semantics::ALARM_HOLDS_LEASES.0
     }
 
     /// The oldest rules under which `cmd` does what its caller means: the rules it exists

@@ -285,8 +285,14 @@ impl StateMachine {
         semantics: Semantics,
         events: &mut Vec<Event>,
     ) -> Response {
-        self.now = self.now.max(req.time_ms);
-        if self.next_deadline().is_some_and(|t| t <= self.now) {
+        // Under ALARM_HOLDS_LEASES the replicated clock stands still while the cluster's
+        // CORRUPT alarm is raised (nothing expires: no client can keep alive), and the
+        // disarm moves every deadline by the time it held them (`hold_deadlines`).
+        let held = semantics.alarm_holds_leases() && self.cluster_alarm.is_some();
+        if !held {
+            self.now = self.now.max(req.time_ms);
+        }
+        if !held && self.next_deadline().is_some_and(|t| t <= self.now) {
             self.revision += 1;
             self.expire_due(semantics, events);
             self.kv.expire_due(self.now);
@@ -308,6 +314,10 @@ impl StateMachine {
             self.migrate_etcd_locks(events);
         }
         let response = self.execute(req.client, &req.cmd, semantics, events);
+        if held && self.cluster_alarm.is_none() {
+            self.hold_deadlines(req.time_ms.saturating_sub(self.now));
+            self.now = self.now.max(req.time_ms);
+        }
         if let Some(rid) = req.client {
             self.dedup_store(rid, response.clone());
             if let Some(d) = digest {

@@ -662,8 +662,9 @@ impl Node {
 
     /// While this node leads, propose a `Tick` whenever the earliest deadline of the state
     /// machine has passed on the leader's log clock, so leases, sessions and waits expire
-    /// (and locks pass to their next waiter) without other traffic; and finish a voter change
-    /// left joint ([`Node::finish_abandoned_joint`]).
+    /// (and locks pass to their next waiter) without other traffic — none while the cluster's
+    /// `CORRUPT` alarm is raised; and finish a voter change left joint
+    /// ([`Node::finish_abandoned_joint`]).
     pub(crate) async fn ticker(self, mut shutdown: watch::Receiver<bool>) {
         let mut joint_seen = None;
         loop {
@@ -671,11 +672,19 @@ impl Node {
                 Err(_) => TICK_MAX_SLEEP,
                 Ok(term) => {
                     self.finish_abandoned_joint(&mut joint_seen).await;
-                    let (next, applied) =
-                        self.inner.state.read(|sm| (sm.next_deadline(), sm.now()));
+                    let (next, applied, alarmed) = self
+                        .inner
+                        .state
+                        .read(|sm| (sm.next_deadline(), sm.now(), sm.cluster_alarm().is_some()));
                     let now = self.inner.clock.peek(term, || applied);
                     match next {
                         Some(_) if self.inner.hold_ticks => TICK_MAX_SLEEP,
+                        // While the cluster's CORRUPT alarm is raised nothing is to expire
+                        // (under rules 15 the replicated clock stands still; under older
+                        // rules the next entry, the disarm, expires what is due): a tick
+                        // would change nothing, and proposing one per deadline passed would
+                        // spin.
+                        Some(_) if alarmed => TICK_MAX_SLEEP,
                         Some(due) if due <= now => {
                             if let Err(e) = self.propose_local(None, Command::Tick).await {
                                 tracing::debug!("tick: {e}");

@@ -77,4 +77,57 @@ impl StateMachine {
             }
         }
     }
+
+    /// The disarm of the cluster's `CORRUPT` alarm under [`Semantics::ALARM_HOLDS_LEASES`]:
+    /// every deadline of the `deadlines` index, and every record's time they stand for (a
+    /// session's deadline, a leased grant's, a wait's end, a lock-delay, a client's last
+    /// request), moves `held` ms later, the time the replicated clock stood still while the
+    /// alarm was raised, so each has the time left it had at the raise. Keys' TTLs (the Redis
+    /// keyspace's) are the data's own and do not move. Bounded: one step per record.
+    pub(super) fn hold_deadlines(&mut self, held: Millis) {
+        if held == 0 {
+            return;
+        }
+        let later = |t: Millis| t.saturating_add(held);
+        let moved: Vec<(Millis, Due)> = self
+            .deadlines
+            .iter()
+            .map(|(t, due)| (later(*t), due.clone()))
+            .collect();
+        self.deadlines.clear();
+        for d in moved {
+            self.deadlines.insert(d);
+        }
+        let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for id in ids {
+            if let Some(s) = self.sessions.get_mut(&id) {
+                s.deadline = later(s.deadline);
+            }
+        }
+        let names: Vec<String> = self.locks.keys().cloned().collect();
+        for name in names {
+            let Some(l) = self.locks.get_mut(&name) else {
+                continue;
+            };
+            l.delay_until = l.delay_until.map(later);
+            let keys: Vec<_> = l.holders.keys().cloned().collect();
+            for key in keys {
+                if let Some(h) = l.holders.get_mut(&key) {
+                    h.deadline = h.deadline.map(later);
+                }
+            }
+        }
+        let rids: Vec<RequestId> = self.waiters.keys().copied().collect();
+        for rid in rids {
+            if let Some(w) = self.waiters.get_mut(&rid) {
+                w.until = later(w.until);
+            }
+        }
+        let clients: Vec<u64> = self.clients.keys().copied().collect();
+        for id in clients {
+            if let Some(c) = self.clients.get_mut(&id) {
+                c.last_seen = later(c.last_seen);
+            }
+        }
+    }
 }
