@@ -269,7 +269,8 @@ impl Node {
                     self.inner.reads.last_tick_at.store(at, Ordering::Relaxed);
                     return Ok(at);
                 }
-                Err(e @ NodeError::Fatal(_)) => return Err(e),
+                // The cluster's CORRUPT alarm refuses the tick: retrying changes nothing.
+                Err(e @ (NodeError::Fatal(_) | NodeError::Corrupt(_))) => return Err(e),
                 Err(e) if Instant::now() >= give_up => return Err(e),
                 Err(e) => tracing::debug!("read tick: {e}; retrying"),
             }
@@ -315,7 +316,9 @@ impl Node {
         reached.then(|| self.inner.state.read(StateMachine::now))
     }
 
-    /// Wait until this node's state machine reached log time `t` (a committed one).
+    /// Wait until this node's state machine reached log time `t` (a committed one), or the
+    /// cluster's `CORRUPT` alarm is raised in it (`Err(Corrupt)`: under apply rules 15 the
+    /// alarm stops the replicated clock, so `t` may never be reached).
     async fn applied_time_at_least(&self, t: u64, give_up: Instant) -> Result<(), NodeError> {
         if self.inner.state.read(StateMachine::now) >= t {
             return Ok(());
@@ -326,12 +329,12 @@ impl Node {
             .raft
             .wait(Some(left.max(Duration::from_millis(100))))
             .metrics(
-                move |_| state.read(StateMachine::now) >= t,
+                move |_| state.read(|sm| sm.now() >= t || sm.cluster_alarm().is_some()),
                 "the read tick applied",
             )
             .await
-            .map(|_| ())
             .map_err(|e| NodeError::Unknown(format!("applying the read tick: {e}")))
+            .and_then(|_| self.cluster_serving())
     }
 
     /// The read barrier, returning the leader's log clock when the read-index check started.
