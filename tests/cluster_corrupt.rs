@@ -4,7 +4,8 @@
 //! fenced out by its divergence alarm; then the other follower diverges too, so the two
 //! members left disagree with no majority — the leader raises the cluster-wide `CORRUPT`
 //! alarm, replicated: every member refuses reads and writes over RESP (`-CORRUPT`), gRPC
-//! (`UNAVAILABLE`, `x-fenced-alarm: corrupt`) and etcd, and etcd's `AlarmList` shows it. Once
+//! (`UNAVAILABLE`, `x-fenced-alarm: corrupt`) and etcd (etcd's `DataLoss` "etcdserver: corrupt
+//! cluster"), and etcd's `AlarmList` shows it. Once
 //! the member taken for wrong is stopped, an operator's disarm (etcd's `Maintenance.Alarm`
 //! DEACTIVATE, what `etcdctl alarm disarm` sends) is accepted and the leader serves again.
 //!
@@ -87,7 +88,10 @@ async fn assert_refuses(c: &TestCluster, id: u64) {
     )
     .await
     .expect_err("etcd Range under the cluster alarm");
-    assert_eq!(range.code(), tonic::Code::Unavailable, "{range:?}");
+    // etcd's own answer for a corrupt cluster (rpctypes.ErrGRPCCorrupt): clients stop, as
+    // no other member serves either.
+    assert_eq!(range.code(), tonic::Code::DataLoss, "{range:?}");
+    assert_eq!(range.message(), "etcdserver: corrupt cluster", "{range:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -38,6 +38,14 @@ pub enum NodeError {
     Corrupt(String),
 }
 
+impl NodeError {
+    /// The refusal of the cluster-wide `CORRUPT` alarm ([`crate::node::alarm::CLUSTER_CORRUPT`]),
+    /// not of one member's divergence alarm: no member serves.
+    pub fn cluster_corrupt(&self) -> bool {
+        matches!(self, NodeError::Corrupt(m) if m.starts_with(crate::node::alarm::CLUSTER_CORRUPT))
+    }
+}
+
 impl From<NodeError> for Status {
     fn from(e: NodeError) -> Status {
         let msg = e.to_string();

@@ -53,6 +53,11 @@ use tokio::sync::watch;
 use crate::error::NodeError;
 use crate::node::Node;
 
+/// How [`Node::cluster_serving`]'s refusal starts: a [`NodeError::Corrupt`] with it is the
+/// cluster's alarm, not one member's ([`NodeError::cluster_corrupt`]; forwarded answers carry
+/// the text).
+pub const CLUSTER_CORRUPT: &str = "the cluster's CORRUPT alarm is raised";
+
 /// How often the leader checks the members.
 pub const CHECK_EVERY: Duration = Duration::from_millis(500);
 /// How long one member may take to answer a check.
@@ -157,9 +162,11 @@ impl Node {
     /// `Err(Corrupt)` while this member's divergence alarm, or the cluster-wide `CORRUPT`
     /// alarm of the state applied here, is raised: it must not serve client reads or writes
     /// (a disarm of the cluster alarm excepted, [`Node::propose_all`]).
+    /// The cluster's alarm is judged first: while it is raised no member serves, so a client
+    /// is told so (etcd's `DataLoss`) rather than to try another member.
     pub fn serving(&self) -> Result<(), NodeError> {
-        self.member_serving()?;
-        self.cluster_serving()
+        self.cluster_serving()?;
+        self.member_serving()
     }
 
     /// `Err(Corrupt)` while the cluster-wide `CORRUPT` alarm is raised in the state applied
@@ -168,9 +175,9 @@ impl Node {
         match self.local(|sm| sm.cluster_alarm().cloned()) {
             None => Ok(()),
             Some(a) => Err(NodeError::Corrupt(format!(
-                "the cluster's CORRUPT alarm is raised (member {} found no majority among the \
-                 state digests at log index {}: {}); every member refuses reads and writes \
-                 until an operator disarms it (docs/operations.md, 'Divergence alarm')",
+                "{CLUSTER_CORRUPT} (member {} found no majority among the state digests at log \
+                 index {}: {}); every member refuses reads and writes until an operator \
+                 disarms it (`fenced alarm disarm`, docs/operations.md 'Divergence alarm')",
                 a.raised_by, a.index, a.detail
             ))),
         }

@@ -220,12 +220,23 @@ pub fn etcd_status(e: &EtcdError) -> Status {
 }
 
 /// A node error as an etcd client expects it: a keyspace refusal by etcd's table, "no
-/// leader" as etcd's `Unavailable` text when no leader is known, the rest by fenced's one
-/// table ([`NodeError`]'s `Into<Status>`).
+/// leader" as etcd's `Unavailable` text when no leader is known, the cluster's `CORRUPT`
+/// alarm as etcd's corrupt-cluster error (`rpctypes.ErrGRPCCorrupt`: `DataLoss`, with
+/// `x-fenced-alarm: corrupt`; a member's own divergence alarm stays `UNAVAILABLE`, so that
+/// clients try another member), the rest by fenced's one table ([`NodeError`]'s
+/// `Into<Status>`).
 fn status_of(e: NodeError) -> Status {
     match e {
         NodeError::Rejected(CoreError::Etcd(e)) => etcd_status(&e),
         NodeError::NotLeader { leader: None } => Status::unavailable("etcdserver: no leader"),
+        e if e.cluster_corrupt() => {
+            let mut s = Status::data_loss("etcdserver: corrupt cluster");
+            s.metadata_mut().insert(
+                crate::error::ALARM_HEADER,
+                tonic::metadata::MetadataValue::from_static("corrupt"),
+            );
+            s
+        }
         other => other.into(),
     }
 }
