@@ -161,8 +161,12 @@ impl Semantics {
     /// has the time left it had at the raise. Keys' TTLs do not move. Older entries expire
     /// as time passes, alarm or not.
     pub const ALARM_HOLDS_LEASES: Semantics = Semantics(15);
+    /// [`Command::Withdraw`] exists: a waiting acquire whose client went away (a RESP
+    /// connection closed mid-`WAIT`, a cancelled gRPC call) is taken out of its queue, so
+    /// it never becomes a holder nobody knows about (issue 38 item 2).
+    pub const WITHDRAWALS: Semantics = Semantics(16);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::ALARM_HOLDS_LEASES;
+    pub const NEWEST: Semantics = Semantics::WITHDRAWALS;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -230,6 +234,11 @@ impl Semantics {
         self.0 >= Semantics::KEYSPACE_LOCKS.0
     }
 
+    /// [`Command::Withdraw`] exists ([`Semantics::WITHDRAWALS`]).
+    pub fn withdrawals(self) -> bool {
+        self.0 >= Semantics::WITHDRAWALS.0
+    }
+
     /// Scripts' helpers are charged by their work ([`Semantics::CHARGED_HELPERS`]).
     pub fn charged_helpers(self) -> bool {
         self.0 >= Semantics::CHARGED_HELPERS.0
@@ -269,6 +278,7 @@ impl Semantics {
             Command::AsUser { .. } => Semantics::SESSION_OWNERS,
             Command::ClusterAlarm { .. } => Semantics::CLUSTER_ALARM,
             Command::GrantLease { .. } => Semantics::CHOSEN_LEASES,
+            Command::Withdraw { .. } => Semantics::WITHDRAWALS,
             _ => Semantics::REVISIONS,
         }
     }
@@ -471,6 +481,27 @@ pub enum Command {
         id: SessionId,
         ttl_ms: Millis,
     },
+    /// A waiting acquire `request` (of `names` for `owner`) whose client went away: the
+    /// front end that served the call proposes this when the call ends unanswered (a RESP
+    /// connection closed or killed mid-`WAIT`, a cancelled or timed-out gRPC call),
+    /// whichever of the two commands is applied first:
+    ///
+    /// * still queued: its wait is withdrawn (resolved `NotGranted`, as a timeout is), so a
+    ///   retry of the request, anywhere, learns it was not granted;
+    /// * not applied yet: recorded as answered `NotGranted`, so it never acts;
+    /// * already granted: the grant is ended (one hold) only when `grant` is set — the front
+    ///   end chose the request id itself, so no other attempt can have told a client about
+    ///   the grant; with a client-chosen id (gRPC, RESP `REQID`) a retry elsewhere may hold
+    ///   it, so it stays, bounded by its TTL or session like any holder that crashed.
+    ///
+    /// `Released { holds: 0 }` when something was withdrawn, else `NotHeld`. Appended
+    /// last; needs [`Semantics::WITHDRAWALS`].
+    Withdraw {
+        request: RequestId,
+        names: Vec<String>,
+        owner: String,
+        grant: bool,
+    },
 }
 
 /// The cluster-wide `CORRUPT` alarm, as raised ([`Command::ClusterAlarm`]).
@@ -629,6 +660,7 @@ impl Command {
             Command::EtcdCancel { .. } => "etcd_cancel",
             Command::AsUser { cmd, .. } => cmd.kind(),
             Command::ClusterAlarm { .. } => "cluster_alarm",
+            Command::Withdraw { .. } => "withdraw",
         }
     }
 

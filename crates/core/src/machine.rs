@@ -56,6 +56,8 @@ mod restore;
 mod sessions;
 mod views;
 mod waiters;
+#[cfg(test)]
+mod withdraw_tests;
 
 pub use body::BODY_VERSION;
 use dedup::ClientRecord;
@@ -464,6 +466,18 @@ impl StateMachine {
                 request,
             } => Ok(self.etcd_cancel(name, *lease, *request, events)),
             Command::KeepAliveMany { sessions } => Ok(self.keep_alive_many(sessions)),
+            Command::Withdraw { .. } if !semantics.withdrawals() => Err(
+                crate::gate::refused_by_entry(cmd, semantics).unwrap_or(CoreError::NotUpgraded {
+                    needs: Semantics::WITHDRAWALS.0,
+                    detail: "a withdrawal in an older entry".into(),
+                }),
+            ),
+            Command::Withdraw {
+                request,
+                names,
+                owner,
+                grant,
+            } => Ok(self.withdraw(*request, names, owner, *grant, events)),
             Command::AsUser { .. } if !semantics.session_owners() => Err(
                 crate::gate::refused_by_entry(cmd, semantics).unwrap_or(CoreError::NotUpgraded {
                     needs: Semantics::SESSION_OWNERS.0,

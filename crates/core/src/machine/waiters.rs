@@ -45,6 +45,46 @@ impl StateMachine {
         });
     }
 
+    /// [`Command::Withdraw`]: take back waiting acquire `request` of `names` for `owner`
+    /// whose client went away (or, with `grant`, the one hold it was granted).
+    pub(super) fn withdraw(
+        &mut self,
+        request: RequestId,
+        names: &[String],
+        owner: &str,
+        grant: bool,
+        events: &mut Vec<Event>,
+    ) -> Response {
+        match self.dedup_lookup(request) {
+            // Not applied yet: it never will act (its record answers it).
+            None => {
+                self.dedup_store(request, Response::NotGranted);
+                Response::NotHeld
+            }
+            Some(Response::Pending) => {
+                let theirs = self
+                    .waiters
+                    .get(&request)
+                    .is_some_and(|w| w.names == names && w.owner == owner);
+                if !theirs {
+                    return Response::NotHeld;
+                }
+                self.remove_waiter(request, events);
+                Response::Released { holds: 0 }
+            }
+            Some(Response::Granted { token, .. }) if grant => {
+                let released = self.release(names, owner, token, events);
+                if matches!(released, Response::Released { .. }) {
+                    self.dedup_resolve(request, Response::NotGranted);
+                    Response::Released { holds: 0 }
+                } else {
+                    released
+                }
+            }
+            Some(_) => Response::NotHeld,
+        }
+    }
+
     /// Serve the queues of every lock that changed in this step, in FIFO order: the first
     /// waiter of a queue is granted (token `revision`) when it is first in the queue of every
     /// lock it asks for and every one of them admits it; consecutive readers or permits are
