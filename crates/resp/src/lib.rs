@@ -71,11 +71,16 @@ pub trait Backend: Send + Sync + 'static {
     /// queued, its grant or give-up awaited (across leader changes, under `rid`) for up to
     /// `wait_ms`. The state machine's own answer, [`Response::Rejected`] included;
     /// [`Response::Pending`] if the wait's outcome could not be learnt in time.
+    ///
+    /// Should the call be dropped before it is answered (the connection closed), the node
+    /// withdraws the wait; `own_id` says `rid` is the connection's own (no `REQID`), so a
+    /// grant it already got is ended too.
     async fn lock_wait(
         &self,
         rid: RequestId,
         cmd: Command,
         wait_ms: u64,
+        own_id: bool,
     ) -> Result<Response, BackendError>;
     /// Lock-family commands that do not wait (a pipeline's run of them), proposed in order,
     /// each with its own request id; one result each, the state machine's own answer.

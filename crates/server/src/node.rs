@@ -293,16 +293,36 @@ impl Node {
     /// the resolution could not be learnt in time (outcome unknown; retry with the same
     /// request id). Once an attempt may have been applied, no answer says "refused"
     /// ([`Outcome`]).
+    ///
+    /// A waiting acquire whose call is dropped unanswered (its client went away) is
+    /// withdrawn ([`Command::Withdraw`], proposed by [`Withdrawal`]'s drop): it never becomes
+    /// a holder nobody knows about. `own_id` says the caller chose `rid` itself (a RESP
+    /// connection's own counter), so no other attempt can have told a client of a grant it
+    /// got — that grant is ended too; with a client's id (gRPC, RESP `REQID`) only the wait.
     pub async fn acquire(
         &self,
         rid: RequestId,
         cmd: Command,
         wait_ms: u64,
+        own_id: bool,
     ) -> Result<Response, NodeError> {
         self.serving()?;
         if wait_ms == 0 {
             return self.propose(Some(rid), cmd).await;
         }
+        let withdrawal = Withdrawal::arm(self, rid, &cmd, own_id);
+        let answer = self.acquire_waiting(rid, cmd, wait_ms).await;
+        // Answered (whatever the answer): the caller is told, nothing to take back.
+        withdrawal.disarm();
+        answer
+    }
+
+    async fn acquire_waiting(
+        &self,
+        rid: RequestId,
+        cmd: Command,
+        wait_ms: u64,
+    ) -> Result<Response, NodeError> {
         let started = Instant::now();
         // Listen before anything is proposed: the grant may be applied right after the
         // queueing entry, and this node applies it whoever waits on the leader.
@@ -715,5 +735,54 @@ pub(crate) fn refused(why: Refused, stopped: &str) -> NodeError {
              later or on another node"
         )),
         Refused::TooLarge { size, cap } => proposal::too_large(size, cap),
+    }
+}
+
+/// Takes back a waiting acquire whose call was dropped before it was answered: dropped
+/// armed, it proposes [`Command::Withdraw`] on a task of its own (the call's future is
+/// gone). Only acquires of the lock table are armed; an etcd lock call has its own cancel.
+pub(crate) struct Withdrawal {
+    armed: Option<(Node, Command)>,
+}
+
+impl Withdrawal {
+    fn arm(node: &Node, request: RequestId, cmd: &Command, own_id: bool) -> Withdrawal {
+        let (names, owner) = match cmd.inner() {
+            Command::Acquire { name, owner, .. } => (vec![name.clone()], owner.clone()),
+            Command::AcquireWith(spec) => (spec.names.clone(), spec.owner.clone()),
+            _ => return Withdrawal { armed: None },
+        };
+        let withdraw = Command::Withdraw {
+            request,
+            names,
+            owner,
+            grant: own_id,
+        };
+        Withdrawal {
+            armed: Some((node.clone(), withdraw)),
+        }
+    }
+
+    fn disarm(mut self) {
+        self.armed = None;
+    }
+}
+
+impl Drop for Withdrawal {
+    fn drop(&mut self) {
+        let Some((node, cmd)) = self.armed.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            // A refusal (no leader for a while, older rules) leaves the wait to its own
+            // deadline, as before withdrawals existed.
+            match node.propose(None, cmd).await {
+                Ok(r) => tracing::debug!(?r, "withdrew an abandoned acquire"),
+                Err(e) => tracing::info!(error = %e, "could not withdraw an abandoned acquire"),
+            }
+        });
     }
 }

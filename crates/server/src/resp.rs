@@ -127,9 +127,10 @@ impl Backend for RespBackend {
         rid: RequestId,
         cmd: Command,
         wait_ms: u64,
+        own_id: bool,
     ) -> Result<Response, BackendError> {
         self.node
-            .acquire(rid, cmd, wait_ms)
+            .acquire(rid, cmd, wait_ms, own_id)
             .await
             .map_err(backend_error)
     }

@@ -412,9 +412,18 @@ impl Connection {
                     }
                 }
                 let cmd = self.as_user(cmd);
+                let own_id = reqid.is_none() || self.st.user.is_none();
                 let rid = self.lock_rid(reqid);
                 let r = if wait_ms > 0 {
-                    backend.lock_wait(rid, cmd, wait_ms).await
+                    let wait = backend.lock_wait(rid, cmd, wait_ms, own_id);
+                    match self.unless_gone(wait).await {
+                        Some(r) => r,
+                        // The client left mid-wait: the dropped wait is withdrawn.
+                        None => {
+                            self.st.closing = true;
+                            return Reply::NilArray;
+                        }
+                    }
                 } else {
                     let mut out = backend.lock_batch(vec![(rid, cmd)]).await;
                     out.pop()

@@ -316,6 +316,33 @@ impl Connection {
         }
     }
 
+    /// Run `work` (a waiting acquire) while watching the client: what it sends meanwhile is
+    /// kept for later (up to [`READ_CHUNK`] unparsed), and if it closes the connection or
+    /// is killed, `work` is dropped — the node withdraws a dropped wait — and `None` is
+    /// the answer.
+    async fn unless_gone<T>(&mut self, work: impl std::future::Future<Output = T>) -> Option<T> {
+        tokio::pin!(work);
+        let mut killed = self.client.killed();
+        loop {
+            let watching = self.rbuf.len() < READ_CHUNK;
+            let mut room = (&mut self.rbuf).limit(READ_CHUNK);
+            tokio::select! {
+                out = &mut work => return Some(out),
+                r = self.socket.read_buf(&mut room), if watching => match r {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => {
+                        self.shared
+                            .stats
+                            .net_in
+                            .fetch_add(n as u64, Ordering::Relaxed);
+                        self.account();
+                    }
+                },
+                _ = killed.wait_for(|k| *k) => return None,
+            }
+        }
+    }
+
     /// Bring the node's count of unparsed input up to date with `rbuf`; the node's total.
     fn account(&mut self) -> usize {
         let (now, before) = (self.rbuf.len(), self.accounted);

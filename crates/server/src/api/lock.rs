@@ -55,7 +55,7 @@ impl Lock for Api {
         };
         let cmd = cmd.as_user(user.name(), user.is_admin());
         let not_granted = pb::AcquireResponse::default();
-        let resolved = self.node.acquire(rid, cmd, r.wait_ms).await?;
+        let resolved = self.node.acquire(rid, cmd, r.wait_ms, false).await?;
         let out = match resolved {
             Response::Granted {
                 token,

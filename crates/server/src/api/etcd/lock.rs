@@ -171,7 +171,10 @@ impl EtcdApi {
             armed: true,
         };
         loop {
-            let answer = self.node.acquire(request, cmd.clone(), WAIT_ROUND_MS).await;
+            let answer = self
+                .node
+                .acquire(request, cmd.clone(), WAIT_ROUND_MS, false)
+                .await;
             match answer {
                 Ok(Response::Granted { token, .. }) => {
                     cancel.armed = false;
