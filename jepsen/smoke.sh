@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 
 PREFIX="fjci$$"
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/fenced-jepsen-smoke.XXXXXX")
-BIN=target/debug/fenced-jepsen
+BIN="${CARGO_TARGET_DIR:-target}/debug/fenced-jepsen"
 cleanup() {
     local rc=$?
     if [ -x "$BIN" ]; then "$BIN" cleanup --prefix "$PREFIX" >/dev/null 2>&1 || true; fi
