@@ -3,5 +3,6 @@
 
 pub mod debug;
 pub mod etcd;
+pub mod lock;
 pub mod signals;
 pub mod snapshot;
