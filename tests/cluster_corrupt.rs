@@ -6,8 +6,9 @@
 //! alarm, replicated: every member refuses reads and writes over RESP (`-CORRUPT`), gRPC
 //! (`UNAVAILABLE`, `x-fenced-alarm: corrupt`) and etcd (etcd's `DataLoss` "etcdserver: corrupt
 //! cluster"), and etcd's `AlarmList` shows it. Once
-//! the member taken for wrong is stopped, an operator's disarm (etcd's `Maintenance.Alarm`
-//! DEACTIVATE, what `etcdctl alarm disarm` sends) is accepted and the leader serves again.
+//! the member taken for wrong is stopped, an operator's disarm (`fenced alarm disarm`,
+//! `fenced.v1.Cluster/Alarm`) is accepted and the leader serves again. `fenced alarm list`,
+//! `fenced status`, `/ready` (503) and `fenced_cluster_alarm_corrupt` show the alarm.
 //!
 //! Run: `cargo test -p fenced-server --test cluster_corrupt`.
 
@@ -21,6 +22,49 @@ use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
 use fenced_proto::etcd::etcdserverpb::maintenance_client::MaintenanceClient;
 use fenced_proto::v1 as pb;
 use support::{follower_of, resp_try, wait_for, within, TestCluster, LEADER_TIMEOUT};
+
+/// Each member's metrics listener (`/ready`, `/metrics`), on its own loopback address.
+const METRICS_PORT: u16 = 9191;
+
+/// `fenced alarm <op>` against member `id`: its JSON output.
+fn alarm_cli(c: &TestCluster, id: u64, op: &str) -> serde_json::Value {
+    let out = std::process::Command::new(support::bin())
+        .args(["alarm", op, "--endpoints", &c.grpc_addr(id)])
+        .output()
+        .expect("running fenced alarm");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "fenced alarm {op}: {text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// Member `id`'s `/ready` status code and its `fenced_cluster_alarm_corrupt` gauge.
+async fn ready_and_gauge(c: &TestCluster, id: u64) -> (u16, String) {
+    let ip = c.ip(id);
+    let (code, _) = within(
+        "/ready",
+        STEP,
+        support::http_get(&ip, METRICS_PORT, "/ready"),
+    )
+    .await
+    .expect("/ready");
+    let (_, scraped) = within(
+        "/metrics",
+        STEP,
+        support::http_get(&ip, METRICS_PORT, "/metrics"),
+    )
+    .await
+    .expect("/metrics");
+    let gauge = scraped
+        .lines()
+        .find(|l| l.starts_with("fenced_cluster_alarm_corrupt "))
+        .unwrap_or("fenced_cluster_alarm_corrupt missing")
+        .to_owned();
+    (code, gauge)
+}
 
 /// Digests every 8 indexes, a check every 500 ms: generous for a loaded machine.
 const ALARM_WITHIN: Duration = Duration::from_secs(60);
@@ -97,7 +141,11 @@ async fn assert_refuses(c: &TestCluster, id: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_members_that_disagree_without_a_majority_stop_the_cluster_until_disarmed() {
     std::env::set_var("FENCED_UNSAFE_TEST_HOOKS", "1");
-    let c = TestCluster::start("cluster-corrupt", &["--digest-interval", "8"]);
+    let metrics = format!("{{ip}}:{METRICS_PORT}");
+    let c = TestCluster::start(
+        "cluster-corrupt",
+        &["--digest-interval", "8", "--metrics-addr", &metrics],
+    );
     let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
     assert_eq!(writes(&c, leader, "warm", 3).await, 3);
     let first = follower_of(leader);
@@ -132,7 +180,29 @@ async fn two_members_that_disagree_without_a_majority_stop_the_cluster_until_dis
     .await;
     for id in c.ids() {
         assert_refuses(&c, id).await;
+        // The operator's view: `fenced alarm list`, `fenced status`, `/ready`, the gauge.
+        let listed = alarm_cli(&c, id, "list");
+        assert_eq!(listed["cluster"]["alarm"], "CORRUPT", "node {id}: {listed}");
+        assert_eq!(
+            listed["cluster"]["raised_by"], leader,
+            "node {id}: {listed}"
+        );
+        let status = c.status_ok(id).await;
+        let alarm = status
+            .cluster_alarm
+            .expect("fenced status shows the cluster alarm");
+        assert_eq!(alarm.raised_by, leader);
+        assert_eq!(
+            ready_and_gauge(&c, id).await,
+            (503, "fenced_cluster_alarm_corrupt 1".into()),
+            "node {id}"
+        );
     }
+    let on_leader = alarm_cli(&c, leader, "list");
+    let fenced_out = on_leader["alarmed_members"]
+        .as_array()
+        .expect("alarmed_members");
+    assert!(fenced_out.iter().any(|m| m == first), "{on_leader}");
     let m = MaintenanceClient::new(c.raw_channel(second));
     let listed = wait_for("etcd's AlarmList to show CORRUPT", STEP, || {
         let mut m = m.clone();
@@ -160,26 +230,9 @@ async fn two_members_that_disagree_without_a_majority_stop_the_cluster_until_dis
 
     // Recovery: the member taken for wrong is stopped, then the alarm disarmed.
     c.kill(second);
-    let mut m = MaintenanceClient::new(c.raw_channel(leader));
-    let disarmed = within(
-        "the disarm",
-        STEP,
-        m.alarm(epb::AlarmRequest {
-            action: epb::alarm_request::AlarmAction::Deactivate as i32,
-            member_id: 0,
-            alarm: epb::AlarmType::Corrupt as i32,
-        }),
-    )
-    .await
-    .expect("the disarm is proposable under the alarm")
-    .into_inner();
-    assert!(
-        disarmed
-            .alarms
-            .iter()
-            .any(|a| a.alarm == epb::AlarmType::Corrupt as i32),
-        "{disarmed:?}"
-    );
+    let disarmed = alarm_cli(&c, leader, "disarm");
+    assert_eq!(disarmed["disarmed"]["alarm"], "CORRUPT", "{disarmed}");
+    assert_eq!(disarmed["cluster"], serde_json::Value::Null, "{disarmed}");
     wait_for("the leader to serve again", STEP, || async {
         match resp_try(&c, leader, &["SET", "after", "1"]).await {
             Ok(Some(ok)) if ok == "OK" => Ok(()),
@@ -190,6 +243,11 @@ async fn two_members_that_disagree_without_a_majority_stop_the_cluster_until_dis
     assert_eq!(
         resp_try(&c, leader, &["GET", "after"]).await,
         Ok(Some("1".into()))
+    );
+    assert!(c.status_ok(leader).await.cluster_alarm.is_none());
+    assert_eq!(
+        ready_and_gauge(&c, leader).await,
+        (200, "fenced_cluster_alarm_corrupt 0".into())
     );
     // It stays disarmed: the member left disagrees with nobody it can be compared with.
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -1,6 +1,6 @@
-//! The `fenced.v1.Cluster` calls: status, membership changes, leadership hand-off and
-//! backups (what `fenced status`, `fenced member`, `fenced leader` and `fenced snapshot`
-//! send).
+//! The `fenced.v1.Cluster` calls: status, membership changes, leadership hand-off, backups
+//! and alarms (what `fenced status`, `fenced member`, `fenced leader`, `fenced snapshot` and
+//! `fenced alarm` send).
 
 use std::time::Duration;
 
@@ -113,5 +113,25 @@ impl Client {
             );
         }
         out
+    }
+
+    /// The cluster-wide `CORRUPT` alarm and the members' divergence alarms, as the first
+    /// endpoint that answers knows them (`fenced alarm list`).
+    pub async fn alarm_list(&self) -> Result<pb::AlarmResponse, ClientError> {
+        self.call(Duration::ZERO, |ch| {
+            let mut c = ClusterClient::new(ch);
+            async move { c.alarm(pb::AlarmRequest { disarm: false }).await }
+        })
+        .await
+    }
+
+    /// Disarm the cluster-wide `CORRUPT` alarm (an administrator's call; `fenced alarm
+    /// disarm`): the answer names the alarm cleared, if one was raised.
+    pub async fn alarm_disarm(&self) -> Result<pb::AlarmResponse, ClientError> {
+        self.call(Duration::ZERO, |ch| {
+            let mut c = ClusterClient::new(ch);
+            async move { c.alarm(pb::AlarmRequest { disarm: true }).await }
+        })
+        .await
     }
 }

@@ -17,6 +17,7 @@ use fenced_server::NodeConfig;
 
 mod cli;
 
+use cli::alarm::{alarm, AlarmArgs};
 use cli::debug::{debug, DebugArgs};
 use cli::etcd::EtcdServeArgs;
 use cli::lock::{lock, LockArgs};
@@ -49,6 +50,9 @@ enum Cmd {
     Snapshot(SnapshotArgs),
     /// Offline tools for a stopped member's data dir (`fenced debug digest`).
     Debug(DebugArgs),
+    /// The cluster-wide CORRUPT alarm and the members' divergence alarms: `fenced alarm
+    /// list`, `fenced alarm disarm`.
+    Alarm(AlarmArgs),
 }
 
 #[derive(Args)]
@@ -439,6 +443,7 @@ fn main() -> ExitCode {
             Cmd::Snapshot(a) => snapshot(a.op).await.map(|()| ExitCode::SUCCESS),
             Cmd::Leader(a) => leader(a).await.map(|()| ExitCode::SUCCESS),
             Cmd::Debug(a) => debug(a.op).await.map(|()| ExitCode::SUCCESS),
+            Cmd::Alarm(a) => alarm(a).await.map(|()| ExitCode::SUCCESS),
         }
     });
     match result {
@@ -734,6 +739,12 @@ async fn status(a: StatusArgs) -> anyhow::Result<()> {
         "cluster_id": fenced_raft_types::identity::fmt_cluster_id(s.cluster_id),
         "last_log_index": s.last_log_index,
         "alarm": (!s.alarm.is_empty()).then_some(&s.alarm),
+        "cluster_alarm": s.cluster_alarm.as_ref().map(|a| serde_json::json!({
+            "alarm": "CORRUPT",
+            "index": a.index,
+            "raised_by": a.raised_by,
+            "detail": a.detail,
+        })),
         "alarmed_members": &s.alarmed_members,
         "semantics": s.semantics,
         "lua_build": format!("{:016x}", s.lua_build),

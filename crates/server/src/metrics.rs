@@ -70,6 +70,8 @@ pub struct Metrics {
     is_leader: Gauge,
     /// 1 while this member's divergence alarm is raised.
     alarm_corrupt: Gauge,
+    /// 1 while the cluster-wide `CORRUPT` alarm is raised in this node's applied state.
+    cluster_alarm_corrupt: Gauge,
     /// The apply rules the leader stamps (0 on a non-leader).
     apply_semantics: Gauge,
     last_log_index: Gauge,
@@ -209,6 +211,7 @@ impl Metrics {
             term: Gauge::default(),
             is_leader: Gauge::default(),
             alarm_corrupt: Gauge::default(),
+            cluster_alarm_corrupt: Gauge::default(),
             apply_semantics: Gauge::default(),
             last_log_index: Gauge::default(),
             applied_index: Gauge::default(),
@@ -310,6 +313,13 @@ impl Metrics {
             "1 if this member's divergence alarm is raised: its state differs from the \
              majority's and it serves no client requests (docs/operations.md)",
             m.alarm_corrupt.clone(),
+        );
+        r.register(
+            "cluster_alarm_corrupt",
+            "1 if the cluster-wide CORRUPT alarm is raised (the members' state digests had no \
+             majority): every member refuses reads and writes until an operator disarms it \
+             (docs/operations.md)",
+            m.cluster_alarm_corrupt.clone(),
         );
         r.register(
             "apply_semantics",
@@ -527,11 +537,19 @@ impl Metrics {
         if let Some(log) = self.log.get() {
             self.committed_index.set(log.index().unwrap_or(0) as i64);
         }
-        let (revision, locks, waiters, sessions) = node.local(|sm| {
+        let (revision, locks, waiters, sessions, cluster_alarm) = node.local(|sm| {
             let waiters: usize = sm.locks().map(|l| sm.waiter_count(&l.name)).sum();
-            (sm.revision(), sm.lock_count(), waiters, sm.session_count())
+            let alarm = sm.cluster_alarm().is_some();
+            (
+                sm.revision(),
+                sm.lock_count(),
+                waiters,
+                sm.session_count(),
+                alarm,
+            )
         });
         self.alarm_corrupt.set(i64::from(node.alarm().is_some()));
+        self.cluster_alarm_corrupt.set(i64::from(cluster_alarm));
         self.revision.set(revision as i64);
         self.locks_held.set(locks as i64);
         self.waiters.set(waiters as i64);

@@ -1,5 +1,6 @@
 //! `fenced.v1.Cluster`: status of this node and of the cluster, membership changes and the
-//! leadership hand-off (run on the leader, through any node: `crate::admin`), backups.
+//! leadership hand-off (run on the leader, through any node: `crate::admin`), backups, and
+//! the alarms (the cluster-wide `CORRUPT` alarm's list and disarm).
 
 use std::pin::Pin;
 
@@ -24,6 +25,14 @@ fn to_pb(views: Vec<MemberView>) -> Vec<pb::Member> {
             matched_index: v.matched.unwrap_or(0),
         })
         .collect()
+}
+
+fn alarm_pb(a: &fenced_core::CorruptAlarm) -> pb::ClusterAlarm {
+    pb::ClusterAlarm {
+        index: a.index,
+        raised_by: a.raised_by,
+        detail: a.detail.clone(),
+    }
 }
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotChunk, Status>> + Send>>;
@@ -54,6 +63,28 @@ impl Cluster for Api {
         let rx = crate::backup::snapshot_stream(meta, machine);
         let stream: SnapshotStream = Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx));
         Ok(self.reply(stream))
+    }
+
+    /// The list is open to every caller (like `Status` and etcd's alarm `GET`); the disarm
+    /// needs an administrator (like etcd's `DEACTIVATE`), and is proposed through the log
+    /// (`Node::propose_all` lets it through the alarm it clears).
+    async fn alarm(&self, req: Request<pb::AlarmRequest>) -> Reply<pb::AlarmResponse> {
+        let disarmed = if req.get_ref().disarm {
+            self.users.require_admin(&req, "Cluster.Alarm")?;
+            let disarm = fenced_core::Command::ClusterAlarm { raise: None };
+            match self.node.propose(None, disarm).await? {
+                fenced_core::Response::ClusterAlarm { before, .. } => before.as_ref().map(alarm_pb),
+                other => return Err(Status::internal(format!("the disarm answered {other:?}"))),
+            }
+        } else {
+            None
+        };
+        Ok(self.reply(pb::AlarmResponse {
+            cluster: self.node.local(|sm| sm.cluster_alarm().map(alarm_pb)),
+            alarmed_members: self.node.alarmed_members(),
+            id: self.node.id(),
+            disarmed,
+        }))
     }
 
     /// Open to every caller, token or not (like etcd's `Status`): `--join`, health checks
@@ -99,6 +130,7 @@ impl Cluster for Api {
             } else {
                 Vec::new()
             },
+            cluster_alarm: self.node.local(|sm| sm.cluster_alarm().map(alarm_pb)),
         }))
     }
 
