@@ -8,14 +8,16 @@
 //! cluster"), and etcd's `AlarmList` shows it. Once
 //! the member taken for wrong is stopped, an operator's disarm (`fenced alarm disarm`,
 //! `fenced.v1.Cluster/Alarm`) is accepted and the leader serves again. `fenced alarm list`,
-//! `fenced status`, `/ready` (503) and `fenced_cluster_alarm_corrupt` show the alarm.
+//! `fenced status`, `/ready` (503) and `fenced_cluster_alarm_corrupt` show the alarm. A
+//! session kept alive until the alarm outlives its TTL across it (apply rules 15: the alarm
+//! stops the replicated clock).
 //!
 //! Run: `cargo test -p fenced-server --test cluster_corrupt`.
 
 #[path = "support/mod.rs"]
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fenced_proto::etcd::etcdserverpb as epb;
 use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
@@ -65,6 +67,9 @@ async fn ready_and_gauge(c: &TestCluster, id: u64) -> (u16, String) {
         .to_owned();
     (code, gauge)
 }
+
+/// The session the alarm holds (apply rules 15): the disarm comes after this much more.
+const SESSION_TTL_MS: u64 = 8_000;
 
 /// Digests every 8 indexes, a check every 500 ms: generous for a loaded machine.
 const ALARM_WITHIN: Duration = Duration::from_secs(60);
@@ -165,14 +170,29 @@ async fn two_members_that_disagree_without_a_majority_stop_the_cluster_until_dis
     // The first diverges and is fenced out; the cluster goes on.
     assert_eq!(writes(&c, leader, "k", 24).await, 24);
     wait_member_alarm(&c, first).await;
+    // A session kept alive until the alarm refuses its keep-alives.
+    let session = resp_try(&c, leader, &["SESSION.OPEN", &SESSION_TTL_MS.to_string()])
+        .await
+        .expect("SESSION.OPEN")
+        .expect("a session id");
+    let kept = std::sync::Mutex::new(Instant::now());
+    let keep_alive = || async {
+        if let Ok(Some(_)) = resp_try(&c, leader, &["SESSION.KEEPALIVE", &session]).await {
+            *kept.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        }
+    };
     // The second diverges: the leader and it disagree, with no majority.
-    writes(&c, leader, "more", 60).await;
+    for _ in 0..6 {
+        writes(&c, leader, "more", 10).await;
+        keep_alive().await;
+    }
     wait_for("the cluster-wide CORRUPT alarm", ALARM_WITHIN, || async {
         match resp_try(&c, leader, &["GET", "k-0"]).await {
             Err(e) if e.contains("CORRUPT") && e.contains("cluster") => Ok(()),
             other => {
                 // Writes bring the digest indexes on.
                 let _ = resp_try(&c, leader, &["SET", "tick", "v"]).await;
+                keep_alive().await;
                 Err(format!("{other:?}"))
             }
         }
@@ -228,8 +248,12 @@ async fn two_members_that_disagree_without_a_majority_stop_the_cluster_until_dis
     let log = c.log_tail(leader, 400);
     assert!(log.contains("CLUSTER CORRUPT ALARM"), "{log}");
 
-    // Recovery: the member taken for wrong is stopped, then the alarm disarmed.
+    // Recovery: the member taken for wrong is stopped, then the alarm disarmed — after the
+    // session's whole TTL went by since its last keep-alive.
     c.kill(second);
+    let last_kept = *kept.lock().unwrap_or_else(|e| e.into_inner());
+    let held = Duration::from_millis(SESSION_TTL_MS + 2_000);
+    tokio::time::sleep(held.saturating_sub(last_kept.elapsed())).await;
     let disarmed = alarm_cli(&c, leader, "disarm");
     assert_eq!(disarmed["disarmed"]["alarm"], "CORRUPT", "{disarmed}");
     assert_eq!(disarmed["cluster"], serde_json::Value::Null, "{disarmed}");
@@ -243,6 +267,13 @@ async fn two_members_that_disagree_without_a_majority_stop_the_cluster_until_dis
     assert_eq!(
         resp_try(&c, leader, &["GET", "after"]).await,
         Ok(Some("1".into()))
+    );
+    // The alarm held the session: it has the time it had left at the raise, and lives on.
+    let alive = resp_try(&c, leader, &["SESSION.KEEPALIVE", &session]).await;
+    assert!(
+        matches!(alive, Ok(Some(_))),
+        "session {session} after the disarm, {:?} after its last keep-alive: {alive:?}",
+        last_kept.elapsed()
     );
     assert!(c.status_ok(leader).await.cluster_alarm.is_none());
     assert_eq!(
