@@ -294,6 +294,16 @@ async fn one_set_of_users_for_grpc_and_resp() {
         "alice moves the leader",
         &["alice", "Cluster.LeaderStepDown"],
     );
+    assert_denied(
+        alice.alarm_disarm().await,
+        "alice disarms the cluster alarm",
+        &["alice", "Cluster.Alarm"],
+    );
+    let alarms = alice
+        .alarm_list()
+        .await
+        .expect("the alarm list is open to every user");
+    assert!(alarms.cluster.is_none(), "{alarms:?}");
     let (ok, _, err) = fenced(
         &[
             "member",
@@ -326,6 +336,15 @@ async fn one_set_of_users_for_grpc_and_resp() {
         "lock:a1 was held"
     );
     assert!(alice.info("lock:a1").await.expect("info").is_none());
+    // An administrator may disarm (until the leader has heard from every member it stamps
+    // rules 0, under which no alarm exists and apply refuses the disarm itself: not denied).
+    match admin.alarm_disarm().await {
+        Ok(r) => assert!(r.disarmed.is_none(), "{r:?}"),
+        Err(ClientError::Rejected(s)) => {
+            assert_ne!(s.code(), Code::PermissionDenied, "admin's disarm: {s:?}")
+        }
+        Err(e) => panic!("admin's disarm: {e:?}"),
+    }
     // The CLI: a learner that never starts is added and removed again by admin.
     let (ok, out, err) = fenced(
         &[
