@@ -10,13 +10,18 @@
 //! Watch streams are compared event by event.
 //!
 //! Short in CI (`OPS` operations, one seed); `FENCED_DIFF_OPS=N` and `FENCED_DIFF_SEEDS=N`
-//! run longer. Locks and elections join the generator once they live on the keyspace
-//! (issue 38 items 1–2): add them to [`Op`] and [`gen`].
+//! run longer. Locks and elections are in the generator too (`etcd_differential/locks.rs`):
+//! the `Lock`/`Unlock` and `Campaign`/`Proclaim`/`Leader`/`Resign` RPCs with KV deletes of
+//! the holder's key between them, a call that would wait abandoned after a short deadline
+//! (its waiter key must go on both sides).
 //!
 //! Run: `cargo test -p fenced-server --test etcd_differential`.
 
 #[path = "support/mod.rs"]
 mod support;
+
+#[path = "etcd_differential/locks.rs"]
+mod locks;
 
 use std::collections::BTreeMap;
 use std::process::{Child, Command, Stdio};
@@ -26,6 +31,10 @@ use fenced_proto::etcd::etcdserverpb as epb;
 use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
 use fenced_proto::etcd::etcdserverpb::lease_client::LeaseClient;
 use fenced_proto::etcd::etcdserverpb::watch_client::WatchClient;
+use fenced_proto::etcd::v3electionpb as elpb;
+use fenced_proto::etcd::v3electionpb::election_client::ElectionClient;
+use fenced_proto::etcd::v3lockpb::lock_client::LockClient;
+use locks::{gen_lock, LockOp};
 use support::{die_with_this_test, free_net, wait_for, TestCluster, LEADER_TIMEOUT};
 use tonic::transport::Channel;
 
@@ -150,11 +159,13 @@ enum Op {
     },
     /// A progress request on a stream whose only watch starts in the future.
     FutureProgress,
+    /// A lock or election call ([`locks`]).
+    Lock(LockOp),
 }
 
 fn gen(rng: &mut Rng) -> Op {
     let key = |rng: &mut Rng| format!("k/{}", rng.below(6));
-    match rng.below(22) {
+    match rng.below(28) {
         0..=5 => Op::Put {
             key: key(rng),
             value: format!("v{}", rng.below(1000)),
@@ -189,7 +200,12 @@ fn gen(rng: &mut Rng) -> Op {
         17 => Op::Watch {
             prefix: format!("k/{}", rng.below(3)),
         },
-        _ => Op::FutureProgress,
+        18 | 21 => Op::FutureProgress,
+        _ => {
+            let pick = rng.next();
+            let (a, b, c) = (rng.next(), rng.next(), rng.next());
+            Op::Lock(gen_lock(pick, a, b, c))
+        }
     }
 }
 
@@ -199,6 +215,12 @@ struct Side {
     kv: KvClient<Channel>,
     lease: LeaseClient<Channel>,
     watch: WatchClient<Channel>,
+    lock: LockClient<Channel>,
+    election: ElectionClient<Channel>,
+    /// The key each (lock, lease slot) got from a `Lock` here.
+    held: BTreeMap<(String, usize), Vec<u8>>,
+    /// The leadership each (election, lease slot) got from a `Campaign` here.
+    leaders: BTreeMap<(String, usize), elpb::LeaderKey>,
     leases: Vec<i64>,
     /// The n-th etcd-visible write's revision on this side (index 0 = none yet).
     writes: Vec<i64>,
@@ -513,6 +535,7 @@ impl Side {
                     Err(e) => Self::err(&e),
                 }
             }
+            Op::Lock(op) => self.run_lock(&op).await,
             Op::FutureProgress => {
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
                 let create = epb::WatchRequest {
@@ -619,7 +642,11 @@ async fn side(name: &'static str, endpoint: String) -> Side {
         name,
         kv: KvClient::new(channel.clone()),
         lease: LeaseClient::new(channel.clone()),
-        watch: WatchClient::new(channel),
+        watch: WatchClient::new(channel.clone()),
+        lock: LockClient::new(channel.clone()),
+        election: ElectionClient::new(channel),
+        held: BTreeMap::new(),
+        leaders: BTreeMap::new(),
         leases: Vec::new(),
         writes: Vec::new(),
         watches: Vec::new(),
@@ -645,7 +672,7 @@ async fn fenced_answers_as_etcd_does() {
     let etcd = start_etcd();
     let mut differences = BTreeMap::new();
     for seed in 1..=seeds {
-        // Each seed on its own keys: wipe both keyspaces' k/ first.
+        // Each seed on its own keys: wipe both keyspaces' keys first.
         let mut e = side("etcd", etcd.endpoint.clone()).await;
         let mut f = side("fenced", format!("http://{}", c.endpoints_of(&[leader])[0])).await;
         for s in [&mut e, &mut f] {
@@ -657,9 +684,10 @@ async fn fenced_answers_as_etcd_does() {
                 || {
                     let mut kv = kv.clone();
                     async move {
+                        // `k/`, and the lock and election keys around it (`el*`, `lk*`).
                         kv.delete_range(epb::DeleteRangeRequest {
-                            key: b"k/".to_vec(),
-                            range_end: b"k0".to_vec(),
+                            key: b"el".to_vec(),
+                            range_end: b"lm".to_vec(),
                             prev_kv: false,
                         })
                         .await

@@ -129,6 +129,18 @@ async fn propose_txn(
     }
 }
 
+/// etcd runs `Lock` and `Campaign` through its own client library (`v3lock`, `v3election`),
+/// whose errors are not gRPC statuses: they reach the caller as `Unknown` with the error's
+/// text ("etcdserver: requested lease not found" for a lease that is gone). The same here,
+/// for the errors of the recipe's own keyspace operations.
+fn recipe_error(status: Status) -> Status {
+    if status.code() == tonic::Code::NotFound {
+        Status::unknown(status.message())
+    } else {
+        status
+    }
+}
+
 /// Put `key` on `lease` holding `value` unless it exists; either way, its create revision.
 async fn enqueue(
     api: EtcdApi,
@@ -292,7 +304,7 @@ impl EtcdApi {
             Ok(Ok(e)) => e,
             Ok(Err(status)) => {
                 guard.armed = false;
-                return Err(status);
+                return Err(recipe_error(status));
             }
             Err(e) => {
                 guard.armed = false;
