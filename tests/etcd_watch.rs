@@ -744,3 +744,30 @@ async fn a_stream_past_its_watch_limits_refuses_the_create_and_goes_on() {
     let got = b.events(0, 1, &mut other).await;
     assert_eq!(brief(&got[0]).1, "small/k");
 }
+
+/// A client that closes its side of the stream after its create request (what etcd's JSON
+/// gateway does when the HTTP body ends, `curl -d '{"create_request": …}'`) goes on
+/// receiving its watch's events, as on etcd, whose watch server ends a stream only when
+/// the client goes away, not when it stops sending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_goes_on_after_its_client_closes_its_send_side() {
+    let c = TestCluster::start("etcd-watch-half-closed", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let all: Vec<u64> = c.ids().collect();
+    put(&c, &all, "warm", "x").await;
+    let mut s = Stream::open(&c, leader).await;
+    s.create(prefix("half/")).await;
+    let created = s.next().await;
+    assert!(created.created && !created.canceled, "{created:?}");
+    // Close the send side: the request stream ends.
+    drop(s.tx);
+    let mut rx = s.rx;
+    put(&c, &all, "half/k", "v").await;
+    match tokio::time::timeout(RESPONSE, rx.message()).await {
+        Ok(Ok(Some(r))) => {
+            assert_eq!(r.events.len(), 1, "{r:?}");
+            assert_eq!(brief(&r.events[0]).1, "half/k");
+        }
+        other => panic!("the watch must go on after the client closed its side: {other:?}"),
+    }
+}

@@ -180,12 +180,20 @@ impl Feed {
         let mut changes = self.api.node.hub().etcd_changes();
         let mut progress = tokio::time::interval(PROGRESS_NOTIFY / 10);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Whether the client may still send: one that closed its side goes on receiving
+        // (etcd ends a stream when its client goes away, not when it stops sending; etcd's
+        // JSON gateway closes its side when the HTTP body ends).
+        let mut sending = true;
         loop {
             let step = tokio::select! {
-                msg = inbound.message() => match msg {
+                msg = inbound.message(), if sending => match msg {
                     Ok(Some(req)) => self.request(req).await,
-                    // The client closed its side, or the connection failed.
-                    Ok(None) | Err(_) => return,
+                    Ok(None) => {
+                        sending = false;
+                        Ok(())
+                    }
+                    // The connection failed.
+                    Err(_) => return,
                 },
                 changed = changes.changed() => match changed {
                     Ok(()) => self.catch_up().await,
