@@ -34,7 +34,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={}", p.display());
     }
 
+    // The descriptors of every file compiled, for descriptor-driven codecs (the server's
+    // etcd JSON gateway maps JSON to these messages with prost-reflect).
+    let descriptors = PathBuf::from(std::env::var("OUT_DIR")?).join("file_descriptor_set.bin");
     tonic_prost_build::configure()
+        .file_descriptor_set_path(descriptors)
         .build_client(true)
         .build_server(true)
         .compile_protos(&protos, &[proto_root])?;

@@ -7,7 +7,14 @@
 //!   `etcdserverpb` (`KV`, `Watch`, `Lease`, `Cluster`, `Maintenance`, `Auth`), `mvccpb`,
 //!   `authpb`, `v3lockpb` (`Lock`) and `v3electionpb` (`Election`).
 //!
-//! Both clients and servers are generated.
+//! Both clients and servers are generated. [`FILE_DESCRIPTOR_SET`] holds the descriptors of
+//! every file (a serialized `google.protobuf.FileDescriptorSet`), for reflection.
+
+/// The `google.protobuf.FileDescriptorSet` of every `.proto` file compiled here (fenced's
+/// and etcd's), as protoc wrote it: what a descriptor-driven codec such as prost-reflect
+/// loads to map these messages to and from JSON.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));
 
 /// Client API, package `fenced.v1`.
 #[allow(
