@@ -51,6 +51,11 @@ if command -v python3 >/dev/null && ! python3 -c 'import pytest' 2>/dev/null; th
         { [ "$(id -u)" = 0 ] && apt-get install -y -qq --no-install-recommends python3-pytest >/dev/null; } ||
         echo "pytest is missing: python3 -m pip install pytest (or apt-get install -y python3-pytest)" >&2
 fi
+# OpenStack's etcd3gw for the same python3 (tests/etcd_gateway.rs drives it against fenced).
+if command -v python3 >/dev/null && ! python3 -c 'import etcd3gw' 2>/dev/null; then
+    python3 -m pip install -q etcd3gw 2>/dev/null ||
+        echo "etcd3gw is missing: python3 -m pip install etcd3gw" >&2
+fi
 # npm's etcd3 library at the version package-lock.json pins.
 if command -v npm >/dev/null && [ ! -d tests/etcd-client/node_modules/etcd3 ]; then
     (cd tests/etcd-client && npm ci --no-audit --no-fund --loglevel=error) ||

@@ -16,6 +16,7 @@ pub mod config_file;
 pub mod conn_limit;
 pub mod error;
 pub mod forward;
+pub mod gateway;
 pub mod hub;
 pub mod membership;
 pub mod metrics;

@@ -141,8 +141,12 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+    fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
         let s = &self.shared;
+        let gateway = crate::gateway::is_gateway_path(req.uri().path());
+        if gateway {
+            crate::gateway::normalize_token(req.headers_mut());
+        }
         if req.uri().path().starts_with(NODE_SERVICES) || s.users.has_caller(req.headers()) {
             return PreAuthFuture::Inner {
                 fut: self.inner.call(req),
@@ -160,8 +164,14 @@ where
                          (--grpc-unauthenticated-calls); log in, or retry later",
                         s.limit
                     ));
+                    // The gateway's clients get its JSON error (429), gRPC's the status.
+                    let response = if gateway {
+                        crate::gateway::error::response(&status).map(Body::new)
+                    } else {
+                        status.into_http()
+                    };
                     return PreAuthFuture::Refused {
-                        response: Some(status.into_http()),
+                        response: Some(response),
                         _error: std::marker::PhantomData,
                     };
                 }

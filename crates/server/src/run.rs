@@ -427,7 +427,10 @@ async fn listen(
     ))
     .add_service(crate::api::etcd::auth_server(node.clone(), users, tls))
     .add_service(health_service);
-    let routes = crate::client_port::routes(grpc.routes(), axum::Router::new());
+    let grpc = grpc.routes();
+    // etcd's JSON gateway calls the same gRPC services.
+    let http = crate::gateway::router(grpc.clone(), node.clone());
+    let routes = crate::client_port::routes(grpc, http);
     let mut rx = shutdown_rx.clone();
     let stop = async move {
         let _ = rx.wait_for(|s| *s).await;
