@@ -241,7 +241,9 @@ impl Client {
                 .cluster
                 .call(node, move |n| async move {
                     if wait_ms > 0 {
-                        n.acquire(rid, c, wait_ms).await
+                        // `false`: the id is the client's (it retries it through other
+                        // nodes), as a gRPC caller's: a dropped wait withdraws the wait only.
+                        n.acquire(rid, c, wait_ms, false).await
                     } else {
                         n.propose(Some(rid), c).await
                     }
