@@ -16,7 +16,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -24,55 +24,9 @@ use fenced_client::{Client, ClientOptions, ClientTls};
 use fenced_proto::raft::forward_client::ForwardClient;
 use fenced_proto::raft::raft_client::RaftClient;
 use fenced_proto::raft::{ProposeRequest, RaftRequest};
-use support::{follower_of, require, run_bounded, TestCluster, LEADER_TIMEOUT};
+use support::{follower_of, require, run_bounded, Pki, TestCluster, LEADER_TIMEOUT};
 
 const TTL: Duration = Duration::from_secs(30);
-
-/// A CA and the PEM files made from it.
-struct Pki {
-    dir: PathBuf,
-    ca: rcgen::Certificate,
-    ca_key: rcgen::KeyPair,
-}
-
-impl Pki {
-    fn new(dir: &Path, name: &str) -> Pki {
-        let ca_key = rcgen::KeyPair::generate().expect("CA key");
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, format!("{name} CA"));
-        let ca = params.self_signed(&ca_key).expect("CA certificate");
-        let pki = Pki {
-            dir: dir.to_owned(),
-            ca,
-            ca_key,
-        };
-        std::fs::write(pki.path(&format!("{name}-ca.pem")), pki.ca.pem()).expect("writing CA");
-        pki
-    }
-
-    fn path(&self, file: &str) -> String {
-        self.dir.join(file).display().to_string()
-    }
-
-    /// Issue `<file>.pem` and `<file>.key` for these subject-alt-names (IPs or DNS names).
-    fn issue(&self, file: &str, sans: &[String]) -> (String, String) {
-        let key = rcgen::KeyPair::generate().expect("key");
-        let cert = rcgen::CertificateParams::new(sans.to_vec())
-            .expect("params")
-            .signed_by(&key, &self.ca, &self.ca_key)
-            .expect("signing");
-        let (c, k) = (
-            self.path(&format!("{file}.pem")),
-            self.path(&format!("{file}.key")),
-        );
-        std::fs::write(&c, cert.pem()).expect("writing certificate");
-        std::fs::write(&k, key.serialize_pem()).expect("writing key");
-        (c, k)
-    }
-}
 
 /// Start a TLS cluster: the cluster (node) CA `good-ca.pem`, node certificate `node.pem` for
 /// the three IPs, a client certificate `client.pem` of the node CA, a client CA

@@ -20,7 +20,7 @@
 //! [`etcd`] (etcd API calls), [`etcd_cluster`] (a real etcd cluster, to hold fenced to),
 //! [`holders`] (the holders' log of a lock recipe), [`resp`] (redis-rs connections), [`raw`]
 //! (a blocking RESP client showing replies exactly as sent),
-//! [`http`] (GETs of a node's metrics listener).
+//! [`http`] (GETs of a node's metrics listener), [`pki`] (certificates for TLS tests).
 #![allow(dead_code)]
 
 pub mod cluster;
@@ -28,6 +28,7 @@ pub mod etcd;
 pub mod etcd_cluster;
 pub mod holders;
 pub mod http;
+pub mod pki;
 pub mod programs;
 pub mod raw;
 pub mod resp;
@@ -44,6 +45,8 @@ pub use etcd_cluster::*;
 pub use holders::*;
 #[allow(unused_imports)]
 pub use http::*;
+#[allow(unused_imports)]
+pub use pki::*;
 #[allow(unused_imports)]
 pub use programs::*;
 #[allow(unused_imports)]
