@@ -20,7 +20,7 @@ use fenced_proto::etcd::etcdserverpb as epb;
 use fenced_proto::etcd::etcdserverpb::kv_client::KvClient;
 use serde_json::Value;
 use support::{
-    die_with_this_test, follower_of, free_net, require, run_bounded, wait_for, Spawned,
+    die_with_this_test, follower_of, free_net, require, run_bounded, wait_for, Pki, Spawned,
     TestCluster, GRPC_PORT, LEADER_TIMEOUT,
 };
 
@@ -649,4 +649,144 @@ print("etcd3gw ok")
     );
     println!("{out}");
     let _ = base;
+}
+
+/// Every route of the table, under both prefixes: a `GET` is 405 on fenced as on etcd
+/// (which has each of these paths), and a `POST` of `{}` is answered JSON by fenced's
+/// service (never the router's 404). A streamed answer that fails first is grpc-gateway's
+/// error chunk with the code's HTTP status (etcd 3.5.1 answers an unauthenticated
+/// `maintenance/snapshot` `500 {"error":{"grpc_code":2,"http_code":500,"message":…,
+/// "http_status":"Internal Server Error"}}`; fenced does not serve Snapshot: 501).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_is_served_where_etcd_has_it() {
+    let etcd = start_etcd();
+    let c = TestCluster::start("etcd-gw-routes", &[]);
+    c.wait_for_leader(LEADER_TIMEOUT).await;
+    let fenced = format!("http://{}", c.grpc_addr(1));
+    wait_gateway(&etcd.base).await;
+    wait_gateway(&fenced).await;
+    let streamed_request = ["/watch", "/lease/keepalive", "/election/observe"];
+    for r in fenced_server::gateway::routes::ROUTES {
+        for prefix in ["/v3", "/v3beta"] {
+            let path = format!("{prefix}{}", r.path);
+            let e = http("GET", &format!("{}{path}", etcd.base), None, &[]);
+            let f = http("GET", &format!("{fenced}{path}"), None, &[]);
+            assert_eq!(f, e, "GET {path}");
+            assert_eq!(f.0, 405, "GET {path}");
+            if streamed_request.contains(&r.path) {
+                continue;
+            }
+            // Writes that would change the cluster are sent empty: refused by the service.
+            let (code, text) = http("POST", &format!("{fenced}{path}"), Some("{}"), &[]);
+            let v: Value = serde_json::from_str(text.lines().next().unwrap_or(""))
+                .unwrap_or_else(|e| panic!("POST {path}: {code} not JSON ({e}): {text:?}"));
+            assert!(v.is_object(), "POST {path}: {code} {v}");
+        }
+    }
+    let (code, text) = http(
+        "POST",
+        &format!("{fenced}/v3/maintenance/snapshot"),
+        Some("{}"),
+        &[],
+    );
+    assert_eq!(code, 501, "{text}");
+    let v: Value = serde_json::from_str(text.trim_end()).expect("JSON");
+    assert_eq!(v["error"]["grpc_code"], 12, "{v}");
+    assert_eq!(v["error"]["http_code"], 501, "{v}");
+    assert_eq!(v["error"]["http_status"], "Not Implemented", "{v}");
+    assert!(
+        text.starts_with(r#"{"error":{"grpc_code":12,"http_code":501,"message":"#),
+        "{text}"
+    );
+}
+
+/// Under TLS, HTTP/1.1 clients complete the handshake (ALPN `http/1.1`) and use the
+/// gateway: Python `requests`, `etcd3gw` over https, and `curl` over HTTP/1.1 and HTTP/2;
+/// plaintext gets nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_http1_clients_use_the_gateway() {
+    require("python3", &["-c", "import requests, etcd3gw"]);
+    let c = TestCluster::start_with("etcd-gw-tls", |dir, ips| {
+        let pki = Pki::new(dir, "gw");
+        let (cert, key) = pki.issue("node", ips);
+        let args = vec![
+            "--tls-cert".to_string(),
+            cert,
+            "--tls-key".into(),
+            key,
+            "--tls-ca".into(),
+            pki.path("gw-ca.pem"),
+        ];
+        let tls = fenced_client::ClientTls::load(std::path::Path::new(&pki.path("gw-ca.pem")))
+            .expect("client CA");
+        (args, Some(tls))
+    });
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let node = follower_of(leader);
+    let ca = c.dir().join("gw-ca.pem").display().to_string();
+    let base = format!("https://{}", c.grpc_addr(node));
+    let script = r#"
+import sys, time, requests
+from etcd3gw.client import Etcd3Client
+base, ca, host, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+deadline = time.time() + 30
+while True:
+    r = requests.post(base + "/v3/kv/put", json={"key": "dGxz", "value": "b2s="}, verify=ca, timeout=10)
+    if r.status_code == 200 or time.time() > deadline:
+        break
+    time.sleep(0.2)
+assert r.status_code == 200, r.text
+assert r.raw.version == 11, r.raw.version
+r = requests.post(base + "/v3/kv/range", json={"key": "dGxz"}, verify=ca, timeout=10)
+assert r.json()["kvs"][0]["value"] == "b2s=", r.text
+c = Etcd3Client(host=host, port=port, protocol="https", ca_cert=ca, timeout=10)
+assert c.put("tls/a", "1") and c.get("tls/a") == [b"1"]
+print("tls ok")
+"#;
+    let mut cmd = Command::new("python3");
+    cmd.arg("-c")
+        .arg(script)
+        .arg(&base)
+        .arg(&ca)
+        // requests lets these override a Session's own CA (etcd3gw sets `session.verify`).
+        .env_remove("REQUESTS_CA_BUNDLE")
+        .env_remove("CURL_CA_BUNDLE")
+        .arg(c.ip(node))
+        .arg(GRPC_PORT.to_string());
+    let (ok, out, err) = run_bounded(cmd, "", Duration::from_secs(90));
+    assert!(
+        ok && out.contains("tls ok"),
+        "requests/etcd3gw over TLS: {out}\n{err}"
+    );
+    for version in ["--http1.1", "--http2"] {
+        let mut cmd = Command::new("curl");
+        cmd.args([
+            "-s",
+            version,
+            "--cacert",
+            &ca,
+            "--max-time",
+            "20",
+            "-w",
+            "\n%{http_version}",
+            "-X",
+            "POST",
+        ])
+        .arg("--data-binary")
+        .arg(r#"{"key":"dGxz"}"#)
+        .arg(format!("{base}/v3/kv/range"));
+        let (_, out, err) = run_bounded(cmd, "", Duration::from_secs(30));
+        let (body, got) = out.rsplit_once('\n').unwrap_or(("", ""));
+        let v: Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("curl {version}: {e}: {out} {err}"));
+        assert_eq!(v["kvs"][0]["value"], "b2s=", "{v}");
+        assert_eq!(got, if version == "--http2" { "2" } else { "1.1" });
+    }
+    let plain = http(
+        "POST",
+        &format!("http://{}/v3/kv/range", c.grpc_addr(node)),
+        Some("{}"),
+        &[],
+    );
+    assert_ne!(plain.0, 200, "plaintext against a TLS port: {plain:?}");
 }
