@@ -19,6 +19,7 @@ pub mod gate;
 pub mod kv;
 pub mod limits;
 pub mod machine;
+pub mod semantics;
 pub mod small_map;
 
 pub use command::{
