@@ -129,8 +129,16 @@ impl Semantics {
     /// connection closed mid-`WAIT`, a cancelled gRPC call) is taken out of its queue, so
     /// it never becomes a holder nobody knows about (issue 38 item 2).
     pub const WITHDRAWALS: Semantics = Semantics(16);
+    /// The withdrawal rules, and a script's `redis.call` charged for the command's own work
+    /// where it depends on the data (issue 49): `KEYS`/`SCAN` by the keys they visit and the
+    /// pattern they match, `LREM`/`LTRIM`/`ZCOUNT`/`ZRANGE`… by the elements of the
+    /// container they walk, a delete or an overwrite by the elements it drops
+    /// (`kv/cmd/cost.rs`), charged before the command runs, so a script looping `KEYS *`
+    /// stops `BUSY` at the same call on every replica. Older entries charge arguments and
+    /// reply only, as they did.
+    pub const CHARGED_COMMANDS: Semantics = Semantics(17);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::WITHDRAWALS;
+    pub const NEWEST: Semantics = Semantics::CHARGED_COMMANDS;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -201,6 +209,11 @@ impl Semantics {
     /// [`Command::Withdraw`] exists ([`Semantics::WITHDRAWALS`]).
     pub fn withdrawals(self) -> bool {
         self.0 >= Semantics::WITHDRAWALS.0
+    }
+
+    /// A script's commands are charged by their work ([`Semantics::CHARGED_COMMANDS`]).
+    pub fn charged_commands(self) -> bool {
+        self.0 >= Semantics::CHARGED_COMMANDS.0
     }
 
     /// Scripts' helpers are charged by their work ([`Semantics::CHARGED_HELPERS`]).

@@ -5,6 +5,7 @@
 //! Adding a Redis command is one row and its handler in the module of its type (plus a test
 //! in `kv/tests.rs`); the front end, ACL categories and `COMMAND INFO` follow from the row.
 
+pub(crate) mod cost;
 mod fence;
 mod frontend;
 mod hash;

@@ -94,6 +94,7 @@ fn eval(ctx: &mut Ctx<'_>, a: &[Bytes], by_sha: bool) -> KvResult<Reply> {
     let was = ctx.in_script;
     ctx.in_script = true;
     let vm = ctx.ks.lua.take(&sha, &src);
+    let charged = ctx.semantics.charged_commands();
     let (reply, vm) = run(
         vm,
         &sha,
@@ -102,7 +103,14 @@ fn eval(ctx: &mut Ctx<'_>, a: &[Bytes], by_sha: bool) -> KvResult<Reply> {
         Rules::of(ctx.semantics),
         keys,
         args,
-        |cmd| ctx.exec(cmd),
+        |cmd, pay| {
+            // Under the charged-command rules the command's own work is paid first: past
+            // the budget it does not run (the script stops `BUSY`).
+            if charged && !pay(super::cost::charge(ctx, cmd)) {
+                return Reply::Nil;
+            }
+            ctx.exec(cmd)
+        },
     );
     if let Some(vm) = vm {
         ctx.ks.lua.put(&sha, vm);

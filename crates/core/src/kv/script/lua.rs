@@ -193,7 +193,7 @@ pub(crate) fn run(
     rules: Rules,
     keys: &[Bytes],
     args: &[Bytes],
-    call: impl FnMut(&[Bytes]) -> Reply,
+    call: impl FnMut(&[Bytes], &dyn Fn(u64) -> bool) -> Reply,
 ) -> (Reply, Option<Vm>) {
     // A VM is built for the helper rules or for older ones (HELPERS_PRELUDE); one built
     // for the other kind is dropped and rebuilt.
@@ -391,7 +391,7 @@ impl Vm {
             ids: false,
             helpers: false,
         };
-        self.invoke(&noop, 0, old, &[], &[], |_| Reply::Nil)?;
+        self.invoke(&noop, 0, old, &[], &[], |_, _| Reply::Nil)?;
         drop(noop);
         let mut last = self.cleanup()?;
         for _ in 0..CLEANUP_ROUNDS {
@@ -415,7 +415,7 @@ impl Vm {
         rules: Rules,
         keys: &[Bytes],
         args: &[Bytes],
-        exec: impl FnMut(&[Bytes]) -> Reply,
+        exec: impl FnMut(&[Bytes], &dyn Fn(u64) -> bool) -> Reply,
     ) -> (Reply, bool) {
         let outcome = self.invoke(f, index, rules, keys, args, exec);
         let over = self.budget.is_over();
@@ -447,7 +447,7 @@ impl Vm {
         rules: Rules,
         keys: &[Bytes],
         args: &[Bytes],
-        mut exec: impl FnMut(&[Bytes]) -> Reply,
+        mut exec: impl FnMut(&[Bytes], &dyn Fn(u64) -> bool) -> Reply,
     ) -> mlua::Result<(bool, Reply)> {
         let det = rules.deterministic;
         self.budget.reset(rules.budget(), rules.helpers);
@@ -496,7 +496,12 @@ impl Vm {
                 if rules.bounded {
                     budget.charge(call_cost(&cmd))?;
                 }
-                let reply = exec(&cmd);
+                // `exec` may pay for the command's own work first (`kv/cmd/cost.rs`): a
+                // payment past the budget is the run's end, whatever `exec` answered.
+                let reply = exec(&cmd, &|n| budget.charge(n).is_ok());
+                if budget.is_over() {
+                    budget.charge(0)?;
+                }
                 if rules.bounded {
                     budget.charge(reply_cost(&reply))?;
                 }

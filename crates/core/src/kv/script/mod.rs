@@ -20,6 +20,8 @@ pub(crate) use rules::Rules;
 #[cfg(test)]
 mod bounded_tests;
 #[cfg(test)]
+mod commands_tests;
+#[cfg(test)]
 mod helpers_tests;
 #[cfg(test)]
 mod ids_tests;
