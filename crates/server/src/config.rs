@@ -108,6 +108,9 @@ pub struct NodeConfig {
     pub election_timeout: ElectionTimeout,
     /// `--metrics-addr`: serve `/metrics`, `/health` and `/ready` over HTTP here.
     pub metrics_addr: Option<String>,
+    /// `--metrics-max-connections`: connections at once on the metrics port; one past it is
+    /// closed at once ([`crate::metrics::Capped`]).
+    pub metrics_max_connections: usize,
     /// `--join`: the cluster id of the running cluster that lists this member as a learner
     /// (looked up by the binary before the node starts).
     pub join: Option<u64>,
@@ -222,6 +225,7 @@ impl NodeConfig {
             raft_max_payload_entries: DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES,
             test_hooks: TestHooks::default(),
             metrics_addr: None,
+            metrics_max_connections: crate::metrics::DEFAULT_METRICS_MAX_CONNECTIONS,
             election_timeout: DEFAULT_ELECTION_TIMEOUT,
             clock: NodeClock::real(std::env::var_os(TEST_CLOCK_OFFSET_ENV).map(PathBuf::from)),
             quota_backend_bytes: 0,

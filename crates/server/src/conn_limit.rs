@@ -21,18 +21,27 @@ pub struct Limited {
 
 /// Admit `socket` if fewer than the limit's connections are open, else close it.
 pub fn admit(limit: &Arc<Semaphore>, socket: TcpStream) -> Option<Limited> {
-    match limit.clone().try_acquire_owned() {
-        Ok(permit) => Some(Limited {
-            inner: socket,
-            _permit: permit,
-        }),
-        Err(_) => {
+    match try_admit(limit, socket) {
+        Ok(limited) => Some(limited),
+        Err(socket) => {
             tracing::warn!(
                 peer = ?socket.peer_addr().ok(),
                 "gRPC connection refused: --max-clients connections are open"
             );
             None
         }
+    }
+}
+
+/// `socket` holding one of `limit`'s permits, or back if none is free (the caller closes
+/// it, and says so its own way).
+pub fn try_admit(limit: &Arc<Semaphore>, socket: TcpStream) -> Result<Limited, TcpStream> {
+    match limit.clone().try_acquire_owned() {
+        Ok(permit) => Ok(Limited {
+            inner: socket,
+            _permit: permit,
+        }),
+        Err(_) => Err(socket),
     }
 }
 

@@ -20,6 +20,7 @@ mod cli;
 use cli::alarm::{alarm, AlarmArgs};
 use cli::debug::{debug, DebugArgs};
 use cli::etcd::EtcdServeArgs;
+use cli::limits::LimitArgs;
 use cli::lock::{lock, LockArgs};
 use cli::signals::{watch_signals, Signal};
 use cli::snapshot::{snapshot, SnapshotArgs};
@@ -201,32 +202,8 @@ struct ServeArgs {
     join: Option<Vec<String>>,
     #[command(flatten)]
     join_tls: JoinTlsArgs,
-    /// Requests that may wait for a batch on this node, per queue (proposals, proposals
-    /// forwarded to the leader, linearizable reads). Past it a request is refused at once,
-    /// with RESOURCE_EXHAUSTED (gRPC) or -BUSY (RESP), and nothing is done.
-    #[arg(long, default_value_t = fenced_server::config::DEFAULT_MAX_PENDING_REQUESTS)]
-    max_pending_requests: usize,
-    /// Connections at once on each of the gRPC and RESP ports (Redis's maxclients); past it a
-    /// new connection is closed (RESP: after "-ERR max number of clients reached").
-    #[arg(long, default_value_t = fenced_server::config::DEFAULT_MAX_CLIENTS)]
-    max_clients: usize,
-    /// Bytes of received but not yet parsed RESP input all connections together may hold
-    /// (0: no cap). A read that takes the total past it closes its connection (after
-    /// "-ERR Protocol error: the node's unparsed input …"), unless that connection's own
-    /// unparsed input is under 16 KiB. Each connection is capped at the largest request
-    /// (64 MiB); before AUTH, at Redis's 10 arguments of 16 KiB.
-    #[arg(long, default_value_t = fenced_resp::DEFAULT_MAX_QUERY_BUFFER_TOTAL)]
-    resp_query_buffer_total: usize,
-    /// gRPC calls without a valid token (none where the node has users, or an unknown or
-    /// expired one) that may be reading their request at once, all connections together
-    /// (0: no limit). One past it is refused with RESOURCE_EXHAUSTED before its body is
-    /// read; each such call may send at most 64 KiB, within 10 s.
-    #[arg(long, default_value_t = fenced_server::pre_auth::DEFAULT_UNAUTHENTICATED_CALLS)]
-    grpc_unauthenticated_calls: usize,
-    /// HTTP/2 streams (calls in flight) per gRPC connection; a client's calls past it wait
-    /// for one to end.
-    #[arg(long, default_value_t = fenced_server::pre_auth::DEFAULT_MAX_CONCURRENT_STREAMS)]
-    grpc_max_concurrent_streams: u32,
+    #[command(flatten)]
+    limits: LimitArgs,
     /// Recovery after a lost quorum: make this member's data dir (all of its log, committed
     /// or not) a new cluster of this member alone, revision bumped by --bump-revision and
     /// every lock dropped; the old data dir is kept beside it. Other members never rejoin:
@@ -468,14 +445,7 @@ async fn serve(a: ServeArgs) -> anyhow::Result<()> {
     cfg.metrics_addr = a.metrics_addr.clone();
     cfg.keep_logs = a.keep_logs;
     cfg.force_new_cluster = a.force_new_cluster;
-    if a.max_pending_requests == 0 || a.max_clients == 0 {
-        bail!("--max-pending-requests and --max-clients must be at least 1");
-    }
-    cfg.max_pending_requests = a.max_pending_requests;
-    cfg.max_clients = a.max_clients;
-    cfg.resp_query_buffer_total = a.resp_query_buffer_total;
-    cfg.grpc_unauthenticated_calls = a.grpc_unauthenticated_calls;
-    cfg.grpc_max_concurrent_streams = a.grpc_max_concurrent_streams.max(1);
+    a.limits.apply(&mut cfg)?;
     cfg.bump_revision = a.bump_revision;
     cfg.digest_interval = a.digest_interval;
     a.etcd.apply(&mut cfg)?;

@@ -15,7 +15,10 @@ mod http;
 mod observers;
 pub mod stages;
 
-pub use http::{serve, spawn_watchdog, watch_leader};
+pub use http::{
+    serve, spawn_watchdog, watch_leader, Capped,
+    DEFAULT_MAX_CONNECTIONS as DEFAULT_METRICS_MAX_CONNECTIONS,
+};
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -66,6 +69,8 @@ pub struct Metrics {
     /// gRPC calls without a valid token refused before their body was read, by limit
     /// ([`crate::pre_auth`]).
     grpc_unauthenticated_refused: Family<Reason, Counter>,
+    /// Connections to the metrics port closed at once for `--metrics-max-connections`.
+    metrics_connections_refused: Counter,
     term: Gauge,
     is_leader: Gauge,
     /// 1 while this member's divergence alarm is raised.
@@ -208,6 +213,7 @@ impl Metrics {
             stale_writes: Family::default(),
             resp_input_closed: Family::default(),
             grpc_unauthenticated_refused: Family::default(),
+            metrics_connections_refused: Counter::default(),
             term: Gauge::default(),
             is_leader: Gauge::default(),
             alarm_corrupt: Gauge::default(),
@@ -301,6 +307,12 @@ impl Metrics {
              body_size (over 64 KiB), body_time (not sent within 10 s), calls \
              (--grpc-unauthenticated-calls reading theirs already)",
             m.grpc_unauthenticated_refused.clone(),
+        );
+        r.register(
+            "metrics_connections_refused",
+            "Connections to the metrics port (/metrics, /health, /ready) closed at once \
+             because --metrics-max-connections were open",
+            m.metrics_connections_refused.clone(),
         );
         r.register("raft_term", "Current Raft term", m.term.clone());
         r.register(

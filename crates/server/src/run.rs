@@ -351,8 +351,13 @@ async fn listen(
         }
         None => None,
     };
-    crate::metrics::spawn_watchdog(node.clone(), metrics_listener, shutdown_rx.clone())
-        .map_err(|e| StartError::Config(format!("starting the watchdog thread: {e}")))?;
+    crate::metrics::spawn_watchdog(
+        node.clone(),
+        metrics_listener,
+        cfg.metrics_max_connections,
+        shutdown_rx.clone(),
+    )
+    .map_err(|e| StartError::Config(format!("starting the watchdog thread: {e}")))?;
     let port = crate::client_port::ClientPort::new(listener, cfg)?;
     let check = match &cfg.tls {
         Some(t) => t

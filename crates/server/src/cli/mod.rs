@@ -4,6 +4,7 @@
 pub mod alarm;
 pub mod debug;
 pub mod etcd;
+pub mod limits;
 pub mod lock;
 pub mod signals;
 pub mod snapshot;

@@ -2,16 +2,22 @@
 //! thread that serves it, and the leader watcher that keeps gRPC health in step.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Semaphore};
 
 use super::apply_watch;
+use crate::conn_limit::{try_admit, Limited};
 use crate::node::Node;
 
 /// How long `/ready` waits for the read barrier.
@@ -19,15 +25,26 @@ const READY_TIMEOUT: Duration = Duration::from_secs(1);
 /// `/metrics` renders that may wait for the state at once (see [`super::Metrics`]'s
 /// `renders`).
 pub(super) const MAX_RENDERS: usize = 4;
+/// `--metrics-max-connections`' default: far more than any monitoring opens, far fewer
+/// file descriptors and buffers than the node has.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
+/// At most one warning per this long about connections closed for the limit.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+/// A metrics connection that sends nothing for this long is closed (an idle keep-alive
+/// between scrapes too: the scraper reconnects), so connections left open by idle or
+/// vanished clients give their places back.
+pub const IDLE: Duration = Duration::from_secs(5);
 
 /// Start the node's watchdog thread, with a runtime of its own: it logs a stuck apply
 /// ([`apply_watch::warn_while_stuck`]) and serves `/metrics`, `/health` and `/ready` on
 /// `listener` (if any) until `shutdown`. Not on the node's runtime, so that a hung apply —
 /// which holds one of its workers, and the state lock other workers then wait for — cannot
 /// silence `/health` or the log line naming the stuck index.
+/// At most `max_connections` connections are open on it at once ([`Capped`]).
 pub fn spawn_watchdog(
     node: Node,
     listener: Option<std::net::TcpListener>,
+    max_connections: usize,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -45,6 +62,7 @@ pub fn spawn_watchdog(
                 let listener = listener.map(TcpListener::from_std).transpose();
                 match listener {
                     Ok(Some(l)) => {
+                        let l = Capped::new(l, max_connections, node.clone());
                         tokio::join!(warn, serve(node.clone(), l, shutdown));
                     }
                     Ok(None) => warn.await,
@@ -60,8 +78,119 @@ pub fn spawn_watchdog(
     Ok(())
 }
 
+/// The metrics listener with its connection cap (`--metrics-max-connections`): a
+/// connection accepted while the cap's are open is closed at once (counted in
+/// `fenced_metrics_connections_refused_total`, a warning at most every 10 s), and one that
+/// sends nothing for [`IDLE`] is closed, so idle or slow clients hold at most that many
+/// sockets and buffers, and for at most [`IDLE`] each: a fresh `/health` is served once
+/// one of them closes.
+pub struct Capped {
+    inner: TcpListener,
+    limit: Arc<Semaphore>,
+    max: usize,
+    node: Node,
+    warned: Option<Instant>,
+}
+
+impl Capped {
+    pub fn new(inner: TcpListener, max: usize, node: Node) -> Capped {
+        let max = max.clamp(1, Semaphore::MAX_PERMITS);
+        Capped {
+            inner,
+            limit: Arc::new(Semaphore::new(max)),
+            max,
+            node,
+            warned: None,
+        }
+    }
+}
+
+/// A metrics connection: its permit, and the deadline of its next byte ([`IDLE`]).
+pub struct Conn {
+    inner: Limited,
+    idle: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                if buf.filled().len() > before {
+                    let next = tokio::time::Instant::now() + IDLE;
+                    self.idle.as_mut().reset(next);
+                }
+                Poll::Ready(r)
+            }
+            // Nothing for IDLE: end of input, and hyper closes the connection.
+            Poll::Pending => match self.idle.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Ok(())),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl axum::serve::Listener for Capped {
+    type Io = Conn;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Conn, std::net::SocketAddr) {
+        loop {
+            let (socket, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+            match try_admit(&self.limit, socket) {
+                Ok(inner) => {
+                    let idle = Box::pin(tokio::time::sleep(IDLE));
+                    return (Conn { inner, idle }, addr);
+                }
+                Err(socket) => {
+                    drop(socket);
+                    self.node.metrics().metrics_connection_refused();
+                    if self.warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+                        self.warned = Some(Instant::now());
+                        tracing::warn!(
+                            peer = %addr,
+                            max = self.max,
+                            "metrics connection closed: --metrics-max-connections are open"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
 /// Serve `/metrics`, `/health` and `/ready` on `listener` until `shutdown`.
-pub async fn serve(node: Node, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+pub async fn serve<L>(node: Node, listener: L, mut shutdown: watch::Receiver<bool>)
+where
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+{
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/health", get(health))

@@ -15,6 +15,12 @@ impl Metrics {
             })
             .inc();
     }
+
+    /// A metrics-port connection closed for `--metrics-max-connections`
+    /// ([`super::http::Capped`]).
+    pub fn metrics_connection_refused(&self) {
+        self.metrics_connections_refused.inc();
+    }
 }
 
 impl fenced_resp::CommandObserver for Metrics {
