@@ -319,6 +319,12 @@ fn make_lock(spec: &ClientSpec, node: usize) -> Result<Box<dyn DistLock>, Client
         // etcd's Lock service, one node per client incarnation (the next one after an info).
         System::FencedEtcdLock => Box::new(EtcdLockService::fenced(node_addr()?)?),
         System::EtcdLock => Box::new(EtcdLockService::etcd(node_addr()?)?),
+        // Even clients through the client-side recipe on KV, odd ones through the Lock RPC.
+        System::FencedEtcdMix | System::EtcdMix if spec.index.is_multiple_of(2) => {
+            Box::new(fenced_backends::EtcdLock::connect(node_addr()?)?)
+        }
+        System::FencedEtcdMix => Box::new(EtcdLockService::fenced(node_addr()?)?),
+        System::EtcdMix => Box::new(EtcdLockService::etcd(node_addr()?)?),
         System::Redlock => Box::new(Redlock::new(
             &spec.lock_endpoints,
             RedlockConfig {

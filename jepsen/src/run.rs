@@ -212,8 +212,8 @@ pub fn run_test(o: &TestOpts) -> anyhow::Result<RunSummary> {
     // What the lock clients talk to: fenced's gRPC or RESP port on every node, or the Redis
     // servers.
     let port = match o.system {
-        System::Fenced | System::FencedEtcdLock => GRPC_PORT,
-        System::Etcd | System::EtcdLock => ETCD_PORT,
+        System::Fenced | System::FencedEtcdLock | System::FencedEtcdMix => GRPC_PORT,
+        System::Etcd | System::EtcdLock | System::EtcdMix => ETCD_PORT,
         s if s.is_fenced_resp() || s == System::FencedLua => RESP_PORT,
         _ => REDIS_PORT,
     };

@@ -46,11 +46,17 @@ pub enum System {
     Etcd,
     FencedEtcdLock,
     EtcdLock,
+    /// Half the lock clients (even indexes) through etcd's client-side Mutex recipe on KV
+    /// (`fenced_backends::EtcdLock`), half through the server-side Lock RPC, on one name
+    /// space: fenced's etcd API (issue 38: one lock per name, whoever takes it).
+    FencedEtcdMix,
+    /// The same mix against a real etcd cluster.
+    EtcdMix,
 }
 
 impl System {
     /// Every system, in the order results tables list them.
-    pub const ALL: [System; 9] = [
+    pub const ALL: [System; 11] = [
         System::Fenced,
         System::FencedResp,
         System::FencedSetnx,
@@ -60,6 +66,8 @@ impl System {
         System::Etcd,
         System::FencedEtcdLock,
         System::EtcdLock,
+        System::FencedEtcdMix,
+        System::EtcdMix,
     ];
 
     pub fn parse(name: &str) -> Option<System> {
@@ -77,6 +85,8 @@ impl System {
             System::Etcd => "etcd",
             System::FencedEtcdLock => "fenced-etcdlock",
             System::EtcdLock => "etcd-lock",
+            System::FencedEtcdMix => "fenced-etcdmix",
+            System::EtcdMix => "etcd-mix",
         }
     }
 
@@ -96,18 +106,22 @@ impl System {
                 | System::FencedSetnx
                 | System::FencedLua
                 | System::FencedEtcdLock
+                | System::FencedEtcdMix
         )
     }
 
     /// A real etcd cluster (the `etcd` binary), whichever API its clients use.
     pub fn is_etcd_cluster(self) -> bool {
-        matches!(self, System::Etcd | System::EtcdLock)
+        matches!(self, System::Etcd | System::EtcdLock | System::EtcdMix)
     }
 
     /// Lock clients use etcd's server-side lock service (`v3lockpb.Lock`), on one node at a
     /// time.
     pub fn is_etcd_lock_service(self) -> bool {
-        matches!(self, System::FencedEtcdLock | System::EtcdLock)
+        matches!(
+            self,
+            System::FencedEtcdLock | System::EtcdLock | System::FencedEtcdMix | System::EtcdMix
+        )
     }
 
     /// Server nodes replicate among themselves (fenced clusters, etcd): partitions cut nodes
@@ -121,8 +135,10 @@ impl System {
     /// etcd member needs `etcdctl member remove/add`, which the harness does not do).
     pub fn unsupported_nemesis(self, nemesis: &str) -> Option<&'static str> {
         match (self, nemesis) {
-            (System::Etcd | System::EtcdLock, "partition" | "kill" | "pause") => None,
-            (System::Etcd | System::EtcdLock, _) => {
+            (System::Etcd | System::EtcdLock | System::EtcdMix, "partition" | "kill" | "pause") => {
+                None
+            }
+            (System::Etcd | System::EtcdLock | System::EtcdMix, _) => {
                 Some("etcd runs under partition, kill and pause only")
             }
             (s, "membership") if !s.is_fenced_cluster() => Some("no members to change"),
@@ -137,7 +153,7 @@ impl System {
 
     /// Grants carry fencing tokens (the fencing checker applies).
     pub fn issues_tokens(self) -> bool {
-        self.is_fenced_cluster() || self == System::EtcdLock
+        self.is_fenced_cluster() || matches!(self, System::EtcdLock | System::EtcdMix)
     }
 
     /// Why `workload` cannot run against this system, if it cannot: `fenced-lua` runs only
@@ -224,12 +240,20 @@ mod tests {
                 "fenced-resp",
                 "fenced-setnx",
                 "fenced-lua",
-                "fenced-etcdlock"
+                "fenced-etcdlock",
+                "fenced-etcdmix"
             ]
         );
         // etcd's Lock service: on fenced's cluster and on etcd's, tokens on both, lock and
         // counter workloads only; etcd's nemeses are etcd's.
         assert!(System::FencedEtcdLock.is_fenced_cluster() && System::EtcdLock.has_peers());
+        assert!(System::FencedEtcdMix.is_fenced_cluster() && System::FencedEtcdMix.issues_tokens());
+        assert!(System::EtcdMix.is_etcd_cluster() && System::EtcdMix.issues_tokens());
+        assert!(
+            System::EtcdMix.is_etcd_lock_service() && System::FencedEtcdMix.is_etcd_lock_service()
+        );
+        assert_eq!(System::parse("fenced-etcdmix"), Some(System::FencedEtcdMix));
+        assert!(System::EtcdMix.unsupported_nemesis("clock").is_some());
         assert!(System::EtcdLock.is_etcd_cluster() && !System::EtcdLock.is_fenced_cluster());
         assert!(issues_tokens("etcd-lock") && issues_tokens("fenced-etcdlock"));
         for s in [System::FencedEtcdLock, System::EtcdLock] {

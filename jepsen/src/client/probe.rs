@@ -57,7 +57,7 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
     }
     let system = system_of(spec).map_err(|e| e.to_string())?;
     match system {
-        System::Fenced | System::FencedEtcdLock => {
+        System::Fenced | System::FencedEtcdLock | System::FencedEtcdMix => {
             // Every node up and agreeing on a leader.
             for ep in &spec.lock_endpoints {
                 let c = fenced_client::Client::connect([ep]).map_err(|e| e.to_string())?;
@@ -88,7 +88,7 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
         }
         // Checked below, through etcd's API (kv and watch workloads).
         System::Etcd => {}
-        System::EtcdLock => {}
+        System::EtcdLock | System::EtcdMix => {}
         s if s.is_fenced_resp() => {
             // Every node answers PING and takes a lock write (forwarded to the leader), with
             // the run's own client: RESP up, a leader known everywhere.
@@ -127,7 +127,9 @@ async fn probe_once(spec: &ClientSpec, t: Duration) -> Result<(), String> {
             let l = make_lock(spec, i).map_err(|e| e.to_string())?;
             let key = format!("probe-{i}");
             let g =
-                tokio::time::timeout(t, l.acquire(&key, Duration::from_secs(2), Duration::ZERO))
+                // A wait, not a try: the probe's lock is free, but a try's deadline (the
+                // 200 ms grace) is shorter than a write on a loaded machine.
+                tokio::time::timeout(t, l.acquire(&key, Duration::from_secs(2), Duration::from_secs(2)))
                     .await
                     .map_err(|_| format!("{ep}: probe Lock timed out"))?
                     .map_err(|e| format!("{ep}: probe Lock: {e}"))?
