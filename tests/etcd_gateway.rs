@@ -790,3 +790,94 @@ print("tls ok")
     );
     assert_ne!(plain.0, 200, "plaintext against a TLS port: {plain:?}");
 }
+
+/// A watch streamed over HTTP/1.1 from a follower, and a lease kept alive by gateway
+/// keep-alives (one request each, as etcd3gw sends them), through a SIGKILL of the leader:
+/// the watch delivers the writes made after the kill, once each, and the lease lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_and_keepalive_survive_a_leader_kill() {
+    let c = TestCluster::start("etcd-gw-kill", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let node = follower_of(leader);
+    let base = format!("http://{}", c.grpc_addr(node));
+    wait_gateway(&base).await;
+    let (_, grant) = post(&base, "/v3/lease/grant", r#"{"TTL":10}"#);
+    let id = grant["ID"].as_str().expect("ID").to_owned();
+    let (code, _) = post(
+        &base,
+        "/v3/kv/put",
+        &format!(
+            r#"{{"key":"{}","value":"{}","lease":"{id}"}}"#,
+            b64("k/leased"),
+            b64("x")
+        ),
+    );
+    assert_eq!(code, 200);
+    let w = stream(
+        &format!("{base}/v3/watch"),
+        &format!(
+            r#"{{"create_request":{{"key":"{}","range_end":"{}"}}}}"#,
+            b64("k/"),
+            b64("k0")
+        ),
+        60,
+    );
+    let created: Value = serde_json::from_str(&w.line(READY, "the created line")).expect("JSON");
+    assert_eq!(created["result"]["created"], true, "{created}");
+    let (code, _) = post(
+        &base,
+        "/v3/kv/put",
+        &format!(r#"{{"key":"{}","value":"{}"}}"#, b64("k/a"), b64("before")),
+    );
+    assert_eq!(code, 200);
+    c.kill(leader);
+    let after = c.wait_for_leader_other_than(leader, LEADER_TIMEOUT).await;
+    assert_ne!(after, leader);
+    // Writes through the follower (forwarded to the new leader), retried until it takes them.
+    let url = format!("{base}/v3/kv/put");
+    for v in ["after-1", "after-2"] {
+        let body = format!(r#"{{"key":"{}","value":"{}"}}"#, b64("k/a"), b64(v));
+        wait_for(&format!("a put of {v} after the kill"), READY, || {
+            let (url, body) = (url.clone(), body.clone());
+            async move {
+                let r = tokio::task::spawn_blocking(move || http("POST", &url, Some(&body), &[]))
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if r.0 == 200 {
+                    Ok(())
+                } else {
+                    Err(format!("{r:?}"))
+                }
+            }
+        })
+        .await;
+    }
+    // Keep-alives over the gateway, across the kill: the lease is still granted.
+    let (code, text) = http(
+        "POST",
+        &format!("{base}/v3/lease/keepalive"),
+        Some(&format!(r#"{{"ID":"{id}"}}"#)),
+        &[],
+    );
+    assert_eq!(code, 200, "{text}");
+    let ka: Value = serde_json::from_str(text.trim()).expect("JSON");
+    assert_eq!(ka["result"]["TTL"], "10", "{ka}");
+    let mut values = Vec::new();
+    while values.len() < 3 {
+        let line: Value = serde_json::from_str(&w.line(READY, "an event line")).expect("JSON");
+        for ev in line["result"]["events"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
+            values.push(ev["kv"]["value"].as_str().unwrap_or_default().to_owned());
+        }
+    }
+    assert_eq!(values, vec![b64("before"), b64("after-1"), b64("after-2")]);
+    let (_, r) = post(
+        &base,
+        "/v3/kv/range",
+        &format!(r#"{{"key":"{}"}}"#, b64("k/leased")),
+    );
+    assert_eq!(r["count"], "1", "the leased key outlived the kill: {r}");
+}
