@@ -881,3 +881,106 @@ async fn watch_and_keepalive_survive_a_leader_kill() {
     );
     assert_eq!(r["count"], "1", "the leased key outlived the kill: {r}");
 }
+
+/// `v`'s shape: the same keys, each value replaced by its JSON type (ids, revisions and
+/// TTLs differ between two stores; which fields an answer has must not).
+fn shape(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(m.iter().map(|(k, x)| (k.clone(), shape(x))).collect()),
+        Value::Array(a) => Value::Array(a.iter().take(1).map(shape).collect()),
+        Value::String(_) => Value::from("string"),
+        Value::Number(_) => Value::from("number"),
+        Value::Bool(b) => Value::from(*b),
+        Value::Null => Value::Null,
+    }
+}
+
+/// The lease, maintenance, cluster, auth, lock and election routes: the same requests to
+/// etcd and fenced, answers compared by status and shape (the fields present and their
+/// JSON types), the values that do not name ids compared too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_routes_answer_in_etcds_shape() {
+    let etcd = start_etcd();
+    let c = TestCluster::start("etcd-gw-shapes", &[]);
+    c.wait_for_leader(LEADER_TIMEOUT).await;
+    let fenced = format!("http://{}", c.grpc_addr(1));
+    wait_gateway(&etcd.base).await;
+    wait_gateway(&fenced).await;
+    // Each side's own lease id goes into the requests that name one.
+    let mut ids = Vec::new();
+    for base in [&etcd.base, &fenced] {
+        let (code, v) = post(base, "/v3/lease/grant", r#"{"TTL":60}"#);
+        assert_eq!(code, 200, "{v}");
+        assert_eq!(v["TTL"], "60", "{v}");
+        ids.push(v["ID"].as_str().expect("ID").to_owned());
+    }
+    let name = b64("elect");
+    let steps: Vec<(&str, String)> = vec![
+        (
+            "/v3/kv/put",
+            format!(
+                r#"{{"key":"{}","value":"{}","lease":"{{ID}}"}}"#,
+                b64("lk"),
+                b64("v")
+            ),
+        ),
+        (
+            "/v3/lease/timetolive",
+            r#"{"ID":"{ID}","keys":true}"#.into(),
+        ),
+        ("/v3/kv/lease/timetolive", r#"{"ID":"{ID}"}"#.into()),
+        ("/v3/lease/leases", "{}".into()),
+        ("/v3/maintenance/status", "{}".into()),
+        ("/v3/maintenance/alarm", "{}".into()),
+        ("/v3/cluster/member/list", "{}".into()),
+        (
+            "/v3/lock/lock",
+            format!(r#"{{"name":"{}","lease":"{{ID}}"}}"#, b64("lock")),
+        ),
+        (
+            "/v3/election/campaign",
+            format!(
+                r#"{{"name":"{name}","lease":"{{ID}}","value":"{}"}}"#,
+                b64("me")
+            ),
+        ),
+        ("/v3/election/leader", format!(r#"{{"name":"{name}"}}"#)),
+        ("/v3/lease/revoke", r#"{"ID":"{ID}"}"#.into()),
+        ("/v3/lease/revoke", r#"{"ID":"{ID}"}"#.into()),
+        ("/v3/lease/timetolive", r#"{"ID":"{ID}"}"#.into()),
+        ("/v3/election/leader", format!(r#"{{"name":"{name}"}}"#)),
+        ("/v3/kv/range", format!(r#"{{"key":"{}"}}"#, b64("lk"))),
+    ];
+    for (path, body) in &steps {
+        let e = post(&etcd.base, path, &body.replace("{ID}", &ids[0]));
+        let f = post(&fenced, path, &body.replace("{ID}", &ids[1]));
+        assert_eq!(f.0, e.0, "{path}: status (etcd {}, fenced {})", e.1, f.1);
+        assert_eq!(
+            shape(&f.1),
+            shape(&e.1),
+            "{path}: shape\netcd:   {}\nfenced: {}",
+            e.1,
+            f.1
+        );
+        for k in [
+            "error",
+            "code",
+            "message",
+            "count",
+            "TTL",
+            "grantedTTL",
+            "deleted",
+        ] {
+            if k == "TTL" && path.contains("timetolive") {
+                continue; // counting down on both
+            }
+            assert_eq!(
+                f.1.get(k),
+                e.1.get(k),
+                "{path}: {k}\netcd:   {}\nfenced: {}",
+                e.1,
+                f.1
+            );
+        }
+    }
+}

@@ -81,7 +81,9 @@ impl Cluster for EtcdApi {
             })
             .collect();
         Ok(tonic::Response::new(epb::MemberListResponse {
-            header: self.header_now(),
+            // etcd's cluster answers carry no revision (its cluster server's header has
+            // only the cluster and member ids and the term).
+            header: self.header(0),
             members,
         }))
     }
