@@ -984,3 +984,44 @@ async fn other_routes_answer_in_etcds_shape() {
         }
     }
 }
+
+/// A gateway call counts in the client API's metrics as the gRPC method it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_calls_count_as_their_grpc_methods() {
+    const METRICS_PORT: u16 = 9191;
+    let addr = format!("{{ip}}:{METRICS_PORT}");
+    let c = TestCluster::start("etcd-gw-metrics", &["--metrics-addr", &addr]);
+    c.wait_for_leader(LEADER_TIMEOUT).await;
+    let base = format!("http://{}", c.grpc_addr(1));
+    wait_gateway(&base).await;
+    for _ in 0..3 {
+        let (code, v) = post(
+            &base,
+            "/v3/kv/range",
+            &format!(r#"{{"key":"{}"}}"#, b64("warm")),
+        );
+        assert_eq!(code, 200, "{v}");
+    }
+    let (code, body) = support::http_get(&c.ip(1), METRICS_PORT, "/metrics")
+        .await
+        .expect("scrape");
+    assert_eq!(code, 200);
+    let lines = body.lines().map(|l| Ok(l.to_owned()));
+    let ranges: f64 = prometheus_parse::Scrape::parse(lines)
+        .expect("Prometheus text format")
+        .samples
+        .into_iter()
+        .filter(|s| {
+            s.metric == "fenced_grpc_requests_total"
+                && s.labels.get("method") == Some("etcd.KV.Range")
+        })
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum();
+    assert!(
+        ranges >= 3.0,
+        "etcd.KV.Range counted {ranges} times for 3 gateway ranges"
+    );
+}

@@ -434,7 +434,7 @@ async fn listen(
     .add_service(health_service);
     let grpc = grpc.routes();
     // etcd's JSON gateway calls the same gRPC services.
-    let http = crate::gateway::router(grpc.clone(), node.clone());
+    let http = crate::gateway::router(grpc.clone(), node.metrics().grpc_layer(), node.clone());
     let routes = crate::client_port::routes(grpc, http);
     let mut rx = shutdown_rx.clone();
     let stop = async move {

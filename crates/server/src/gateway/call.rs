@@ -34,6 +34,7 @@ use tower_service::Service;
 
 use super::codec::{self, Deframer};
 use super::error;
+use crate::metrics::grpc::GrpcMetrics;
 
 /// The most JSON a request body may hold: room for the largest etcd message
 /// ([`crate::api::etcd::MAX_ETCD_MESSAGE`]) as base64 in JSON.
@@ -41,7 +42,9 @@ pub const MAX_JSON_BODY: usize = 3 * crate::api::etcd::MAX_ETCD_MESSAGE;
 
 /// What a route calls.
 pub struct Target {
-    pub grpc: Routes,
+    /// The gRPC routes inside the client API's metrics: a gateway call counts as the gRPC
+    /// method it is (`fenced_grpc_requests_total{method="etcd.KV.Range"}`).
+    pub grpc: GrpcMetrics<Routes>,
     /// `/<package.Service>/<Method>`.
     pub uri: http::Uri,
     pub method: MethodDescriptor,
@@ -183,7 +186,7 @@ async fn call(
         Err(never) => match never {},
     }
     match grpc.call(req).await {
-        Ok(r) => r,
+        Ok(r) => r.map(GrpcBody::new),
         Err(never) => match never {},
     }
 }

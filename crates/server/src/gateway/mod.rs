@@ -28,11 +28,16 @@ use std::sync::Arc;
 use axum::routing::{any, get};
 use http::{HeaderMap, HeaderValue};
 use tonic::service::Routes;
+use tower_layer::Layer;
+
+use crate::metrics::grpc::GrpcMetricsLayer;
 
 use crate::node::Node;
 
-/// The gateway's routes and `/version`, `/health`, calling the gRPC services in `grpc`.
-pub fn router(grpc: Routes, node: Node) -> axum::Router {
+/// The gateway's routes and `/version`, `/health`, calling the gRPC services in `grpc`
+/// through the client API's metrics layer (`metrics`).
+pub fn router(grpc: Routes, metrics: GrpcMetricsLayer, node: Node) -> axum::Router {
+    let grpc = metrics.layer(grpc);
     let mut router = axum::Router::new();
     for r in routes::ROUTES {
         let Some(method) = codec::method(r.service, r.method) else {
