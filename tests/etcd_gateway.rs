@@ -1025,3 +1025,37 @@ async fn gateway_calls_count_as_their_grpc_methods() {
         "etcd.KV.Range counted {ranges} times for 3 gateway ranges"
     );
 }
+
+/// `election/observe` streams the leader's value as `{"result": …}` lines: the campaign's,
+/// then each proclamation's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_observe_streams_each_proclamation() {
+    let c = TestCluster::start("etcd-gw-observe", &[]);
+    let leader = c.wait_for_leader(LEADER_TIMEOUT).await;
+    let base = format!("http://{}", c.grpc_addr(follower_of(leader)));
+    wait_gateway(&base).await;
+    let (_, grant) = post(&base, "/v3/lease/grant", r#"{"TTL":30}"#);
+    let id = grant["ID"].as_str().expect("ID").to_owned();
+    let name = b64("gw-election");
+    let (code, won) = post(
+        &base,
+        "/v3/election/campaign",
+        &format!(
+            r#"{{"name":"{name}","lease":"{id}","value":"{}"}}"#,
+            b64("v1")
+        ),
+    );
+    assert_eq!(code, 200, "{won}");
+    let o = stream(
+        &format!("{base}/v3/election/observe"),
+        &format!(r#"{{"name":"{name}"}}"#),
+        20,
+    );
+    let first: Value = serde_json::from_str(&o.line(READY, "the leader line")).expect("JSON");
+    assert_eq!(first["result"]["kv"]["value"], b64("v1"), "{first}");
+    let body = format!(r#"{{"leader":{},"value":"{}"}}"#, won["leader"], b64("v2"));
+    let (code, v) = post(&base, "/v3/election/proclaim", &body);
+    assert_eq!(code, 200, "{v}");
+    let next: Value = serde_json::from_str(&o.line(READY, "the proclaimed line")).expect("JSON");
+    assert_eq!(next["result"]["kv"]["value"], b64("v2"), "{next}");
+}
