@@ -6,9 +6,9 @@
 //! * **A power loss** keeps only what each node synced (plus any subset of its dirty pages,
 //!   torn or not). Every acknowledged write was synced on a majority first, so none may be
 //!   lost — even when every node loses power at once — and no node may refuse its own dir.
-//!   The storage runs inline in the simulator (a write and its sync in one call), so a power
-//!   loss between two tasks finds nothing unsynced; [`fenced_fs::SimFs::lose_power_at_sync`] lands one
-//!   between a write and its sync instead (the node sees `EIO`, exits, and the machine
+//!   With `--disk-io inline` (a write and its sync in one call) a power loss between two
+//!   tasks finds nothing unsynced; with the disk as tasks it can fall within a sync's drawn
+//!   latency. [`fenced_fs::SimFs::lose_power_at_sync`] lands one between a write and its sync (the node sees `EIO`, exits, and the machine
 //!   restarts without what was not synced).
 //! * **`fsync` failures and a full disk** stop a node's writes: its Raft stops on the storage
 //!   error and the process exits ("fatal"), as `fenced serve` does; the simulated supervisor

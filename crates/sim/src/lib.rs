@@ -5,7 +5,9 @@
 //! and faults, all on one thread of a tokio current-thread runtime whose time is paused (it
 //! jumps to the next timer whenever every task waits) and whose RNG — the branch order of
 //! `tokio::select!` — is seeded, like the nodes' randomness (`fenced_raft_types::rng`). The
-//! nodes' storage runs inline (`fenced_storage::Io::Inline`), their messages travel through
+//! nodes' storage runs production's flusher and recorder as tasks, each sync after a latency
+//! drawn from the seed (`fenced_storage::Io::Tasks`; `Io::Inline` with [`world::DiskIo::Inline`],
+//! the mode of the seeds recorded before), their messages travel through
 //! [`net::Net`], their clocks are [`fenced_server::clock::SimClock`]s. So the same seed gives
 //! the same run, which [`Report::fingerprint`] (a hash of the trace, the history and the
 //! final state digests) lets anyone check, in this process or another.

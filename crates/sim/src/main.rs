@@ -4,6 +4,7 @@
 //! fenced-sim --seeds 0..200                 # each seed once; a failure prints its replay command
 //! fenced-sim --seed 17 --trace              # replay one seed with its readable trace
 //! fenced-sim --seeds 1000.. --hours 2       # seeds from 1000 on until 2 real hours have passed
+//! fenced-sim --seed 45 --disk-io inline     # a seed recorded before issue 40, as it ran then
 //! ```
 
 use std::ops::Range;
@@ -75,6 +76,11 @@ struct Args {
     /// bytes (at least 17; 17 without a number). See `uniform.rs`.
     #[arg(long, num_args = 0..=1, default_missing_value = "17")]
     uniform_writes: Option<usize>,
+    /// Where the nodes' disk work runs: `tasks` (production's flusher and recorder, each sync
+    /// after a latency drawn from the seed) or `inline` (the mode of every seed recorded
+    /// before issue 40: replay those with it).
+    #[arg(long, default_value = "tasks")]
+    disk_io: String,
     /// After each seed's line, the numbers of these checkers (a comma list, e.g. log-terms).
     #[arg(long)]
     stats: Option<String>,
@@ -113,6 +119,11 @@ fn options(args: &Args) -> anyhow::Result<Options> {
     o.workload.resp.think_ms = args.resp_think_ms;
     o.cluster.forward_max_items = args.forward_batch;
     o.cluster.raft_max_payload = args.raft_max_payload.map(|n| n.max(1));
+    o.cluster.disk_io = match args.disk_io.as_str() {
+        "tasks" => fenced_sim::world::DiskIo::Tasks,
+        "inline" => fenced_sim::world::DiskIo::Inline,
+        other => bail!("--disk-io wants tasks or inline, got {other:?}"),
+    };
     o.workload.uniform_writes = args
         .uniform_writes
         .map(|n| n.max(fenced_sim::workload::uniform::MIN_VALUE_BYTES));
@@ -161,7 +172,7 @@ fn options(args: &Args) -> anyhow::Result<Options> {
 
 fn replay(args: &Args, seed: u64) -> String {
     format!(
-        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {} --resp-clients {} --pipeline-max {} --resp-think-ms {} --resp-mix {}{}{}{}",
+        "cargo run --release -p fenced-sim -- --seed {seed} --trace --nodes {} --clients {} --duration-s {} --faults {} --client-tries {} --fault-max-ms {} --resp-clients {} --pipeline-max {} --resp-think-ms {} --resp-mix {} --disk-io {}{}{}{}",
         args.nodes,
         args.clients,
         args.duration_s,
@@ -172,6 +183,7 @@ fn replay(args: &Args, seed: u64) -> String {
         args.pipeline_max,
         args.resp_think_ms,
         args.resp_mix,
+        args.disk_io,
         args.forward_batch
             .map_or(String::new(), |n| format!(" --forward-batch {n}")),
         args.raft_max_payload

@@ -56,6 +56,25 @@ pub struct ClusterSpec {
     /// Most log entries in one replication message (`NodeConfig::raft_max_payload_entries`;
     /// `None`: production's, openraft's 300). See `walfind.rs`.
     pub raft_max_payload: Option<u64>,
+    /// Where the nodes' disk work runs: production's flusher and recorder as tasks (the
+    /// default), or inline (every seed recorded before issue 40).
+    pub disk_io: DiskIo,
+}
+
+/// Where a simulated node's disk work runs (`fenced_storage::Io`, docs/simulation.md, "What
+/// runs inline").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DiskIo {
+    /// `Io::Inline`: an append syncs before it returns and a round records the log's end
+    /// before it acknowledges. The mode of every seed recorded before issue 40; a run in it
+    /// keeps the fingerprint it had then (`crate::knobs`).
+    Inline,
+    /// `Io::Tasks`: production's group commit and recorder (`wal::Flusher`) as tasks, each
+    /// `fdatasync` (and each write production runs in `spawn_blocking`) completing after a
+    /// latency drawn from the seed, so an append is acknowledged after it returns and
+    /// openraft's pending flush is open while the next message is handled.
+    #[default]
+    Tasks,
 }
 
 impl Default for ClusterSpec {
@@ -68,6 +87,7 @@ impl Default for ClusterSpec {
             diverge: None,
             forward_max_items: None,
             raft_max_payload: None,
+            disk_io: DiskIo::Tasks,
         }
     }
 }
@@ -103,6 +123,11 @@ struct Slot {
     rotted: bool,
     /// Left down for the rest of the run: it refused its rotten dir.
     given_up: bool,
+    /// The running (or starting) process's disk timing, with [`DiskIo::Tasks`]: killed when
+    /// the process dies, a new one at every start.
+    task_io: Option<Arc<fenced_storage::TaskIo>>,
+    /// Starts so far: each start's disk latencies are drawn from a seed of its own.
+    starts: u64,
 }
 
 /// How long the simulated supervisor waits before restarting a node whose process exited on
@@ -129,6 +154,16 @@ impl Slot {
             fs,
             rotted: false,
             given_up: false,
+            task_io: None,
+            starts: 0,
+        }
+    }
+
+    /// The node's process died (crashed, stopped itself, failed to start): its flusher,
+    /// recorder and pending writes do nothing more.
+    fn kill_io(&mut self) {
+        if let Some(t) = self.task_io.take() {
+            t.kill();
         }
     }
 }
@@ -479,6 +514,27 @@ impl Cluster {
         cfg
     }
 
+    /// The disk mode of node `id`'s next process: with [`DiskIo::Tasks`] a fresh
+    /// [`fenced_storage::TaskIo`] whose latencies come from the disks' seed, the node and its
+    /// start count (not from the run's generator, whose draws stay as they were).
+    fn start_io(&self, id: u64) -> fenced_storage::Io {
+        if self.inner.spec.disk_io == DiskIo::Inline {
+            return fenced_storage::Io::Inline;
+        }
+        let mut slots = self.inner.slots.borrow_mut();
+        let Some(s) = slots.get_mut(&id) else {
+            return fenced_storage::Io::Inline;
+        };
+        s.kill_io();
+        s.starts += 1;
+        let seed = self.inner.disk_seed.rotate_left(29)
+            ^ id.wrapping_mul(0xA24B_AED4_963E_E407)
+            ^ s.starts.wrapping_mul(0x9FB2_1C65_1E98_DF25);
+        let t = fenced_storage::TaskIo::new(seed);
+        s.task_io = Some(t.clone());
+        fenced_storage::Io::Tasks(t)
+    }
+
     /// Start node `id` (a restart after a crash opens the same data dir).
     pub async fn start(&self, id: u64) {
         if self.is_up(id) {
@@ -512,9 +568,10 @@ impl Cluster {
                 return;
             }
         };
+        let io = self.start_io(id);
         let seams = fenced_server::run::Seams {
             links: Some(self.inner.net.links(id)),
-            io: fenced_storage::Io::Inline,
+            io,
             listen: false,
             fs: fs.unwrap_or_else(fenced_fs::os),
         };
@@ -560,6 +617,7 @@ impl Cluster {
                 let Some(s) = slots.get_mut(&id) else {
                     return;
                 };
+                s.kill_io();
                 let failing = s.fs.faults();
                 let line = |what: String| self.inner.trace.line(&format!("n{id}"), what);
                 if failing.fsync_error > 0.0 || failing.full || s.fs.is_dead() {
@@ -610,6 +668,7 @@ impl Cluster {
             if let Some(w) = slot.fatal.take() {
                 w.abort();
             }
+            slot.kill_io();
             slot.life.send_modify(|l| *l += 1);
             r
         };
@@ -687,6 +746,7 @@ impl Cluster {
                 if let Some(w) = s.fatal.take() {
                     w.abort();
                 }
+                s.kill_io();
                 s.running.take()
             });
             if let Some(r) = running {

@@ -35,6 +35,7 @@ pub(super) async fn watch_fatal(id: u64, node: Node, cluster: Cluster) {
         if let Some(w) = slot.watcher.take() {
             w.abort();
         }
+        slot.kill_io();
         slot.life.send_modify(|l| *l += 1);
         if !disk {
             if slot.wiped {
