@@ -136,6 +136,9 @@ pub struct NodeConfig {
     /// `--grpc-unauthenticated-calls`: gRPC calls without a valid token reading their
     /// bodies at once, all connections together (0: no limit; [`crate::pre_auth`]).
     pub grpc_unauthenticated_calls: usize,
+    /// `--grpc-request-buffer-total`: bytes of incomplete requests authenticated calls on the
+    /// client port may hold, all together (0: no cap; [`crate::request_budget`]).
+    pub grpc_request_buffer_total: usize,
     /// `--grpc-max-concurrent-streams`: HTTP/2 streams per gRPC connection.
     pub grpc_max_concurrent_streams: u32,
     /// `--digest-interval`: digest the state every N log indexes for the divergence alarm
@@ -220,6 +223,7 @@ impl NodeConfig {
             max_clients: DEFAULT_MAX_CLIENTS,
             resp_query_buffer_total: fenced_resp::DEFAULT_MAX_QUERY_BUFFER_TOTAL,
             grpc_unauthenticated_calls: crate::pre_auth::DEFAULT_UNAUTHENTICATED_CALLS,
+            grpc_request_buffer_total: crate::request_budget::DEFAULT_REQUEST_BUFFER_TOTAL,
             grpc_max_concurrent_streams: crate::pre_auth::DEFAULT_MAX_CONCURRENT_STREAMS,
             digest_interval: DEFAULT_DIGEST_INTERVAL,
             raft_max_payload_entries: DEFAULT_RAFT_MAX_PAYLOAD_ENTRIES,

@@ -24,6 +24,7 @@ pub mod node;
 pub mod pre_auth;
 pub mod procinfo;
 pub mod proposal;
+pub mod request_budget;
 pub mod resp;
 pub mod run;
 pub mod users;

@@ -71,6 +71,8 @@ pub struct Metrics {
     grpc_unauthenticated_refused: Family<Reason, Counter>,
     /// Connections to the metrics port closed at once for `--metrics-max-connections`.
     metrics_connections_refused: Counter,
+    /// Authenticated calls refused for `--grpc-request-buffer-total`.
+    grpc_request_buffer_refused: Counter,
     term: Gauge,
     is_leader: Gauge,
     /// 1 while this member's divergence alarm is raised.
@@ -214,6 +216,7 @@ impl Metrics {
             resp_input_closed: Family::default(),
             grpc_unauthenticated_refused: Family::default(),
             metrics_connections_refused: Counter::default(),
+            grpc_request_buffer_refused: Counter::default(),
             term: Gauge::default(),
             is_leader: Gauge::default(),
             alarm_corrupt: Gauge::default(),
@@ -313,6 +316,12 @@ impl Metrics {
             "Connections to the metrics port (/metrics, /health, /ready) closed at once \
              because --metrics-max-connections were open",
             m.metrics_connections_refused.clone(),
+        );
+        r.register(
+            "grpc_request_buffer_refused",
+            "Calls on the client port refused because the node's incomplete requests were \
+             over --grpc-request-buffer-total",
+            m.grpc_request_buffer_refused.clone(),
         );
         r.register("raft_term", "Current Raft term", m.term.clone());
         r.register(

@@ -24,7 +24,8 @@
 //! their interceptor checks the peer's certificate before the body is read, and without
 //! TLS they are open to whoever reaches the port (docs/operations.md, "Users and
 //! permissions"). With no users (an open `default`), every call is authenticated, as on
-//! the RESP port.
+//! the RESP port. An authenticated call's body is counted in the node's budget of
+//! incomplete requests instead ([`crate::request_budget`], `--grpc-request-buffer-total`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -65,6 +66,8 @@ pub struct PreAuthLayer {
 
 struct Shared {
     users: Arc<Users>,
+    /// The node-wide budget of authenticated calls' incomplete requests; `None`: no cap.
+    budget: Option<Arc<crate::request_budget::RequestBudget>>,
     /// Permits for unauthenticated calls reading their bodies; `None`: no limit.
     calls: Option<Arc<Semaphore>>,
     limit: usize,
@@ -76,11 +79,20 @@ struct Shared {
 }
 
 impl PreAuthLayer {
-    /// `calls`: `--grpc-unauthenticated-calls` (0: no limit).
-    pub fn new(users: Arc<Users>, calls: usize, metrics: Arc<Metrics>) -> PreAuthLayer {
+    /// `calls`: `--grpc-unauthenticated-calls` (0: no limit); `buffer_total`:
+    /// `--grpc-request-buffer-total` (0: no cap; [`crate::request_budget`]).
+    pub fn new(
+        users: Arc<Users>,
+        calls: usize,
+        buffer_total: usize,
+        metrics: Arc<Metrics>,
+    ) -> PreAuthLayer {
         PreAuthLayer {
             shared: Arc::new(Shared {
                 users,
+                budget: (buffer_total > 0).then(|| {
+                    crate::request_budget::RequestBudget::new(buffer_total, metrics.clone())
+                }),
                 calls: (calls > 0).then(|| Arc::new(Semaphore::new(calls))),
                 limit: calls,
                 metrics,
@@ -147,7 +159,20 @@ where
         if gateway {
             crate::gateway::normalize_token(req.headers_mut());
         }
-        if req.uri().path().starts_with(NODE_SERVICES) || s.users.has_caller(req.headers()) {
+        if req.uri().path().starts_with(NODE_SERVICES) {
+            return PreAuthFuture::Inner {
+                fut: self.inner.call(req),
+            };
+        }
+        if s.users.has_caller(req.headers()) {
+            // Authenticated: its incomplete request counts in the node's total.
+            let req = match &s.budget {
+                Some(budget) => {
+                    let (parts, body) = req.into_parts();
+                    http::Request::from_parts(parts, budget.wrap(body, !gateway))
+                }
+                None => req,
+            };
             return PreAuthFuture::Inner {
                 fut: self.inner.call(req),
             };

@@ -377,6 +377,7 @@ async fn listen(
         pre_auth: crate::pre_auth::PreAuthLayer::new(
             users.clone(),
             cfg.grpc_unauthenticated_calls,
+            cfg.grpc_request_buffer_total,
             node.metrics().clone(),
         ),
     };

@@ -29,6 +29,13 @@ pub struct LimitArgs {
     /// read; each such call may send at most 64 KiB, within 10 s.
     #[arg(long, default_value_t = fenced_server::pre_auth::DEFAULT_UNAUTHENTICATED_CALLS)]
     grpc_unauthenticated_calls: usize,
+    /// Bytes of incomplete requests that calls with a valid token (every call, on a node
+    /// without users) may hold on the client port, all together (0: no cap). A data frame
+    /// that takes the total past it fails its call with RESOURCE_EXHAUSTED, unless that
+    /// call's incomplete message is under 16 KiB. Each call is also capped by its method's
+    /// message limit (1 MiB, etcd's 2 MiB).
+    #[arg(long, default_value_t = fenced_server::request_budget::DEFAULT_REQUEST_BUFFER_TOTAL)]
+    grpc_request_buffer_total: usize,
     /// HTTP/2 streams (calls in flight) per gRPC connection; a client's calls past it wait
     /// for one to end.
     #[arg(long, default_value_t = fenced_server::pre_auth::DEFAULT_MAX_CONCURRENT_STREAMS)]
@@ -52,6 +59,7 @@ impl LimitArgs {
         cfg.max_clients = self.max_clients;
         cfg.resp_query_buffer_total = self.resp_query_buffer_total;
         cfg.grpc_unauthenticated_calls = self.grpc_unauthenticated_calls;
+        cfg.grpc_request_buffer_total = self.grpc_request_buffer_total;
         cfg.grpc_max_concurrent_streams = self.grpc_max_concurrent_streams.max(1);
         cfg.metrics_max_connections = self.metrics_max_connections;
         Ok(())

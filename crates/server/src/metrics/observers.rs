@@ -21,6 +21,11 @@ impl Metrics {
     pub fn metrics_connection_refused(&self) {
         self.metrics_connections_refused.inc();
     }
+
+    /// A call refused for `--grpc-request-buffer-total` ([`crate::request_budget`]).
+    pub fn grpc_request_buffer_refused(&self) {
+        self.grpc_request_buffer_refused.inc();
+    }
 }
 
 impl fenced_resp::CommandObserver for Metrics {
