@@ -54,9 +54,22 @@ pub(crate) fn work(ks: &Keyspace, now: Millis, argv: &[Bytes]) -> u64 {
         // Deletes and overwrites drop the containers they replace.
         "DEL" | "UNLINK" => dropped(ks, now, a.iter()),
         "MSET" => dropped(ks, now, a.iter().step_by(2)),
-        "SET" | "GETSET" | "GETDEL" | "SETEX" | "PSETEX" | "EXPIRE" | "PEXPIRE" | "EXPIREAT"
-        | "PEXPIREAT" | "LTRIM" | "ZREMRANGEBYSCORE" | "ZCOUNT" | "ZRANGEBYSCORE" | "ZRANGE" => {
-            size(0).saturating_mul(ELEMENT_STEPS)
+        "SET" | "GETSET" | "GETDEL" | "SETEX" | "PSETEX" | "LTRIM" | "ZREMRANGEBYSCORE"
+        | "ZCOUNT" | "ZRANGEBYSCORE" | "ZRANGE" => size(0).saturating_mul(ELEMENT_STEPS),
+        // An expiry in the past removes the key at once; a later one drops nothing now.
+        "EXPIRE" | "PEXPIRE" | "EXPIREAT" | "PEXPIREAT" => {
+            let removes = a.get(1).and_then(|n| parse_i64(n).ok()).is_some_and(|n| {
+                match upper(name).as_str() {
+                    "EXPIRE" | "PEXPIRE" => n <= 0,
+                    "EXPIREAT" => n.saturating_mul(1000) <= now as i64,
+                    _ => n <= now as i64,
+                }
+            });
+            if removes {
+                size(0).saturating_mul(ELEMENT_STEPS)
+            } else {
+                0
+            }
         }
         "LREM" => match (key(0).map(|e| &e.value), a.get(2)) {
             (Some(Value::List(l)), Some(v)) => l.iter().fold(0u64, |n, x| {
