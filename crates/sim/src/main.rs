@@ -87,6 +87,11 @@ struct Args {
     /// Print only each run's fingerprint (the reproducibility check compares them).
     #[arg(long)]
     fingerprint: bool,
+    /// Plant a bug (a build with `--features planted` only): `recorder-epoch`, the recorder
+    /// ignoring its epoch check (docs/simulation.md, "Planted bugs").
+    #[cfg(feature = "planted")]
+    #[arg(long)]
+    plant: Option<String>,
 }
 
 fn seeds(spec: &str, open_ended: bool) -> anyhow::Result<Range<u64>> {
@@ -202,6 +207,14 @@ fn main() -> anyhow::Result<ExitCode> {
             .init();
     }
     let args = Args::parse();
+    #[cfg(feature = "planted")]
+    if let Some(p) = &args.plant {
+        let bug = match p.as_str() {
+            "recorder-epoch" => fenced_storage::planted::Planted::RecorderEpoch,
+            other => bail!("unknown planted bug {other:?}"),
+        };
+        fenced_storage::planted::plant(Some(bug));
+    }
     let mut opts = options(&args)?;
     let range = match args.seed {
         Some(s) => s..s + 1,
