@@ -544,7 +544,11 @@ async fn the_etcd_api_sorts_filters_compares_and_answers_etcds_errors() {
     assert_eq!(st.leader, leader);
     assert!(st.raft_applied_index > 0 && st.raft_index >= st.raft_applied_index);
     assert_eq!(st.header.unwrap().member_id, f);
-    let (code, msg) = err(m.defragment(epb::DefragmentRequest {}).await);
+    let (code, msg) = err(m
+        .snapshot(epb::SnapshotRequest {})
+        .await
+        .map(|_| ())
+        .map(tonic::Response::new));
     assert_eq!(code, Code::Unimplemented, "{msg}");
     let mut cl = epb::cluster_client::ClusterClient::new(c.raw_channel(f));
     let (code, msg) = err(cl

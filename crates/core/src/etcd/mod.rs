@@ -82,6 +82,7 @@
 mod auto_compact;
 mod compact;
 mod error;
+mod hash;
 mod quota;
 mod range;
 mod store;

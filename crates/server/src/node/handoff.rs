@@ -50,18 +50,24 @@ impl Node {
     /// Hand leadership to a caught-up voter (module docs). Refused on a non-leader
     /// (`NotLeader` with the leader's address) and when no other voter is reachable.
     pub async fn step_down(&self) -> Result<HandOff, NodeError> {
+        self.step_down_to(None).await
+    }
+
+    /// [`Node::step_down`] to voter `target` (etcd's `MoveLeader`), if given: refused when
+    /// `target` is not a caught-up voter this leader hears from.
+    pub async fn step_down_to(&self, target: Option<NodeId>) -> Result<HandOff, NodeError> {
         // A task of its own: a caller that goes away (a client hanging up) must not leave the
         // hand-off half done, with heartbeats off and nothing served.
         let node = self.clone();
-        tokio::spawn(async move { node.hand_off().await })
+        tokio::spawn(async move { node.hand_off(target).await })
             .await
             .map_err(|e| NodeError::Unknown(format!("the hand-off task failed: {e}")))?
     }
 
-    async fn hand_off(&self) -> Result<HandOff, NodeError> {
+    async fn hand_off(&self, target: Option<NodeId>) -> Result<HandOff, NodeError> {
         let started = Instant::now();
         self.check_leader()?;
-        let (to, addr) = self.handoff_target()?;
+        let (to, addr) = self.handoff_target(target)?;
         self.inner.handing_off.store(true, Ordering::SeqCst);
         let result = self.hand_to(to, &addr, started).await;
         self.raft().runtime_config().heartbeat(true);
@@ -78,10 +84,21 @@ impl Node {
     }
 
     /// The voter to hand to: reachable, and the furthest caught up.
-    fn handoff_target(&self) -> Result<(NodeId, String), NodeError> {
+    fn handoff_target(&self, target: Option<NodeId>) -> Result<(NodeId, String), NodeError> {
         let m = self.raft().metrics().borrow().clone();
+        if let Some(t) = target {
+            let known = members(&m)
+                .into_iter()
+                .any(|v| v.voter && v.id == t && t != self.id());
+            if !known {
+                return Err(NodeError::Invalid(format!(
+                    "member {t} is not a voter other than this leader: it cannot take leadership"
+                )));
+            }
+        }
         members(&m)
             .into_iter()
+            .filter(|v| target.is_none_or(|t| v.id == t))
             .filter(|v| v.voter && v.id != self.id() && v.matched.is_some())
             .filter(|v| self.gate().heard_within(v.id, Duration::from_secs(1)))
             .max_by_key(|v| (v.matched, std::cmp::Reverse(v.id)))

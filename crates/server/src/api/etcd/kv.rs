@@ -128,7 +128,7 @@ impl EtcdApi {
     /// up to the whole keyspace, ~200 ms for 100 k keys) runs on a blocking thread, so that
     /// it never stalls the runtime's workers (Raft heartbeats among them); a point read runs
     /// in place.
-    async fn read<T: Send + 'static>(
+    pub(super) async fn read<T: Send + 'static>(
         &self,
         serializable: bool,
         scan: bool,

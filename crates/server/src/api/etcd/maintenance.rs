@@ -1,6 +1,8 @@
 //! `etcdserverpb.Maintenance`: `Status` (what `etcdctl endpoint status` shows) and `Alarm`
 //! (the etcd keyspace's space quota alarm `NOSPACE`, and fenced's divergence alarm as etcd's
-//! `CORRUPT`); the rest answer `UNIMPLEMENTED` saying what to use instead. `Status` and an
+//! `CORRUPT`), `Hash`/`HashKV` (a hash of the etcd keyspace's history, equal on every
+//! member), `Defragment` (nothing to do) and `MoveLeader` (fenced's leadership hand-off); the
+//! rest answer `UNIMPLEMENTED` saying what to use instead. `Status` and an
 //! alarm `GET` are open to every caller, like `fenced.v1.Cluster/Status`; changing an alarm
 //! needs an administrator.
 
@@ -124,29 +126,43 @@ impl Maintenance for EtcdApi {
         }))
     }
 
+    /// fenced keeps its state in a log and snapshots it writes itself (no bbolt file to
+    /// defragment): success, as etcd answers, with nothing done (administrators only, as in
+    /// etcd).
     async fn defragment(
         &self,
-        _req: Request<epb::DefragmentRequest>,
+        req: Request<epb::DefragmentRequest>,
     ) -> Reply<epb::DefragmentResponse> {
-        Err(unimplemented(
-            "Maintenance.Defragment",
-            "fenced compacts its log into snapshots by itself; nothing to defragment",
-        ))
+        self.users.require_admin(&req, "Maintenance.Defragment")?;
+        self.node.serving().map_err(status_of)?;
+        Ok(tonic::Response::new(epb::DefragmentResponse {
+            header: self.header_now(),
+        }))
     }
 
-    async fn hash(&self, _req: Request<epb::HashRequest>) -> Reply<epb::HashResponse> {
-        Err(unimplemented(
-            "Maintenance.Hash",
-            "members compare state digests by themselves (the divergence alarm); \
-             `fenced debug digest` prints a stopped member's",
-        ))
+    /// [`Maintenance::hash_kv`] at the current revision (etcd's `Hash` covers its whole
+    /// backend file; fenced's etcd keyspace is what the etcd API can see).
+    async fn hash(&self, req: Request<epb::HashRequest>) -> Reply<epb::HashResponse> {
+        self.users.require_admin(&req, "Maintenance.Hash")?;
+        let (revision, hash) = self.hash_at(0).await?;
+        Ok(tonic::Response::new(epb::HashResponse {
+            header: self.header(revision),
+            hash,
+        }))
     }
 
-    async fn hash_kv(&self, _req: Request<epb::HashKvRequest>) -> Reply<epb::HashKvResponse> {
-        Err(unimplemented(
-            "Maintenance.HashKV",
-            "members compare state digests by themselves (the divergence alarm)",
-        ))
+    /// A CRC-32 of the etcd keyspace's history at or below `revision` (0: now), equal on
+    /// every member that has applied it with the same compact revision
+    /// (`fenced_core::EtcdStore::hash_kv`); administrators only, as in etcd.
+    async fn hash_kv(&self, req: Request<epb::HashKvRequest>) -> Reply<epb::HashKvResponse> {
+        self.users.require_admin(&req, "Maintenance.HashKV")?;
+        let (revision, hash) = self.hash_at(req.get_ref().revision).await?;
+        let compact_revision = self.node.local(|sm| sm.etcd().compact_revision());
+        Ok(tonic::Response::new(epb::HashKvResponse {
+            header: self.header(revision),
+            hash,
+            compact_revision: super::rev_out(compact_revision),
+        }))
     }
 
     async fn snapshot(&self, _req: Request<epb::SnapshotRequest>) -> Reply<Self::SnapshotStream> {
@@ -157,14 +173,33 @@ impl Maintenance for EtcdApi {
         ))
     }
 
+    /// etcd's `MoveLeader` (`etcdctl move-leader ID`) on fenced's leadership hand-off
+    /// ([`crate::node::Node::step_down_to`]), to member `targetID` (fenced's member ids are
+    /// the operator's, as `MemberList` shows them): etcd's "not leader" on a follower, "bad
+    /// leader transferee" for an id that is not another voter; administrators only.
     async fn move_leader(
         &self,
-        _req: Request<epb::MoveLeaderRequest>,
+        req: Request<epb::MoveLeaderRequest>,
     ) -> Reply<epb::MoveLeaderResponse> {
-        Err(unimplemented(
-            "Maintenance.MoveLeader",
-            "use `fenced leader step-down` (fenced.v1.Cluster/LeaderStepDown)",
-        ))
+        self.users.require_admin(&req, "Maintenance.MoveLeader")?;
+        let target = req.get_ref().target_id;
+        if target == self.node.id() && self.node.check_leader().is_ok() {
+            return Ok(tonic::Response::new(epb::MoveLeaderResponse {
+                header: self.header_now(),
+            }));
+        }
+        if self.node.check_leader().is_err() {
+            return Err(Status::failed_precondition("etcdserver: not leader"));
+        }
+        match self.node.step_down_to(Some(target)).await {
+            Ok(_) => Ok(tonic::Response::new(epb::MoveLeaderResponse {
+                header: self.header_now(),
+            })),
+            Err(crate::error::NodeError::Invalid(_)) => Err(Status::failed_precondition(
+                "etcdserver: bad leader transferee",
+            )),
+            Err(e) => Err(status_of(e)),
+        }
     }
 
     async fn downgrade(
@@ -227,5 +262,20 @@ impl EtcdApi {
             member_id: self.node.id(),
             alarm: epb::AlarmType::Nospace as i32,
         }
+    }
+}
+
+impl EtcdApi {
+    /// The keyspace hash at `revision` (0: now) on a linearizable read: (the read's
+    /// revision, the hash), or etcd's compacted / future-revision error.
+    async fn hash_at(&self, revision: i64) -> Result<(u64, u32), Status> {
+        let at = super::rev_in(revision);
+        let (now, hash) = self
+            .read(false, true, move |sm| {
+                (sm.revision(), sm.etcd().hash_kv(at, sm.revision()))
+            })
+            .await?;
+        let hash = hash.map_err(|e| super::etcd_status(&e))?;
+        Ok((now, hash))
     }
 }
