@@ -56,6 +56,7 @@ pub const CLIENT_METHODS: &[(&str, &str)] = &[
         "/fenced.v1.Cluster/LeaderStepDown",
         "Cluster.LeaderStepDown",
     ),
+    ("/fenced.v1.Cluster/Alarm", "Cluster.Alarm"),
     ("/fenced.v1.Kv/FencedPut", "Kv.FencedPut"),
     ("/fenced.v1.Kv/Get", "Kv.Get"),
     ("/fenced.v1.Auth/Authenticate", "Auth.Authenticate"),
