@@ -1033,6 +1033,20 @@ async fn gateway_calls_count_as_their_grpc_methods() {
         ranges >= 3.0,
         "etcd.KV.Range counted {ranges} times for 3 gateway ranges"
     );
+    // etcd's `/metrics` on the client port: the same families.
+    let (code, body) = support::http_get(&c.ip(1), support::GRPC_PORT, "/metrics")
+        .await
+        .expect("client-port scrape");
+    assert_eq!(code, 200, "GET /metrics on the client port: {body}");
+    let lines = body.lines().map(|l| Ok(l.to_owned()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("Prometheus text format");
+    assert!(
+        scrape
+            .samples
+            .iter()
+            .any(|s| s.metric == "fenced_grpc_requests_total"),
+        "the client port's /metrics lacks the gRPC families"
+    );
 }
 
 /// `election/observe` streams the leader's value as `{"result": …}` lines: the campaign's,

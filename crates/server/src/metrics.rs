@@ -16,7 +16,7 @@ mod observers;
 pub mod stages;
 
 pub use http::{
-    serve, spawn_watchdog, watch_leader, Capped,
+    metrics, serve, spawn_watchdog, watch_leader, Capped,
     DEFAULT_MAX_CONNECTIONS as DEFAULT_METRICS_MAX_CONNECTIONS,
 };
 

@@ -79,6 +79,9 @@ pub fn router(grpc: Routes, metrics: GrpcMetricsLayer, node: Node) -> axum::Rout
     let endpoints = axum::Router::new()
         .route("/version", get(endpoints::version))
         .route("/health", get(endpoints::health))
+        // etcd serves its Prometheus families on the client port too (without a token, as
+        // etcd does); the same text as the metrics port's.
+        .route("/metrics", get(crate::metrics::metrics))
         .with_state(node);
     router.merge(endpoints)
 }

@@ -208,7 +208,9 @@ where
     }
 }
 
-async fn metrics(
+/// `GET /metrics`: the node's families in Prometheus/OpenMetrics text. Also served on the
+/// client port, as etcd serves its `/metrics` there (`crate::gateway`).
+pub async fn metrics(
     State(node): State<Node>,
 ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
     (
