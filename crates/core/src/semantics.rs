@@ -137,8 +137,17 @@ impl Semantics {
     /// stops `BUSY` at the same call on every replica. Older entries charge arguments and
     /// reply only, as they did.
     pub const CHARGED_COMMANDS: Semantics = Semantics(17);
+    /// The charged-command rules, and a script's garbage collected by what is reachable,
+    /// not by the order the collector visits it: during a run the patched Lua's collector
+    /// marks in one step (`lgc.c`) instead of a little at every allocation. Marked step by
+    /// step, what an object dropped mid-phase meant (kept or freed) followed the order of
+    /// the registry's address-keyed hash part, and with it the collector's pace and what
+    /// the string table's charged chains held: the same script stopped one write apart in
+    /// two processes (issue 39; `kv/script/lua.rs`, third_party/README.md). Older entries
+    /// collect as they did.
+    pub const WHOLE_MARK: Semantics = Semantics(18);
     /// The newest rules this build applies (what it advertises to the leader).
-    pub const NEWEST: Semantics = Semantics::CHARGED_COMMANDS;
+    pub const NEWEST: Semantics = Semantics::WHOLE_MARK;
 
     /// The entry is from before revisions ([`Semantics::INDEX_TOKENS`]).
     pub fn index_tokens(self) -> bool {
@@ -214,6 +223,11 @@ impl Semantics {
     /// A script's commands are charged by their work ([`Semantics::CHARGED_COMMANDS`]).
     pub fn charged_commands(self) -> bool {
         self.0 >= Semantics::CHARGED_COMMANDS.0
+    }
+
+    /// Lua's collector marks a run's heap in one step ([`Semantics::WHOLE_MARK`]).
+    pub fn whole_mark(self) -> bool {
+        self.0 >= Semantics::WHOLE_MARK.0
     }
 
     /// Scripts' helpers are charged by their work ([`Semantics::CHARGED_HELPERS`]).

@@ -252,7 +252,13 @@ void luaD_fencedidswitch (int on) {
 
 
 int luaD_fencedidson (void) {
-  return luaD_fencedids;
+  return luaD_fencedids != 0;
+}
+
+
+/* fenced: the collector marks in one step (lgc.c), while the switch is at 2 */
+int luaD_fencedwholemark (void) {
+  return luaD_fencedids >= 2;
 }
 
 

@@ -43,6 +43,7 @@ LUAI_FUNC int luaD_fencedon (void);
 LUAI_FUNC void luaD_fencedswitch (int on);
 LUAI_FUNC int luaD_fencedidson (void);
 LUAI_FUNC void luaD_fencedidswitch (int on);
+LUAI_FUNC int luaD_fencedwholemark (void);
 LUAI_FUNC void luaD_fencedwalk (lu_mem steps);
 LUAI_FUNC lu_mem luaD_fencedtake (void);
 /* the charges of the helper rules only (charging level 2, ldo.c); values moved or slots

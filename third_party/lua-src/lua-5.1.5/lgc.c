@@ -562,6 +562,22 @@ static l_mem singlestep (lua_State *L) {
       return 0;
     }
     case GCSpropagate: {
+      if (g->gray && luaD_fencedwholemark()) {
+        /* fenced: the whole mark phase in one step, while the switch asks for it
+           (`lua_fenced_ids(L, 2, base)`, ldo.c): no script code runs between the marking
+           of one object and the next, so the objects marked are exactly those reachable
+           now, whatever order the gray list is in. Marked step by step, an object the
+           script drops during the phase survives it or not by whether something holding
+           it was traversed before — and the gray list's order follows the order of the
+           hash parts of tables keyed by addresses (the registry's light userdata keys:
+           where ASLR put mlua's statics), so the collector's pace, and with it what the
+           string table's chains hold when they are walked and charged, differed between
+           processes (issue 39) */
+        l_mem work = 0;
+        while (g->gray) work += propagatemark(g);
+        atomic(L);
+        return work;
+      }
       if (g->gray)
         return propagatemark(g);
       else {  /* no more `gray' objects */

@@ -353,7 +353,8 @@ LUA_API void lua_fenced_debt (lua_State *L, size_t units);
 /* a debt charged only under the helper rules (charging level 2; ldo.c) */
 LUA_API void lua_fenced_more (lua_State *L, size_t units);
 /* objects hashed by creation id, hash chains charged (ltable.c): the switch, which also
-   resets the state's id counter to `base` (unless L is NULL) */
+   resets the state's id counter to `base` (unless L is NULL); `on` 2: and the collector
+   marks in one step (lgc.c) */
 LUA_API void lua_fenced_ids (lua_State *L, int on, unsigned int base);
 /* hash-chain steps counted and not yet charged, cleared (for charges made outside Lua) */
 LUA_API size_t lua_fenced_take (void);

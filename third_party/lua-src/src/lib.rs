@@ -335,6 +335,7 @@ pub const FENCED_PATCHED_SOURCES: &[&str] = &[
     include_str!("../lua-5.1.5/ldo.c"),
     include_str!("../lua-5.1.5/ldo.h"),
     include_str!("../lua-5.1.5/lfunc.c"),
+    include_str!("../lua-5.1.5/lgc.c"),
     include_str!("../lua-5.1.5/lobject.h"),
     include_str!("../lua-5.1.5/lstate.c"),
     include_str!("../lua-5.1.5/lstate.h"),

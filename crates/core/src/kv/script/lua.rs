@@ -124,6 +124,13 @@
 //! objects the sandbox itself makes). cjson's key checks stay as they are (they were
 //! deterministic already). What replicas must still share is the Lua build: struct sizes
 //! (the memory limit counts bytes) and libm.
+//!
+//! Under [`crate::Semantics::WHOLE_MARK`] the collector also marks in one step while the
+//! ids switch is on (`rules::ids::On`, the patched `lgc.c`): tables made outside a run (the
+//! registry, keyed by mlua's light userdata, the addresses of its statics) still hash by
+//! address, and marked a step at a time in their order, what a run's garbage left alive
+//! — hence the collector's pace and the string-table chains the budget charges — differed
+//! between processes (issue 39). Marking all at once frees exactly what is unreachable.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -390,6 +397,7 @@ impl Vm {
             bounded: false,
             ids: false,
             helpers: false,
+            whole_mark: false,
         };
         self.invoke(&noop, 0, old, &[], &[], |_, _| Reply::Nil)?;
         drop(noop);
@@ -461,7 +469,7 @@ impl Vm {
         // Objects made from here on (the run's coroutine, KEYS, ARGV, everything the script
         // makes) are numbered from the same id on every run, and tables hash them by it.
         let hashing = if rules.ids {
-            Some(ids::On::new(lua)?)
+            Some(ids::On::new(lua, rules.whole_mark)?)
         } else {
             None
         };

@@ -20,6 +20,9 @@ pub(crate) struct Rules {
     /// plain strings, and the patched Lua's charging level 2
     /// ([`crate::Semantics::charged_helpers`]; implies the three above).
     pub(crate) helpers: bool,
+    /// The collector marks in one step during the run ([`crate::Semantics::whole_mark`];
+    /// implies the four above).
+    pub(crate) whole_mark: bool,
 }
 
 impl Rules {
@@ -30,6 +33,7 @@ impl Rules {
             bounded: semantics.bounded(),
             ids: semantics.lua_ids(),
             helpers: semantics.charged_helpers(),
+            whole_mark: semantics.whole_mark(),
         }
     }
 
@@ -119,7 +123,9 @@ pub(super) mod ids {
     //! The switch of the patched Lua's hashing by creation id (third_party/README.md,
     //! ltable.c): tables made on this thread while it is on place table, function, thread
     //! and userdata keys by the per-state creation counter, which turning it on resets, and
-    //! charge their hash-chain steps.
+    //! charge their hash-chain steps; and under [`crate::Semantics::WHOLE_MARK`] the
+    //! collector marks in one step while it is on (`lgc.c`), so what it frees is what is
+    //! unreachable, not what the order of an address-keyed table left unmarked.
     use std::ffi::{c_int, c_uint};
 
     use mlua::{ffi::lua_State, Lua};
@@ -134,14 +140,16 @@ pub(super) mod ids {
     const RUN_BASE: c_uint = 1 << 24;
 
     /// Hashing by id is on while this lives (on this thread), with the state's counter
-    /// reset to [`RUN_BASE`]; off again when dropped.
+    /// reset to [`RUN_BASE`] (and, if `whole_mark`, marking in one step); off again when
+    /// dropped.
     pub(in crate::kv::script) struct On(());
 
     impl On {
-        pub(in crate::kv::script) fn new(lua: &Lua) -> mlua::Result<On> {
+        pub(in crate::kv::script) fn new(lua: &Lua, whole_mark: bool) -> mlua::Result<On> {
+            let on: c_int = if whole_mark { 2 } else { 1 };
             // SAFETY: the callback only writes the main thread's id field and a
             // thread-local int in the patched Lua.
-            unsafe { lua.exec_raw::<()>((), |state| lua_fenced_ids(state, 1, RUN_BASE)) }?;
+            unsafe { lua.exec_raw::<()>((), |state| lua_fenced_ids(state, on, RUN_BASE)) }?;
             Ok(On(()))
         }
     }
