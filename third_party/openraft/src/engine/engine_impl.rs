@@ -15,7 +15,6 @@ use crate::engine::handler::following_handler::FollowingHandler;
 use crate::engine::handler::leader_handler::LeaderHandler;
 use crate::engine::handler::log_handler::LogHandler;
 use crate::engine::handler::replication_handler::ReplicationHandler;
-use crate::engine::handler::replication_handler::SendNone;
 use crate::engine::handler::server_state_handler::ServerStateHandler;
 use crate::engine::handler::snapshot_handler::SnapshotHandler;
 use crate::engine::handler::vote_handler::VoteHandler;
@@ -145,27 +144,27 @@ where C: RaftTypeConfig
 
     #[tracing::instrument(level = "debug", skip_all)]
     pub(crate) fn startup(&mut self) {
-        // Allows starting up as a leader.
-
+        // fenced's patch: never start up as a leader. Upstream restores the leadership of a
+        // node whose persisted vote is its own committed one, in the same term. With the
+        // leader replicating while its own flush runs (the pending-flush patch), a leader
+        // that lost power can have lost entries its followers hold — committed by their two
+        // acknowledgements alone — and, leading the same term again, would append other
+        // entries at those indexes under the same (term, index): two logs that Raft's
+        // log-matching check takes for one. Starting as a follower, it must win an election
+        // in a newer term, which a member missing committed entries cannot.
         tracing::info!(
-            "startup begin: state: {:?}, is_leader: {}, is_voter: {}",
+            "startup begin: state: {:?}, was_leader: {}, is_voter: {}",
             self.state,
             self.state.is_leader(&self.config.id),
             self.state.membership_state.effective().is_voter(&self.config.id)
         );
-
-        // Previously it is a leader. restore it as leader at once
+        // The persisted vote stays as it is (committed, on disk); in memory it is the same
+        // term's uncommitted vote for itself, which still refuses other candidates of that
+        // term but is no leadership: nothing (an append, a vote check) can restore it, and
+        // the election timer campaigns in the next term.
         if self.state.is_leader(&self.config.id) {
-            self.vote_handler().update_internal_server_state();
-
-            let mut rh = self.replication_handler();
-
-            // Restore the progress about the local log
-            rh.update_local_progress(rh.state.last_log_id().cloned());
-
-            rh.initiate_replication(SendNone::False);
-
-            return;
+            let term = self.state.vote_ref().leader_id().get_term();
+            self.state.vote.update(C::now(), Vote::new(term, self.config.id.clone()));
         }
 
         let server_state = if self.state.membership_state.effective().is_voter(&self.config.id) {
