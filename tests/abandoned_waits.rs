@@ -21,28 +21,23 @@ const WITHDRAW_WITHIN: Duration = Duration::from_secs(10);
 
 /// `LOCK.INFO name`'s `waiters` (0 when the lock is free and nobody waits).
 async fn waiters(con: &mut MultiplexedConnection, name: &str) -> i64 {
-    field(con, name, "waiters").await.unwrap_or(0)
-}
-
-async fn field(con: &mut MultiplexedConnection, name: &str, wanted: &str) -> Option<i64> {
-    let v: Value = cmd(con, &["LOCK.INFO", name]).await;
-    let items = match v {
-        Value::Nil => return None,
-        Value::Array(items) => items
-            .chunks(2)
-            .map(|kv| (kv[0].clone(), kv[1].clone()))
-            .collect::<Vec<_>>(),
-        Value::Map(m) => m,
-        other => panic!("LOCK.INFO {name}: {other:?}"),
-    };
-    items.into_iter().find_map(|(k, v)| match (k, v) {
-        (Value::BulkString(k), Value::Int(n)) if k == wanted.as_bytes() => Some(n),
-        _ => None,
-    })
+    match info_field(con, name, "waiters").await {
+        Some(Value::Int(n)) => n,
+        _ => 0,
+    }
 }
 
 /// LOCK.INFO's owner of `name`, if held.
 async fn owner(con: &mut MultiplexedConnection, name: &str) -> Option<String> {
+    match info_field(con, name, "owner").await {
+        Some(Value::BulkString(o)) => Some(String::from_utf8_lossy(&o).into_owned()),
+        _ => None,
+    }
+}
+
+/// Field `wanted` of `LOCK.INFO name`'s flat map (RESP2 array or RESP3 map); `None` when
+/// the lock is unknown or the field absent.
+async fn info_field(con: &mut MultiplexedConnection, name: &str, wanted: &str) -> Option<Value> {
     let v: Value = cmd(con, &["LOCK.INFO", name]).await;
     let items = match v {
         Value::Nil => return None,
@@ -53,10 +48,8 @@ async fn owner(con: &mut MultiplexedConnection, name: &str) -> Option<String> {
         Value::Map(m) => m,
         other => panic!("LOCK.INFO {name}: {other:?}"),
     };
-    items.into_iter().find_map(|(k, v)| match (k, v) {
-        (Value::BulkString(k), Value::BulkString(o)) if k == b"owner" => {
-            Some(String::from_utf8_lossy(&o).into_owned())
-        }
+    items.into_iter().find_map(|(k, v)| match k {
+        Value::BulkString(k) if k == wanted.as_bytes() => Some(v),
         _ => None,
     })
 }
